@@ -1,0 +1,130 @@
+"""LmEvaluator's executor: score the candidate (and the baseline), decide the blessing.
+
+Uses the candidate's pushed-to-be SavedModel (`logits` signature) on the eval
+split of Transform's output, so what is blessed is exactly what would serve.
+Bytes scored = the documents' UTF-8 bytes + one byte per `[EOS]` separator
+(the blank line it stands for).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (WordPiece ops in the SavedModel)
+from tfx.components.evaluator import constants
+from tfx.dsl.components.base import base_executor
+from tfx.types import artifact_utils
+from tfx.utils import io_utils, path_utils
+
+from components.lm_evaluator import scoring
+from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY
+from pipeline.configs import PipelineConfig
+
+METRICS_FILE = "metrics.json"
+
+
+def read_eval_documents(transformed_examples, split: str = "eval") -> tuple[list[list[int]], int]:
+    """(documents as token-id lists, total UTF-8 bytes) of one split."""
+    pattern = os.path.join(transformed_examples.uri, f"Split-{split}", "*")
+    files = sorted(tf.io.gfile.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"no transformed examples in {pattern}")
+    docs, num_bytes = [], 0
+    for record in tf.data.TFRecordDataset(files, compression_type="GZIP"):
+        example = tf.train.Example.FromString(record.numpy())
+        f = example.features.feature
+        docs.append(list(f[INPUT_IDS_KEY].int64_list.value))
+        num_bytes += int(f[NUM_BYTES_KEY].int64_list.value[0])
+    return docs, num_bytes
+
+
+def evaluate_saved_model(model_dir: str, docs, num_bytes: int, config: PipelineConfig) -> dict:
+    loaded = tf.saved_model.load(model_dir)
+    logits_fn = loaded.signatures["logits"]
+    stream = scoring.token_stream(docs, config.eval.max_eval_tokens)
+    result = scoring.score_stream(
+        lambda x: logits_fn(input_ids=x)["logits"], stream, config.train.seq_len, config.eval.batch_size
+    )
+    if config.eval.max_eval_tokens and result["tokens"] < sum(len(d) for d in docs) + len(docs) - 1:
+        # Scored a prefix: scale bytes by the fraction of tokens scored.
+        total_tokens = sum(len(d) for d in docs) + len(docs) - 1
+        num_bytes = round((num_bytes + len(docs) - 1) * result["tokens"] / total_tokens)
+    else:
+        num_bytes += len(docs) - 1
+    return scoring.summarize(result["nll"], result["tokens"], num_bytes)
+
+
+class Executor(base_executor.BaseExecutor):
+    def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 (TFX API)
+        config = PipelineConfig.from_json(exec_properties["pipeline_config"])
+        examples = artifact_utils.get_single_instance(input_dict["examples"])
+        model = artifact_utils.get_single_instance(input_dict["model"])
+        baselines = input_dict.get("baseline_model") or []
+        evaluation = artifact_utils.get_single_instance(output_dict["evaluation"])
+        blessing = artifact_utils.get_single_instance(output_dict["blessing"])
+
+        docs, num_bytes = read_eval_documents(examples)
+        metrics = evaluate_saved_model(path_utils.serving_model_path(model.uri), docs, num_bytes, config)
+        baseline_metrics = None
+        if baselines:
+            baseline = baselines[0]
+            baseline_metrics = evaluate_saved_model(
+                path_utils.serving_model_path(baseline.uri), docs, num_bytes, config
+            )
+        blessed, message = decide_blessing(metrics, baseline_metrics, config)
+
+        report = {"candidate": metrics, "baseline": baseline_metrics, "blessed": blessed,
+                  "message": message}
+        io_utils.write_string_file(
+            os.path.join(evaluation.uri, METRICS_FILE), json.dumps(report, indent=2)
+        )
+        for key in ("bits_per_byte", "perplexity", "loss"):
+            evaluation.set_float_custom_property(key, metrics[key])
+        evaluation.set_int_custom_property("eval_tokens", metrics["tokens"])
+        evaluation.set_int_custom_property("eval_bytes", metrics["bytes"])
+        if baseline_metrics:
+            evaluation.set_float_custom_property("baseline_bits_per_byte", baseline_metrics["bits_per_byte"])
+
+        io_utils.write_string_file(
+            os.path.join(
+                blessing.uri,
+                constants.BLESSED_FILE_NAME if blessed else constants.NOT_BLESSED_FILE_NAME,
+            ),
+            "",
+        )
+        blessing.set_int_custom_property(
+            constants.ARTIFACT_PROPERTY_BLESSED_KEY,
+            constants.BLESSED_VALUE if blessed else constants.NOT_BLESSED_VALUE,
+        )
+        blessing.set_string_custom_property(constants.ARTIFACT_PROPERTY_CURRENT_MODEL_URI_KEY, model.uri)
+        blessing.set_int_custom_property(constants.ARTIFACT_PROPERTY_CURRENT_MODEL_ID_KEY, model.id)
+        if baselines:
+            blessing.set_string_custom_property(
+                constants.ARTIFACT_PROPERTY_BASELINE_MODEL_URI_KEY, baselines[0].uri
+            )
+            blessing.set_int_custom_property(
+                constants.ARTIFACT_PROPERTY_BASELINE_MODEL_ID_KEY, baselines[0].id
+            )
+        blessing.set_string_custom_property(constants.ARTIFACT_PROPERTY_BLESSING_MESSAGE_KEY, message)
+        blessing.set_float_custom_property("bits_per_byte", metrics["bits_per_byte"])
+
+
+def decide_blessing(metrics: dict, baseline: dict | None, config: PipelineConfig) -> tuple[bool, str]:
+    """Blessed iff bits/byte <= the absolute threshold and not worse than the baseline."""
+    bpb, limit = metrics["bits_per_byte"], config.eval.max_bits_per_byte
+    if not bpb <= limit:
+        return False, f"bits_per_byte {bpb:.4f} > eval.max_bits_per_byte {limit:.4f}"
+    if baseline is not None:
+        allowed = baseline["bits_per_byte"] * (1 + config.eval.baseline_tolerance)
+        if not bpb <= allowed:
+            return False, (
+                f"bits_per_byte {bpb:.4f} is worse than the last blessed model's "
+                f"{baseline['bits_per_byte']:.4f} (allowed up to {allowed:.4f})"
+            )
+        return True, (
+            f"bits_per_byte {bpb:.4f} <= {limit:.4f} and <= baseline "
+            f"{baseline['bits_per_byte']:.4f} x (1 + {config.eval.baseline_tolerance})"
+        )
+    return True, f"bits_per_byte {bpb:.4f} <= {limit:.4f} (no blessed baseline yet)"

@@ -1,0 +1,85 @@
+"""Language-model scoring: perplexity and bits per byte over a token stream.
+
+Documents are joined into one stream `[EOS] d1 [EOS] d2 ... [EOS] dN` (the
+Trainer's packing), cut into non-overlapping windows of `seq_len`, and every
+token after the leading `[EOS]` is scored given the tokens before it in its
+window (0 to seq_len - 1 tokens of context, as in training).
+
+  nll           summed negative log-likelihood, nats
+  perplexity    exp(nll / tokens)
+  bits_per_byte nll / ln 2 / bytes  (bytes: UTF-8 bytes of the text scored)
+
+Bits per byte does not depend on the tokenizer, so models with different
+vocabularies (and character-level baselines) compare directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import tensorflow as tf
+
+from components.transform.tokenizer import EOS_ID, PAD_ID
+
+LogitsFn = Callable[[tf.Tensor], tf.Tensor]
+
+
+def token_stream(documents: Iterable[Iterable[int]], max_tokens: int = 0) -> np.ndarray:
+    """`[EOS] d1 [EOS] d2 ... dN` as int32; cut at `max_tokens` + 1 if > 0."""
+    parts = []
+    for i, doc in enumerate(documents):
+        if i:
+            parts.append([EOS_ID])
+        parts.append(list(doc))
+    stream = np.concatenate([[EOS_ID]] + [np.asarray(p, np.int32) for p in parts]).astype(np.int32)
+    if max_tokens > 0:
+        stream = stream[: max_tokens + 1]
+    return stream
+
+
+def score_stream(logits_fn: LogitsFn, stream: np.ndarray, seq_len: int, batch_size: int) -> dict:
+    """Scores every token of `stream` but the first.
+
+    Args:
+      logits_fn: int32 [B, T] -> float32 logits [B, T, V].
+      stream: int32 [N] token ids.
+      seq_len: window length T.
+      batch_size: windows per call.
+
+    Returns:
+      {"nll": nats (float), "tokens": N - 1 (int)}.
+    """
+    n_windows = max(math.ceil((len(stream) - 1) / seq_len), 0)
+    inputs = np.full([n_windows, seq_len], PAD_ID, np.int32)
+    labels = np.full([n_windows, seq_len], -1, np.int32)
+    for w in range(n_windows):
+        chunk = stream[w * seq_len : w * seq_len + seq_len + 1]
+        inputs[w, : len(chunk) - 1] = chunk[:-1]
+        labels[w, : len(chunk) - 1] = chunk[1:]
+    nll, tokens = 0.0, 0
+    for start in range(0, n_windows, batch_size):
+        x = tf.constant(inputs[start : start + batch_size])
+        y = labels[start : start + batch_size]
+        logits = tf.cast(logits_fn(x), tf.float32)
+        mask = y >= 0
+        per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(np.maximum(y, 0), logits).numpy()
+        nll += float(per_token[mask].astype(np.float64).sum())
+        tokens += int(mask.sum())
+    return {"nll": nll, "tokens": tokens}
+
+
+def summarize(nll: float, tokens: int, num_bytes: int) -> dict:
+    """Perplexity, bits per byte, bits per token and the counts."""
+    if tokens == 0 or num_bytes == 0:
+        raise ValueError(f"nothing to score: {tokens} tokens, {num_bytes} bytes")
+    return {
+        "bits_per_byte": nll / math.log(2) / num_bytes,
+        "perplexity": math.exp(nll / tokens),
+        "loss": nll / tokens,
+        "bits_per_token": nll / math.log(2) / tokens,
+        "bytes_per_token": num_bytes / tokens,
+        "tokens": tokens,
+        "bytes": num_bytes,
+    }

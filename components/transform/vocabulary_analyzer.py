@@ -1,0 +1,72 @@
+"""The tf.Transform analyzer that learns the WordPiece vocabulary in Beam.
+
+`tft.experimental.ptransform_analyzer` runs `LearnWordPieceVocabulary` over the
+whole training split during Transform's analyze phase: Beam counts pre-tokens
+(a combiner, so counting scales out), one worker runs tensorflow-text's WordPiece
+learner on the counts and writes the vocabulary file, and tf.Transform stores
+that file as an asset of the transform graph (recorded in ML Metadata as part of
+the TransformGraph artifact).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import uuid
+
+import apache_beam as beam
+import tensorflow as tf
+from tensorflow_transform.beam import experimental as tft_beam_experimental
+
+from components.transform import tokenizer
+
+
+class _CountPieces(beam.CombineFn):
+    """Sums Counters of pre-tokens: bytes -> count."""
+
+    def create_accumulator(self):
+        return collections.Counter()
+
+    def add_input(self, accumulator, batch):
+        # `batch` is a tuple with one ndarray of pre-tokens (bytes objects).
+        accumulator.update(batch[0].tolist())
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        merged = collections.Counter()
+        for acc in accumulators:
+            merged.update(acc)
+        return merged
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+class LearnWordPieceVocabulary(tft_beam_experimental.PTransformAnalyzer):
+    """Beam PTransform: batches of pre-tokens -> path of a vocabulary file.
+
+    Input PCollection elements: tuples `(pieces,)`, `pieces` an ndarray of bytes.
+    Output: a PCollection with one element, the vocabulary file path (bytes).
+    """
+
+    def __init__(self, vocab_size: int, max_unique_chars: int):
+        super().__init__()
+        self._vocab_size = vocab_size
+        self._max_unique_chars = max_unique_chars
+
+    def expand(self, pcoll):
+        vocab_size, max_unique_chars = self._vocab_size, self._max_unique_chars
+        temp_dir = self.base_temp_dir
+
+        def learn_and_write(counts):
+            vocabulary = tokenizer.learn_vocabulary(counts, vocab_size, max_unique_chars)
+            tf.io.gfile.makedirs(temp_dir)
+            path = os.path.join(temp_dir, f"wordpiece_vocab_{uuid.uuid4().hex}.txt")
+            tokenizer.write_vocabulary(vocabulary, path)
+            return path.encode("utf-8")
+
+        return (
+            pcoll
+            | "CountPieces" >> beam.CombineGlobally(_CountPieces())
+            | "LearnVocabulary" >> beam.Map(learn_and_write)
+        )

@@ -1,0 +1,46 @@
+"""DeepSeek-V3-style language models in Keras 3 on TensorFlow.
+
+Public names are imported lazily (PEP 562), so `import models.deepseek` and
+`from models.deepseek import DeepSeekConfig` (or the `flops` helpers) do not
+import TensorFlow; the first access to a layer or model class does.
+This package never imports TFX, Apache Beam or tf.Transform.
+
+References: DeepSeek-V2 (arXiv 2405.04434), DeepSeek-V3 (arXiv 2412.19437),
+HF transformers `modeling_deepseek_v3.py`.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "DeepSeekConfig": "config",
+    "RMSNorm": "rms_norm",
+    "rope_cos_sin": "rotary_embedding",
+    "apply_rotary_pos_emb": "rotary_embedding",
+    "MultiHeadLatentAttention": "mla_attention",
+    "SwiGLU": "mlp",
+    "DeepSeekTopKRouter": "router",
+    "DeepSeekMoE": "moe",
+    "DeepSeekDecoderBlock": "decoder_block",
+    "MultiTokenPredictionLayer": "mtp",
+    "DeepSeekCausalLM": "causal_lm",
+    "causal_lm_loss": "losses",
+    "token_cross_entropy": "losses",
+    "generate": "generation",
+    "activated_params": "flops",
+    "total_params": "flops",
+    "flops_per_token": "flops",
+    "mfu": "flops",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,265 @@
+"""DeepSeekCausalLM: embeddings, decoder blocks, final norm, LM head and MTP modules.
+
+Layout of HF transformers `DeepseekV3ForCausalLM` (`model.embed_tokens`,
+`model.layers.N`, `model.norm`, `lm_head`) plus the multi-token-prediction
+modules of DeepSeek-V3 (arXiv 2412.19437) §2.2, which HF stores at layer index
+num_hidden_layers + k - 1 and does not run. Here `call` is the plain LM
+(no MTP); `forward_train` also runs MTP and returns the MoE statistics;
+`compute_loss` turns them into the training loss; `call_with_cache` decodes
+with the latent KV cache of MLA.
+"""
+
+import keras
+import tensorflow as tf
+
+from models.deepseek.config import DeepSeekConfig
+from models.deepseek.decoder_block import DeepSeekDecoderBlock
+from models.deepseek.losses import causal_lm_loss
+from models.deepseek.mtp import MultiTokenPredictionLayer
+from models.deepseek.rms_norm import RMSNorm
+
+
+@keras.saving.register_keras_serializable(package="deepseek")
+class DeepSeekCausalLM(keras.Model):
+    """A DeepSeek-V3-style decoder-only language model (MLA + DeepSeekMoE + MTP).
+
+    All weights are created in the constructor (no lazy build): normal(0,
+    initializer_range) for every matrix and the embedding, ones for RMSNorm
+    scales, zeros for the router biases; no projection has a bias.
+
+    Args:
+      config: a DeepSeekConfig (or its `to_dict()`).
+      **kwargs: keras.Model arguments (name, dtype, ...).
+
+    Attributes:
+      embed_tokens: keras Embedding (vocab_size, hidden_size).
+      decoder_layers: list of DeepSeekDecoderBlock, one per hidden layer.
+      norm: final RMSNorm.
+      lm_head: Dense (hidden_size -> vocab_size), None when tie_word_embeddings
+        (logits then use embed_tokens.embeddings transposed).
+      mtp_layers: list of num_nextn_predict_layers MultiTokenPredictionLayer.
+      moe_layers: the DeepSeekMoE layers, main blocks first then MTP blocks; the
+        row order of `expert_load`.
+
+    Example:
+      model = DeepSeekCausalLM(DeepSeekConfig(vocab_size=64, hidden_size=32, ...))
+      logits = model(tf.constant([[1, 2, 3]], tf.int32))  # (1, 3, 64) float32
+
+    Note: `compute_loss` has a different signature from keras.Model's, so train
+    with a custom loop (tf.GradientTape), not `model.fit`.
+
+    Reference: HF transformers `modeling_deepseek_v3.py`; DeepSeek-V2 arXiv
+    2405.04434; DeepSeek-V3 arXiv 2412.19437.
+    """
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(config, dict):
+            config = DeepSeekConfig.from_dict(config)
+        self.config = config
+        c = config
+
+        # Layers.
+        self.embed_tokens = keras.layers.Embedding(
+            c.vocab_size, c.hidden_size, name="embed_tokens", dtype=self.dtype_policy,
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=c.initializer_range))
+        self.decoder_layers = [
+            DeepSeekDecoderBlock(c, i, name=f"layers.{i}", dtype=self.dtype_policy)
+            for i in range(c.num_hidden_layers)
+        ]
+        self.norm = RMSNorm(c.rms_norm_eps, name="norm", dtype=self.dtype_policy)
+        self.lm_head = None
+        if not c.tie_word_embeddings:
+            self.lm_head = keras.layers.Dense(
+                c.vocab_size, use_bias=False, name="lm_head", dtype=self.dtype_policy,
+                kernel_initializer=keras.initializers.RandomNormal(stddev=c.initializer_range))
+        self.mtp_layers = [
+            MultiTokenPredictionLayer(c, c.num_hidden_layers + d, name=f"mtp.{d}",
+                                      dtype=self.dtype_policy)
+            for d in range(c.num_nextn_predict_layers)
+        ]
+
+        # Weights, created now so that count_params() and tf.function tracing
+        # never create variables.
+        self.build((None, None))
+
+    def build(self, input_shape=None):
+        c = self.config
+        self.embed_tokens.build((None, None))
+        for block in self.decoder_layers:
+            block.build((None, None, c.hidden_size))
+        self.norm.build((None, None, c.hidden_size))
+        if self.lm_head is not None:
+            self.lm_head.build((None, None, c.hidden_size))
+        for mtp in self.mtp_layers:
+            mtp.build((None, None, c.hidden_size))
+
+    @property
+    def moe_layers(self):
+        """DeepSeekMoE layers in `expert_load` row order (main blocks, then MTP blocks)."""
+        blocks = list(self.decoder_layers) + [mtp.block for mtp in self.mtp_layers]
+        return [block.mlp for block in blocks if block.is_moe]
+
+    @property
+    def num_moe_layers(self) -> int:
+        return len(self.moe_layers)
+
+    # ------------------------------------------------------------------ forward passes
+
+    def logits_from_hidden(self, hidden_states):
+        """Output head: (B, T, C) normalized hidden states -> float32 logits (B, T, V)."""
+        if self.lm_head is None:
+            embeddings = tf.cast(self.embed_tokens.embeddings, hidden_states.dtype)  # (V, C)
+            logits = tf.einsum("btc,vc->btv", hidden_states, embeddings)  # (B, T, V)
+        else:
+            logits = self.lm_head(hidden_states)  # (B, T, V)
+        return tf.cast(logits, tf.float32)
+
+    def call(self, input_ids, training=False):
+        """Next-token logits (MTP modules are not run).
+
+        Args:
+          input_ids: int32 tensor (B, T), ids in [0, vocab_size).
+          training: enables dropout (if any).
+
+        Returns:
+          float32 tensor (B, T, vocab_size); position t scores the token after t.
+        """
+        h = self.embed_tokens(input_ids)  # (B, T, C)
+        for block in self.decoder_layers:
+            h, _, _ = block(h, training=training)  # (B, T, C)
+        return self.logits_from_hidden(self.norm(h))
+
+    def forward_train(self, input_ids, training=True):
+        """Main and MTP logits plus MoE statistics, for the training loss.
+
+        Args:
+          input_ids: int32 tensor (B, T).
+          training: passed to every layer.
+
+        Returns:
+          dict:
+            `logits`: float32 (B, T, V), as `call`;
+            `mtp_logits`: list of num_nextn_predict_layers float32 tensors;
+              entry d (depth k = d + 1) has shape (B, max(T - k, 0), V) and its
+              position t predicts the token at absolute position t + 1 + k,
+              i.e. labels[t + k] (positions whose target lies beyond the
+              sequence are not computed);
+            `balance_loss`: float32 scalar, sum over all MoE layers (MTP
+              blocks included) of aux_loss_alpha * L_Bal;
+            `expert_load`: float32 (num_moe_layers, n_routed_experts), tokens
+              routed to each expert in this batch, rows as `moe_layers`.
+        """
+        embeddings = self.embed_tokens(input_ids)  # (B, T, C)
+        h = embeddings
+        loads, balance_losses = [], []
+        for block in self.decoder_layers:
+            h, _, moe_aux = block(h, training=training)  # (B, T, C)
+            if moe_aux is not None:
+                loads.append(moe_aux[0])
+                balance_losses.append(moe_aux[1])
+        logits = self.logits_from_hidden(self.norm(h))  # (B, T, V)
+
+        # MTP (DeepSeek-V3 §2.2): depth k combines h^{k-1}_i with Emb(t_{i+k}).
+        mtp_logits = []
+        for k, mtp in enumerate(self.mtp_layers, start=1):
+            next_embeddings = embeddings[:, k:]  # (B, T-k, C)  Emb(t_{i+k})
+            h = h[:, : tf.shape(next_embeddings)[1]]  # (B, T-k, C)  h^{k-1}_i
+            h, normed, moe_aux = mtp(h, next_embeddings, training=training)  # (B, T-k, C)
+            mtp_logits.append(self.logits_from_hidden(normed))  # (B, T-k, V)
+            if moe_aux is not None:
+                loads.append(moe_aux[0])
+                balance_losses.append(moe_aux[1])
+
+        n_experts = self.config.n_routed_experts
+        return {
+            "logits": logits,
+            "mtp_logits": mtp_logits,
+            "balance_loss": tf.add_n(balance_losses) if balance_losses else tf.constant(0.0),
+            "expert_load": tf.stack(loads) if loads else tf.zeros([0, n_experts]),
+        }
+
+    def compute_loss(self, input_ids, labels, training=True):
+        """Training loss: lm_loss + mtp_loss_weight * mtp_loss + balance_loss.
+
+        Args:
+          input_ids: int32 tensor (B, T).
+          labels: int32 tensor (B, T), already shifted by the caller: labels[t]
+            is the token after input_ids[t]. Negative labels are ignored.
+          training: passed to `forward_train`.
+
+        Returns:
+          dict of float32 tensors: `loss`, `lm_loss` (mean next-token
+          cross-entropy), `mtp_loss` (mean over MTP depths of their mean
+          cross-entropy, depth k scored against labels shifted k more; 0.0
+          without MTP), `balance_loss`, `expert_load` (num_moe_layers, E).
+          See `losses.causal_lm_loss`.
+        """
+        outputs = self.forward_train(input_ids, training=training)
+        return causal_lm_loss(outputs, labels, self.config.mtp_loss_weight)
+
+    def update_router_biases(self, expert_load, update_speed=None):
+        """Auxiliary-loss-free bias update of every MoE layer (DeepSeek-V3 §2.1.2).
+
+        Args:
+          expert_load: float tensor (num_moe_layers, n_routed_experts), e.g.
+            `compute_loss(...)["expert_load"]` (summed over replicas if distributed).
+          update_speed: gamma; defaults to config.router_bias_update_speed.
+
+        Returns:
+          None. Assigns gate.e_score_correction_bias in each MoE layer.
+        """
+        if update_speed is None:
+            update_speed = self.config.router_bias_update_speed
+        for i, moe in enumerate(self.moe_layers):
+            moe.update_bias(expert_load[i], update_speed)
+
+    # ------------------------------------------------------------------ cached decoding
+
+    def init_cache(self, batch_size, max_length):
+        """An empty latent KV cache.
+
+        Args:
+          batch_size: int or int32 scalar tensor B.
+          max_length: int or int32 scalar tensor S, the most positions it can hold.
+
+        Returns:
+          zeros of shape (num_hidden_layers, B, S, kv_lora_rank + qk_rope_head_dim),
+          in the model's compute dtype. Per layer and token it holds the
+          normalized latent c_kv and the rotated shared key k_pe.
+        """
+        c = self.config
+        return tf.zeros(
+            [c.num_hidden_layers, batch_size, max_length, c.kv_lora_rank + c.qk_rope_head_dim],
+            dtype=self.compute_dtype)
+
+    def call_with_cache(self, input_ids, cache, cache_index):
+        """Logits of new tokens given the cache of the tokens before them.
+
+        Args:
+          input_ids: int32 tensor (B, T), the tokens at positions
+            cache_index .. cache_index + T - 1 (T = prompt length to prefill, or 1).
+          cache: tensor from `init_cache` or a previous call, (L, B, S, R + Dr).
+          cache_index: int32 scalar, number of positions already in the cache.
+
+        Returns:
+          (logits float32 (B, T, V), new_cache (L, B, S, R + Dr)).
+
+        Raises:
+          InvalidArgumentError (at run time): if cache_index + T > S.
+        """
+        h = self.embed_tokens(input_ids)  # (B, T, C)
+        new_caches = []
+        for i, block in enumerate(self.decoder_layers):
+            h, layer_cache, _ = block(h, cache=cache[i], cache_index=cache_index)  # (B, T, C)
+            new_caches.append(layer_cache)  # (B, S, R + Dr)
+        return self.logits_from_hidden(self.norm(h)), tf.stack(new_caches)  # (L, B, S, R+Dr)
+
+    # ------------------------------------------------------------------ config
+
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict()}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

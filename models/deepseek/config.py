@@ -1,0 +1,201 @@
+"""DeepSeekConfig: the single source of truth for a DeepSeek-V3-style model.
+
+Field names and meanings follow Hugging Face `DeepseekV3Config`
+(transformers `configuration_deepseek_v3.py`), so a config.json maps field by
+field. Three training-rule fields that HF lacks come from the DeepSeek-V3 paper
+(arXiv 2412.19437): `router_bias_update_speed` (gamma, §2.1.2),
+`aux_loss_alpha` (alpha, §2.1.2 eq. 17) and `mtp_loss_weight` (lambda, §2.2 eq. 25).
+
+This module imports neither TensorFlow nor Keras, so configs can be built and
+validated cheaply (the pipeline's CLI does so before importing TensorFlow).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepSeekConfig:
+    """Hyper-parameters of a DeepSeek-V3-style causal language model.
+
+    Defaults describe a small model (~10M parameters) that trains on a CPU.
+
+    Attributes:
+      vocab_size: number of token ids.
+      hidden_size: model width C.
+      intermediate_size: width of the dense SwiGLU MLPs (first layers).
+      moe_intermediate_size: width of each routed expert (and, times
+        `n_shared_experts`, of the shared expert).
+      num_hidden_layers: number of decoder blocks L (MTP blocks not included).
+      num_attention_heads: attention heads n_h.
+      q_lora_rank: query compression rank d_c' (DeepSeek-V2 §2.1.2 eq. 12);
+        None = a plain `q_proj`.
+      kv_lora_rank: key/value compression rank d_c (eq. 9).
+      qk_nope_head_dim: per-head query/key width without RoPE (d_h).
+      qk_rope_head_dim: per-head width of the decoupled RoPE part (d_h^R), even.
+      v_head_dim: per-head value width.
+      n_routed_experts: routed experts N_r per MoE layer.
+      n_shared_experts: shared experts N_s (fused into one MLP), may be 0.
+      num_experts_per_tok: routed experts per token K_r.
+      n_group: expert groups for group-limited routing.
+      topk_group: groups kept per token.
+      routed_scaling_factor: multiplies the routed experts' gating weights.
+      norm_topk_prob: normalize the chosen gating weights to sum to one.
+      first_k_dense_replace: the first k blocks use a dense MLP, the rest MoE.
+      rms_norm_eps: epsilon of the block and final RMSNorms (the two latent
+        norms in attention always use 1e-6, as HF does).
+      rope_theta: RoPE base.
+      rope_scaling: YaRN parameters; must be None (YaRN is not implemented).
+      max_position_embeddings: longest context the model is used with.
+      tie_word_embeddings: share the embedding matrix with the output head.
+      num_nextn_predict_layers: multi-token-prediction depth D (0 = no MTP).
+      rope_interleave: HF `rope_interleave`: True = the rope dims of q/k are
+        stored as interleaved (even, odd) pairs, as in the official weights.
+      initializer_range: stddev of the normal weight initializer.
+      attention_dropout: dropout on attention probabilities (training only).
+      router_bias_update_speed: gamma of the auxiliary-loss-free balancing rule.
+      aux_loss_alpha: alpha, weight of the sequence-wise balance loss.
+      mtp_loss_weight: lambda, weight of the MTP loss.
+
+    Raises:
+      ValueError: on construction, naming the offending field and value.
+      NotImplementedError: if `rope_scaling` is not None.
+    """
+
+    vocab_size: int = 8192
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    moe_intermediate_size: int = 256
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    q_lora_rank: Optional[int] = None
+    kv_lora_rank: int = 64
+    qk_nope_head_dim: int = 32
+    qk_rope_head_dim: int = 16
+    v_head_dim: int = 32
+    n_routed_experts: int = 8
+    n_shared_experts: int = 1
+    num_experts_per_tok: int = 2
+    n_group: int = 4
+    topk_group: int = 2
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
+    first_k_dense_replace: int = 1
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
+    max_position_embeddings: int = 256
+    tie_word_embeddings: bool = False
+    num_nextn_predict_layers: int = 1
+    rope_interleave: bool = True
+    initializer_range: float = 0.02
+    attention_dropout: float = 0.0
+    # Training rules from the DeepSeek-V3 paper (not in HF's config).
+    router_bias_update_speed: float = 0.001
+    aux_loss_alpha: float = 0.0001
+    mtp_loss_weight: float = 0.3
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+            "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",
+            "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "num_experts_per_tok",
+            "n_group", "topk_group", "max_position_embeddings",
+        ):
+            _check_int(name, getattr(self, name), minimum=1)
+        for name in ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers"):
+            _check_int(name, getattr(self, name), minimum=0)
+        if self.q_lora_rank is not None:
+            _check_int("q_lora_rank", self.q_lora_rank, minimum=1)
+        for name in ("norm_topk_prob", "tie_word_embeddings", "rope_interleave"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
+        for name in ("routed_scaling_factor", "rms_norm_eps", "rope_theta", "initializer_range"):
+            _check_float(name, getattr(self, name), positive=True)
+        for name in ("router_bias_update_speed", "aux_loss_alpha", "mtp_loss_weight"):
+            _check_float(name, getattr(self, name), positive=False)
+        if not 0.0 <= self.attention_dropout < 1.0:
+            raise ValueError(f"attention_dropout={self.attention_dropout} must be in [0, 1)")
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even")
+        if self.num_experts_per_tok > self.n_routed_experts:
+            raise ValueError(
+                f"num_experts_per_tok={self.num_experts_per_tok} must be <= "
+                f"n_routed_experts={self.n_routed_experts}"
+            )
+        if self.n_routed_experts % self.n_group:
+            raise ValueError(
+                f"n_routed_experts={self.n_routed_experts} must be divisible by "
+                f"n_group={self.n_group}"
+            )
+        if self.topk_group > self.n_group:
+            raise ValueError(f"topk_group={self.topk_group} must be <= n_group={self.n_group}")
+        experts_in_kept_groups = self.topk_group * (self.n_routed_experts // self.n_group)
+        if self.num_experts_per_tok > experts_in_kept_groups:
+            raise ValueError(
+                f"num_experts_per_tok={self.num_experts_per_tok} must be <= topk_group * "
+                f"(n_routed_experts // n_group) = {experts_in_kept_groups}"
+            )
+        if self.first_k_dense_replace > self.num_hidden_layers:
+            raise ValueError(
+                f"first_k_dense_replace={self.first_k_dense_replace} must be <= "
+                f"num_hidden_layers={self.num_hidden_layers}"
+            )
+        if self.rope_scaling is not None:
+            raise NotImplementedError(
+                f"rope_scaling={self.rope_scaling!r}: YaRN RoPE scaling is not implemented; "
+                "use rope_scaling=None"
+            )
+
+    # ------------------------------------------------------------------ derived sizes
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head query/key width: qk_nope_head_dim + qk_rope_head_dim."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        """True if block `layer_idx` uses DeepSeekMoE (HF: idx >= first_k_dense_replace).
+
+        MTP blocks sit at indices num_hidden_layers, num_hidden_layers + 1, ...
+        """
+        return layer_idx >= self.first_k_dense_replace
+
+    # ------------------------------------------------------------------ (de)serialization
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serializable dict of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DeepSeekConfig:
+        """Builds a config from `to_dict()` output (missing keys take defaults).
+
+        Raises:
+          ValueError: if `d` has keys that are not fields, naming them.
+        """
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise ValueError(f"unknown DeepSeekConfig keys: {unknown}")
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> DeepSeekConfig:
+        """A copy with `changes` applied and validated (dataclasses.replace)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+
+
+def _check_float(name: str, value: Any, positive: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}={value!r} must be a number")
+    if positive and value <= 0:
+        raise ValueError(f"{name}={value!r} must be > 0")
+    if not positive and value < 0:
+        raise ValueError(f"{name}={value!r} must be >= 0")

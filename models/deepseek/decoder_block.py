@@ -1,0 +1,89 @@
+"""One pre-norm DeepSeek-V3 decoder block: MLA then a dense MLP or DeepSeekMoE."""
+
+import keras
+
+from models.deepseek.config import DeepSeekConfig
+from models.deepseek.mla_attention import MultiHeadLatentAttention
+from models.deepseek.mlp import SwiGLU
+from models.deepseek.moe import DeepSeekMoE
+from models.deepseek.rms_norm import RMSNorm
+
+
+@keras.saving.register_keras_serializable(package="deepseek")
+class DeepSeekDecoderBlock(keras.layers.Layer):
+    """x = x + MLA(input_layernorm(x)); x = x + MLP(post_attention_layernorm(x)).
+
+    The MLP (`mlp`) is a dense SwiGLU of width intermediate_size when
+    layer_idx < first_k_dense_replace, else a DeepSeekMoE (HF
+    `DeepseekV3DecoderLayer`). MTP blocks use layer_idx >= num_hidden_layers.
+
+    Args:
+      config: a DeepSeekConfig (or its `to_dict()`).
+      layer_idx: index of the block (decides dense vs MoE).
+
+    Call args:
+      hidden_states: float tensor (B, T, C).
+      positions_offset, cache, cache_index, training: as for
+        `MultiHeadLatentAttention`.
+
+    Returns:
+      (hidden_states, new_cache, moe_aux):
+        hidden_states: (B, T, C);
+        new_cache: the updated latent cache (B, S, kv_lora_rank +
+          qk_rope_head_dim), or None when no cache was given;
+        moe_aux: None for a dense block, else (expert_load float32 (E,),
+          balance_loss float32 scalar) from DeepSeekMoE.
+
+    Reference: HF transformers `modeling_deepseek_v3.py` (DeepseekV3DecoderLayer).
+    """
+
+    def __init__(self, config, layer_idx: int, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(config, dict):
+            config = DeepSeekConfig.from_dict(config)
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_moe = config.is_moe_layer(layer_idx)
+
+        self.input_layernorm = RMSNorm(config.rms_norm_eps, name="input_layernorm",
+                                       dtype=self.dtype_policy)
+        self.self_attn = MultiHeadLatentAttention(config, name="self_attn",
+                                                  dtype=self.dtype_policy)
+        self.post_attention_layernorm = RMSNorm(config.rms_norm_eps,
+                                                name="post_attention_layernorm",
+                                                dtype=self.dtype_policy)
+        if self.is_moe:
+            self.mlp = DeepSeekMoE(config, name="mlp", dtype=self.dtype_policy)
+        else:
+            self.mlp = SwiGLU(config.hidden_size, config.intermediate_size,
+                              config.initializer_range, name="mlp", dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        shape = (None, None, self.config.hidden_size)
+        self.input_layernorm.build(shape)
+        self.self_attn.build(shape)
+        self.post_attention_layernorm.build(shape)
+        self.mlp.build(shape)
+
+    def call(self, hidden_states, positions_offset=0, cache=None, cache_index=None,
+             training=False):
+        attn = self.self_attn(self.input_layernorm(hidden_states),
+                              positions_offset=positions_offset, cache=cache,
+                              cache_index=cache_index, training=training)
+        new_cache = None
+        if cache is not None:
+            attn, new_cache = attn
+        hidden_states = hidden_states + attn  # (B, T, C)
+
+        h = self.post_attention_layernorm(hidden_states)
+        moe_aux = None
+        if self.is_moe:
+            h, expert_load, balance_loss = self.mlp(h, training=training)
+            moe_aux = (expert_load, balance_loss)
+        else:
+            h = self.mlp(h)
+        return hidden_states + h, new_cache, moe_aux  # (B, T, C)
+
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict(),
+                "layer_idx": self.layer_idx}

@@ -1,0 +1,128 @@
+"""Analytic parameter counts, FLOPs per token and model FLOPs utilization (MFU).
+
+FLOPs per trained token (forward + backward), after nanoGPT's `estimate_mfu`
+(itself from the PaLM paper, arXiv 2204.02311, appendix B):
+
+    flops_per_token = 6 * N_active + 6 * L_attn * n_h * T * (d_qk + d_v)
+
+N_active is the number of parameter uses per token (`activated_params`): 2
+FLOPs per multiply-add forward, 4 backward. The second term is attention's
+score (Q K^T, width d_qk = qk_nope_head_dim + qk_rope_head_dim) and value (A V,
+width d_v = v_head_dim) matmuls over the T context positions, 2 FLOPs each
+forward, x3 for forward + backward; with d_qk = d_v = Q it is nanoGPT's
+12 * L * H * Q * T. Like nanoGPT it counts the full T x T score matrix, not the
+causal half. L_attn counts the MTP blocks when they are included.
+This module imports neither TensorFlow nor Keras.
+"""
+
+from models.deepseek.config import DeepSeekConfig
+
+
+def _mlp_params(hidden_size: int, intermediate_size: int) -> int:
+    return 3 * hidden_size * intermediate_size  # gate_proj, up_proj, down_proj
+
+
+def _attention_params(c: DeepSeekConfig) -> int:
+    h = c.num_attention_heads
+    if c.q_lora_rank is None:
+        q = c.hidden_size * h * c.qk_head_dim  # q_proj
+    else:
+        q = (c.hidden_size * c.q_lora_rank  # q_a_proj
+             + c.q_lora_rank  # q_a_layernorm
+             + c.q_lora_rank * h * c.qk_head_dim)  # q_b_proj
+    kv = (c.hidden_size * (c.kv_lora_rank + c.qk_rope_head_dim)  # kv_a_proj_with_mqa
+          + c.kv_lora_rank  # kv_a_layernorm
+          + c.kv_lora_rank * h * (c.qk_nope_head_dim + c.v_head_dim))  # kv_b_proj
+    o = h * c.v_head_dim * c.hidden_size  # o_proj
+    return q + kv + o
+
+
+def _moe_params(c: DeepSeekConfig, experts: int) -> int:
+    """Router weight and bias, `experts` routed experts, the fused shared expert."""
+    router = c.n_routed_experts * c.hidden_size + c.n_routed_experts
+    shared = _mlp_params(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts)
+    return router + experts * _mlp_params(c.hidden_size, c.moe_intermediate_size) + shared
+
+
+def _block_params(c: DeepSeekConfig, layer_idx: int, active: bool) -> int:
+    if c.is_moe_layer(layer_idx):
+        experts = c.num_experts_per_tok if active else c.n_routed_experts
+        mlp = _moe_params(c, experts)
+    else:
+        mlp = _mlp_params(c.hidden_size, c.intermediate_size)
+    return 2 * c.hidden_size + _attention_params(c) + mlp  # two RMSNorms + attn + mlp
+
+
+def _mtp_params(c: DeepSeekConfig, depth: int, active: bool) -> int:
+    """enorm + hnorm + eh_proj + block + shared_head.norm of MTP depth `depth` (0-based)."""
+    block = _block_params(c, c.num_hidden_layers + depth, active)
+    return 2 * c.hidden_size + 2 * c.hidden_size * c.hidden_size + block + c.hidden_size
+
+
+def total_params(config: DeepSeekConfig) -> int:
+    """All parameters, as `DeepSeekCausalLM(config).count_params()`.
+
+    Includes the embedding (once when tied), the lm_head when untied, every
+    routed expert, the non-trainable router biases and the MTP modules.
+    """
+    c = config
+    n = c.vocab_size * c.hidden_size  # embed_tokens
+    n += sum(_block_params(c, i, active=False) for i in range(c.num_hidden_layers))
+    n += c.hidden_size  # final norm
+    if not c.tie_word_embeddings:
+        n += c.vocab_size * c.hidden_size  # lm_head
+    n += sum(_mtp_params(c, d, active=False) for d in range(c.num_nextn_predict_layers))
+    return n
+
+
+def activated_params(config: DeepSeekConfig, include_mtp: bool = False) -> int:
+    """Parameters used per token: what a token's forward pass multiplies by.
+
+    Counts attention, norms, dense MLPs, the router (weight and bias), shared
+    experts, num_experts_per_tok routed experts per MoE layer and the output
+    head (vocab_size * hidden_size, tied or not); the embedding lookup is
+    excluded (no matmul). With include_mtp, adds each MTP module with its own
+    use of the shared output head (as in training).
+    """
+    c = config
+    n = sum(_block_params(c, i, active=True) for i in range(c.num_hidden_layers))
+    n += c.hidden_size + c.vocab_size * c.hidden_size  # final norm + lm_head
+    if include_mtp:
+        for d in range(c.num_nextn_predict_layers):
+            n += _mtp_params(c, d, active=True) + c.vocab_size * c.hidden_size
+    return n
+
+
+def flops_per_token(config: DeepSeekConfig, seq_len: int, include_mtp: bool = True) -> int:
+    """Training FLOPs per token: 6 * N_active + 6 * L_attn * n_h * T * (d_qk + d_v).
+
+    See the module docstring for the formula's source (nanoGPT estimate_mfu /
+    PaLM appendix B) and meaning. include_mtp (default True, since MTP modules
+    run in training) adds the MTP modules' parameters and attention layers.
+
+    Raises:
+      ValueError: if seq_len < 1.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len={seq_len} must be >= 1")
+    c = config
+    layers = c.num_hidden_layers + (c.num_nextn_predict_layers if include_mtp else 0)
+    attention = 6 * layers * c.num_attention_heads * seq_len * (c.qk_head_dim + c.v_head_dim)
+    return 6 * activated_params(c, include_mtp=include_mtp) + attention
+
+
+def mfu(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> float:
+    """Model FLOPs utilization: achieved FLOP/s over the hardware peak, in [0, 1].
+
+    Args:
+      tokens_per_second: trained tokens per second.
+      flops_per_token: from `flops_per_token`.
+      peak_flops: peak FLOP/s of the hardware (e.g. ~2.4e11 for float32 on
+        these 2-core CPUs, see the project notes).
+
+    Raises:
+      ValueError: if peak_flops <= 0.
+    """
+    if peak_flops <= 0:
+        raise ValueError(f"peak_flops={peak_flops} must be > 0")
+    return tokens_per_second * flops_per_token / peak_flops

@@ -1,0 +1,430 @@
+"""The one typed configuration of deepseek-tfx, and its named presets.
+
+Everything a run needs flows from one `PipelineConfig`: the CLI builds it from a
+preset plus overrides, `create_pipeline(...)` hands it to every component as JSON
+(`custom_config` / execution properties), and the trained model records it. No
+component reads environment variables or globals for its settings.
+
+Presets:
+  tiny       tests: a 2-layer model that trains in seconds on a slice of text.
+  cpu_small  the default main job: Tiny Shakespeare on a 2-core CPU in minutes.
+  gpu_base   a ~100M-parameter model for one GPU.
+
+This module imports neither TFX nor TensorFlow, so the CLI can validate a config
+(and print errors) before paying for those imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from models.deepseek.config import DeepSeekConfig
+
+PIPELINE_NAME = "deepseek-tfx"
+
+DOCUMENT_BOUNDARIES = ("blank_line", "line", "file", "jsonl")
+NORMALIZATION_FORMS = ("NFC", "NFKC", "none")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"{name}={value} must be > 0")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}='{value}' must be one of {list(choices)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """How raw text becomes documents, and how documents are cleaned.
+
+    Attributes:
+      document_boundary: where one document ends: `blank_line` (paragraphs),
+        `line`, `file` (one document per file) or `jsonl` (one per JSON record).
+        Files ending in `.jsonl`/`.jsonl.gz` are always read as JSONL.
+      jsonl_text_field: the JSON field holding the text of a JSONL record.
+      train_buckets, eval_buckets: hash buckets of the deterministic train/eval
+        split (ExampleGen `SplitConfig`, partitioned on the text, so duplicates
+        fall into the same split). 9:1 is a 90/10 split.
+      normalization: Unicode normalization form (`NFC`, `NFKC` or `none`).
+      min_chars, max_chars: documents outside [min_chars, max_chars] Unicode
+        characters after cleaning are dropped (counted as `too_short`/`too_long`).
+      deduplicate: drop exact duplicates (after normalization), keeping one.
+      max_reject_fraction: the run stops before training if more than this
+        fraction of the records read is dropped.
+    """
+
+    document_boundary: str = "blank_line"
+    jsonl_text_field: str = "text"
+    train_buckets: int = 9
+    eval_buckets: int = 1
+    normalization: str = "NFC"
+    min_chars: int = 1
+    max_chars: int = 1_000_000
+    deduplicate: bool = True
+    max_reject_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        _check_choice("data.document_boundary", self.document_boundary, DOCUMENT_BOUNDARIES)
+        _check_choice("data.normalization", self.normalization, NORMALIZATION_FORMS)
+        _check_positive("data.train_buckets", self.train_buckets)
+        _check_positive("data.eval_buckets", self.eval_buckets)
+        _check_positive("data.min_chars", self.min_chars)
+        if self.max_chars < self.min_chars:
+            raise ValueError(
+                f"data.max_chars={self.max_chars} must be >= data.min_chars={self.min_chars}"
+            )
+        if not 0.0 <= self.max_reject_fraction <= 1.0:
+            raise ValueError(
+                f"data.max_reject_fraction={self.max_reject_fraction} must be in [0, 1]"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    """The subword tokenizer that Transform learns from the training split.
+
+    WordPiece (tensorflow-text's learner and `WordpieceTokenizer`) over a
+    lossless pre-tokenization; see `components/transform/tokenizer.py`.
+
+    Attributes:
+      vocab_size: exact vocabulary size, special tokens included. The model's
+        `vocab_size` must equal it.
+      max_unique_chars: the alphabet: characters beyond the most frequent ones
+        become `[UNK]`.
+    """
+
+    vocab_size: int = 8192
+    max_unique_chars: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 300:
+            raise ValueError(f"tokenizer.vocab_size={self.vocab_size} must be >= 300")
+        _check_positive("tokenizer.max_unique_chars", self.max_unique_chars)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The Trainer: packing, optimizer, schedule, checkpoints.
+
+    Attributes:
+      seq_len: tokens per packed training sequence (documents are concatenated
+        with `[EOS]` between them and cut into windows of seq_len + 1).
+      batch_size: global batch, in sequences.
+      train_steps: optimizer steps.
+      learning_rate: peak learning rate of AdamW.
+      min_learning_rate: the floor of the cosine decay.
+      warmup_steps: linear warmup steps from 0 to the peak.
+      weight_decay: decoupled weight decay (AdamW), not applied to norms.
+      beta_1, beta_2: AdamW moments (beta_2 = 0.95 as in DeepSeek-V3 §4.2).
+      grad_clip_norm: global-norm gradient clipping.
+      checkpoint_every: steps between checkpoints.
+      log_every: steps between log lines and TensorBoard points.
+      eval_batches: batches of the eval split the Trainer scores at the end.
+      shuffle_buffer: documents in the shuffle buffer.
+      seed: seed of initialization and data order.
+    """
+
+    seq_len: int = 128
+    batch_size: int = 16
+    train_steps: int = 1000
+    learning_rate: float = 1e-3
+    min_learning_rate: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta_1: float = 0.9
+    beta_2: float = 0.95
+    grad_clip_norm: float = 1.0
+    checkpoint_every: int = 250
+    log_every: int = 25
+    eval_batches: int = 20
+    shuffle_buffer: int = 10_000
+    seed: int = 1337
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "batch_size", "train_steps", "checkpoint_every", "log_every",
+                     "shuffle_buffer"):
+            _check_positive(f"train.{name}", getattr(self, name))
+        if self.warmup_steps < 0:
+            raise ValueError(f"train.warmup_steps={self.warmup_steps} must be >= 0")
+        if not 0 < self.min_learning_rate <= self.learning_rate:
+            raise ValueError(
+                f"train.min_learning_rate={self.min_learning_rate} must be in "
+                f"(0, learning_rate={self.learning_rate}]"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """The Evaluator's blessing rule.
+
+    A model is blessed when its bits per byte on the eval split is at most
+    `max_bits_per_byte`, and, when a previously blessed model exists, at most
+    that model's bits per byte (on the same eval data) times
+    `1 + baseline_tolerance`.
+
+    Attributes:
+      max_bits_per_byte: absolute threshold (bits per UTF-8 byte).
+      baseline_tolerance: relative slack against the last blessed model.
+      max_eval_tokens: cap on eval tokens scored (0 = all).
+      batch_size: sequences per eval batch.
+    """
+
+    max_bits_per_byte: float = 3.0
+    baseline_tolerance: float = 0.01
+    max_eval_tokens: int = 0
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        _check_positive("eval.max_bits_per_byte", self.max_bits_per_byte)
+        if self.baseline_tolerance < 0:
+            raise ValueError(f"eval.baseline_tolerance={self.baseline_tolerance} must be >= 0")
+        _check_positive("eval.batch_size", self.batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """Defaults of the pushed model's text-generation signature."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.8
+    top_k: int = 50
+    top_p: float = 0.95
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """Everything one pipeline run needs. Build it with `get_config(...)`."""
+
+    preset: str
+    model: DeepSeekConfig
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
+
+    def __post_init__(self) -> None:
+        if self.model.vocab_size != self.tokenizer.vocab_size:
+            raise ValueError(
+                f"model.vocab_size={self.model.vocab_size} must equal "
+                f"tokenizer.vocab_size={self.tokenizer.vocab_size}"
+            )
+        if self.train.seq_len > self.model.max_position_embeddings:
+            raise ValueError(
+                f"train.seq_len={self.train.seq_len} exceeds "
+                f"model.max_position_embeddings={self.model.max_position_embeddings}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "preset": self.preset,
+            "model": self.model.to_dict(),
+            "data": dataclasses.asdict(self.data),
+            "tokenizer": dataclasses.asdict(self.tokenizer),
+            "train": dataclasses.asdict(self.train),
+            "eval": dataclasses.asdict(self.eval),
+            "generation": dataclasses.asdict(self.generation),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PipelineConfig:
+        sections = {
+            "data": DataConfig,
+            "tokenizer": TokenizerConfig,
+            "train": TrainConfig,
+            "eval": EvalConfig,
+            "generation": GenerationConfig,
+        }
+        unknown = set(d) - set(sections) - {"preset", "model"}
+        if unknown:
+            raise ValueError(f"unknown config sections: {sorted(unknown)}")
+        kwargs: dict[str, Any] = {"preset": d["preset"], "model": DeepSeekConfig.from_dict(d["model"])}
+        for name, section_cls in sections.items():
+            if name in d:
+                kwargs[name] = _section_from_dict(name, section_cls, d[name])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, s: str) -> PipelineConfig:
+        return cls.from_dict(json.loads(s))
+
+
+def _section_from_dict(name: str, section_cls: type, values: dict[str, Any]) -> Any:
+    fields = {f.name for f in dataclasses.fields(section_cls)}
+    unknown = set(values) - fields
+    if unknown:
+        raise ValueError(f"unknown keys in config section '{name}': {sorted(unknown)}")
+    return section_cls(**values)
+
+
+# --------------------------------------------------------------------------- presets
+
+
+def _tiny() -> PipelineConfig:
+    vocab = 512
+    return PipelineConfig(
+        preset="tiny",
+        model=DeepSeekConfig(
+            vocab_size=vocab,
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+            num_nextn_predict_layers=1,
+        ),
+        tokenizer=TokenizerConfig(vocab_size=vocab),
+        train=TrainConfig(
+            seq_len=32,
+            batch_size=8,
+            train_steps=30,
+            learning_rate=3e-3,
+            min_learning_rate=3e-4,
+            warmup_steps=5,
+            checkpoint_every=10,
+            log_every=5,
+            eval_batches=4,
+            shuffle_buffer=1000,
+        ),
+        eval=EvalConfig(max_bits_per_byte=8.0, batch_size=8),
+        generation=GenerationConfig(max_new_tokens=16),
+    )
+
+
+def _cpu_small() -> PipelineConfig:
+    vocab = 8192
+    return PipelineConfig(
+        preset="cpu_small",
+        model=DeepSeekConfig(
+            vocab_size=vocab,
+            hidden_size=256,
+            intermediate_size=768,
+            moe_intermediate_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=64,
+            qk_nope_head_dim=32,
+            qk_rope_head_dim=16,
+            v_head_dim=32,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            num_nextn_predict_layers=0,
+        ),
+        tokenizer=TokenizerConfig(vocab_size=vocab),
+        train=TrainConfig(
+            seq_len=128,
+            batch_size=16,
+            train_steps=1500,
+            learning_rate=2e-3,
+            min_learning_rate=2e-4,
+            warmup_steps=100,
+            checkpoint_every=250,
+            log_every=50,
+            eval_batches=40,
+        ),
+        eval=EvalConfig(max_bits_per_byte=3.0, batch_size=16),
+    )
+
+
+def _gpu_base() -> PipelineConfig:
+    vocab = 32768
+    return PipelineConfig(
+        preset="gpu_base",
+        model=DeepSeekConfig(
+            vocab_size=vocab,
+            hidden_size=768,
+            intermediate_size=2048,
+            moe_intermediate_size=512,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            q_lora_rank=384,
+            kv_lora_rank=256,
+            qk_nope_head_dim=64,
+            qk_rope_head_dim=32,
+            v_head_dim=64,
+            n_routed_experts=16,
+            n_shared_experts=1,
+            num_experts_per_tok=4,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            max_position_embeddings=1024,
+            tie_word_embeddings=False,
+            num_nextn_predict_layers=1,
+        ),
+        tokenizer=TokenizerConfig(vocab_size=vocab),
+        train=TrainConfig(
+            seq_len=1024,
+            batch_size=32,
+            train_steps=20_000,
+            learning_rate=6e-4,
+            min_learning_rate=6e-5,
+            warmup_steps=1000,
+            checkpoint_every=1000,
+            log_every=100,
+            eval_batches=100,
+        ),
+        eval=EvalConfig(max_bits_per_byte=2.0, batch_size=16),
+    )
+
+
+PRESETS = {"tiny": _tiny, "cpu_small": _cpu_small, "gpu_base": _gpu_base}
+DEFAULT_PRESET = "cpu_small"
+
+
+def get_config(preset: str = DEFAULT_PRESET, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Returns a preset, with dotted-key overrides applied and validated.
+
+    Args:
+      preset: one of `PRESETS`.
+      overrides: e.g. `{"train.train_steps": 200, "model.hidden_size": 128}`.
+
+    Raises:
+      ValueError: unknown preset, unknown key, or a value the config rejects
+        (the message names the key and the value).
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset '{preset}'; choose one of {sorted(PRESETS)}")
+    config = PRESETS[preset]()
+    if not overrides:
+        return config
+    d = config.to_dict()
+    for key, value in overrides.items():
+        section, _, field = key.partition(".")
+        if section not in d or not isinstance(d[section], dict) or not field:
+            raise ValueError(f"unknown config key '{key}' (expected SECTION.FIELD)")
+        if field not in d[section]:
+            raise ValueError(f"unknown config key '{key}'")
+        d[section][field] = value
+    # Keep the tokenizer and model vocabularies in step when only one is overridden.
+    if "tokenizer.vocab_size" in overrides and "model.vocab_size" not in overrides:
+        d["model"]["vocab_size"] = overrides["tokenizer.vocab_size"]
+    return PipelineConfig.from_dict(d)

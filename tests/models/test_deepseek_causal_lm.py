@@ -1,0 +1,205 @@
+"""DeepSeekCausalLM: golden parameter counts, shapes, causality, caching, losses, SavedModel."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models.deepseek.causal_lm import DeepSeekCausalLM
+from models.deepseek.config import DeepSeekConfig
+from models.deepseek.flops import activated_params, total_params
+
+# Golden parameter count of the tiny config (C=32, V=64, H=4, q_lora 16, kv_lora R=16,
+# nope 8, rope 4, v 8, d_qk=12, E=8 experts of width 16, 1 shared, I=64), by hand:
+#   embed_tokens              64*32                          = 2048
+#   attention (per block)
+#     q_a_proj                32*16                          =  512
+#     q_a_layernorm           16                             =   16
+#     q_b_proj                16*(4*12)                      =  768
+#     kv_a_proj_with_mqa      32*(16+4)                      =  640
+#     kv_a_layernorm          16                             =   16
+#     kv_b_proj               16*(4*(8+8))                   = 1024
+#     o_proj                  (4*8)*32                       = 1024
+#                                                      total = 4000
+#   norms (per block)         2*32                           =   64
+#   dense mlp (block 0)       3*32*64                        = 6144
+#   moe (blocks 1 and MTP)    gate 8*32 + bias 8             =  264
+#                             experts 8*3*32*16              = 12288
+#                             shared 3*32*(16*1)             = 1536
+#                                                      total = 14088
+#   block 0 (dense)           4000 + 64 + 6144               = 10208
+#   block 1 (MoE)             4000 + 64 + 14088              = 18152
+#   final norm                32                             =   32
+#   lm_head (untied)          32*64                          = 2048
+#   MTP: enorm 32 + hnorm 32 + eh_proj 64*32 + MoE block 18152 + shared_head.norm 32
+#                                                            = 20296
+#   total  2048 + 10208 + 18152 + 32 + 2048 + 20296          = 52784
+TINY_PARAMS = 52784
+# q_lora_rank=None: q_proj 32*48 = 1536 replaces 512 + 16 + 768 = 1296, i.e. +240 in each
+# of the 3 blocks (2 main + 1 MTP): 52784 + 720 = 53504.
+TINY_PARAMS_NO_Q_LORA = 53504
+# tie_word_embeddings=True drops lm_head: 52784 - 2048 = 50736.
+TINY_PARAMS_TIED = 50736
+# Activated per token (no MTP): block 0 10208 + block 1 (4000 + 64 + 264 + 2*1536 + 1536
+# = 8936) + final norm 32 + lm_head 2048 = 21224.
+TINY_ACTIVE = 21224
+
+
+def _ids(batch, seq, seed=0, vocab=64):
+    return tf.constant(np.random.default_rng(seed).integers(0, vocab, size=(batch, seq)),
+                       tf.int32)
+
+
+def test_golden_parameter_counts(tiny_model, tiny_config):
+    assert tiny_model.count_params() == TINY_PARAMS == total_params(tiny_config)
+    assert activated_params(tiny_config) == TINY_ACTIVE
+    no_q_lora = tiny_config.replace(q_lora_rank=None)
+    assert DeepSeekCausalLM(no_q_lora).count_params() == TINY_PARAMS_NO_Q_LORA
+    assert total_params(no_q_lora) == TINY_PARAMS_NO_Q_LORA
+    tied = tiny_config.replace(tie_word_embeddings=True)
+    tied_model = DeepSeekCausalLM(tied)
+    assert tied_model.lm_head is None
+    assert tied_model.count_params() == TINY_PARAMS_TIED == total_params(tied)
+    # The router bias is the only non-trainable weight: one per MoE layer (block 1, MTP).
+    non_trainable = [w.path for w in tiny_model.non_trainable_weights]
+    assert len(non_trainable) == 2
+    assert all(p.endswith("mlp/gate/e_score_correction_bias") for p in non_trainable)
+
+
+def test_output_shapes_dtypes_and_causality(tiny_model):
+    ids = _ids(2, 8)
+    logits = tiny_model(ids)
+    assert logits.shape == (2, 8, 64) and logits.dtype == tf.float32
+    changed = tf.tensor_scatter_nd_update(ids, [[0, 5], [1, 5]], [1, 2])
+    logits2 = tiny_model(changed)
+    np.testing.assert_allclose(logits[:, :5], logits2[:, :5], atol=1e-6)
+    assert not np.allclose(logits[:, 5:], logits2[:, 5:])
+
+
+def test_forward_train_outputs_and_alignment(tiny_model):
+    ids = _ids(2, 8, seed=1)
+    out = tiny_model.forward_train(ids)
+    np.testing.assert_allclose(out["logits"], tiny_model(ids), atol=1e-6)
+    assert len(out["mtp_logits"]) == 1 and out["mtp_logits"][0].shape == (2, 7, 64)
+    # Rows: block 1 and the MTP block; 2*8 tokens * 2 experts in block 1, 2*7 * 2 in MTP.
+    assert out["expert_load"].shape == (2, 8) and tiny_model.num_moe_layers == 2
+    np.testing.assert_array_equal(out["expert_load"].numpy().sum(-1), [32, 28])
+    assert out["balance_loss"].dtype == tf.float32
+    assert np.isfinite(out["balance_loss"].numpy()) and out["balance_loss"].numpy() > 0
+    # MTP depth 1 at position t sees tokens 0..t+1 only: changing token 6 leaves t < 5 alone.
+    changed = tf.tensor_scatter_nd_update(ids, [[0, 6]], [3])
+    mtp2 = tiny_model.forward_train(changed)["mtp_logits"][0]
+    np.testing.assert_allclose(out["mtp_logits"][0][:, :5], mtp2[:, :5], atol=1e-6)
+    assert not np.allclose(out["mtp_logits"][0][0, 5], mtp2[0, 5])
+
+
+def test_compute_loss_includes_mtp_and_call_skips_it(tiny_config):
+    keras.utils.set_random_seed(3)
+    model = DeepSeekCausalLM(tiny_config)
+    ids = _ids(2, 9, seed=2)
+    inputs, labels = ids[:, :-1], ids[:, 1:]
+    losses = model.compute_loss(inputs, labels)
+    assert set(losses) == {"loss", "lm_loss", "mtp_loss", "balance_loss", "expert_load"}
+    for name in ("loss", "lm_loss", "mtp_loss", "balance_loss"):
+        assert losses[name].dtype == tf.float32 and losses[name].shape == ()
+    assert losses["mtp_loss"].numpy() > 0
+    np.testing.assert_allclose(
+        losses["loss"],
+        losses["lm_loss"] + 0.3 * losses["mtp_loss"] + losses["balance_loss"], rtol=1e-6)
+    # lm_loss is the plain next-token cross-entropy of call()'s logits.
+    logits = model(inputs)
+    expected = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+    np.testing.assert_allclose(losses["lm_loss"], expected, rtol=1e-6)
+    # MTP weights do not influence call(), but do change the MTP loss.
+    before = model(inputs).numpy()
+    eh = model.mtp_layers[0].eh_proj.kernel
+    eh.assign(eh * 10.0)
+    np.testing.assert_array_equal(model(inputs).numpy(), before)
+    assert model.compute_loss(inputs, labels)["mtp_loss"].numpy() != losses["mtp_loss"].numpy()
+    # Without MTP modules the MTP loss is exactly 0.
+    no_mtp = DeepSeekCausalLM(tiny_config.replace(num_nextn_predict_layers=0))
+    assert no_mtp.compute_loss(inputs, labels)["mtp_loss"].numpy() == 0.0
+    assert no_mtp.forward_train(inputs)["expert_load"].shape == (1, 8)
+
+
+def test_config_round_trip(tiny_model, tiny_config):
+    config = tiny_model.get_config()
+    assert DeepSeekConfig.from_dict(config["config"]) == tiny_config
+    clone = DeepSeekCausalLM.from_config(config)
+    assert clone.config == tiny_config and clone.count_params() == TINY_PARAMS
+    clone.set_weights(tiny_model.get_weights())
+    ids = _ids(1, 5)
+    np.testing.assert_allclose(clone(ids), tiny_model(ids), atol=1e-6)
+
+
+def test_cached_decoding_matches_full_forward(tiny_model):
+    ids = _ids(2, 10, seed=4)
+    full = tiny_model(ids).numpy()
+    cache = tiny_model.init_cache(2, 12)
+    assert cache.shape == (2, 2, 12, 16 + 4)  # (L, B, S, kv_lora_rank + qk_rope_head_dim)
+    logits, cache = tiny_model.call_with_cache(ids[:, :6], cache, 0)
+    steps = [logits.numpy()]
+    for t in range(6, 10):
+        logits, cache = tiny_model.call_with_cache(ids[:, t:t + 1], cache, t)
+        steps.append(logits.numpy())
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_cache_overflow_raises(tiny_model):
+    cache = tiny_model.init_cache(1, 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="overflow"):
+        tiny_model.call_with_cache(_ids(1, 5), cache, 0)
+
+
+def test_saved_model_round_trip(tiny_model, tmp_path):
+    from models.deepseek.generation import generate
+
+    module = tf.Module()
+    module.model = tiny_model
+    module.logits = tf.function(
+        lambda ids: tiny_model(ids), input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    module.greedy = tf.function(
+        lambda ids: generate(tiny_model, ids, 4, temperature=0.0)[0],
+        input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    ids = _ids(2, 6, seed=5)
+    expected_logits, expected_tokens = module.logits(ids), module.greedy(ids)
+    tf.saved_model.save(module, str(tmp_path / "model"))
+
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    np.testing.assert_allclose(loaded.logits(ids), expected_logits, atol=1e-6)
+    np.testing.assert_array_equal(loaded.greedy(ids), expected_tokens)
+    assert loaded.logits(_ids(1, 3)).shape == (1, 3, 64)
+
+
+def test_tiny_overfit_trains_attention_moe_and_mtp(tiny_config):
+    keras.utils.set_random_seed(7)
+    model = DeepSeekCausalLM(tiny_config.replace(aux_loss_alpha=0.001))
+    ids = _ids(2, 17, seed=6)
+    inputs, labels = ids[:, :-1], ids[:, 1:]
+    optimizer = keras.optimizers.AdamW(learning_rate=1e-2, weight_decay=0.0)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def train_step():
+        with tf.GradientTape() as tape:
+            losses = model.compute_loss(inputs, labels, training=True)
+        grads = tape.gradient(losses["loss"], model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        model.update_router_biases(losses["expert_load"])
+        return losses, grads
+
+    losses, grads = train_step()
+    grad_norms = {v.path.split("/", 1)[1]: float(tf.norm(g)) for v, g in zip(model.trainable_variables, grads)}
+    assert all(np.isfinite(n) for n in grad_norms.values())
+    for name in ("layers.0/self_attn/kv_b_proj/kernel", "layers.1/mlp/gate/weight",
+                 "layers.1/mlp/shared_experts/up_proj/kernel", "mtp.0/eh_proj/kernel",
+                 "mtp.0/block/mlp/gate/weight"):
+        assert grad_norms[name] > 0, name
+    routed = [n for p, n in grad_norms.items() if p.startswith("layers.1/mlp/experts.")]
+    assert sum(n > 0 for n in routed) >= 2 * 3  # routed experts in use receive gradients
+    first = {k: float(v) for k, v in losses.items() if k != "expert_load"}
+    for _ in range(39):
+        losses, _ = train_step()
+    # 4.2 (= ln 64) -> ~0.02 for both in practice.
+    assert float(losses["lm_loss"]) < 0.2 * first["lm_loss"]
+    assert float(losses["mtp_loss"]) < 0.2 * first["mtp_loss"]
