@@ -14,6 +14,7 @@ def run_local(
     output_dir: str,
     beam_pipeline_args: list[str] | None = None,
     enable_cache: bool = True,
+    schema_path: str | None = None,
 ) -> dict[str, str]:
     """Runs the whole pipeline; returns the paths it used (root, metadata, serving)."""
     from tfx import v1 as tfx
@@ -34,6 +35,7 @@ def run_local(
         ),
         beam_pipeline_args=beam_pipeline_args or ["--direct_num_workers=1"],
         enable_cache=enable_cache,
+        **({"schema_path": schema_path} if schema_path else {}),
     )
     tfx.orchestration.LocalDagRunner().run(pipeline)
     return paths

@@ -12,6 +12,7 @@ with the latent KV cache of MLA.
 import keras
 import tensorflow as tf
 
+from models.deepseek._tracking import with_layer_lists
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.decoder_block import DeepSeekDecoderBlock
 from models.deepseek.losses import causal_lm_loss
@@ -256,6 +257,11 @@ class DeepSeekCausalLM(keras.Model):
         return self.logits_from_hidden(self.norm(h)), tf.stack(new_caches)  # (L, B, S, R+Dr)
 
     # ------------------------------------------------------------------ config
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        # Let tf.train.Checkpoint see the layers held in lists (see _tracking.py).
+        children = super()._trackable_children(save_type, **kwargs)
+        return with_layer_lists(self, children, save_type)
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

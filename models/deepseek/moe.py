@@ -24,6 +24,7 @@ complementary sequence-wise balance loss (§2.1.2 eq. 17-20):
 import keras
 import tensorflow as tf
 
+from models.deepseek._tracking import with_layer_lists
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.mlp import SwiGLU
 from models.deepseek.router import DeepSeekTopKRouter
@@ -104,7 +105,7 @@ class DeepSeekMoE(keras.layers.Layer):
         expert_inputs = tf.split(tf.gather(x, sorted_token), counts, num=n_experts,
                                  axis=0)  # E x (count_e, C)
         expert_outputs = tf.concat(
-            [expert(xe) for expert, xe in zip(self.experts, expert_inputs)], axis=0)  # (N*K, C)
+            [expert(xe) for expert, xe in zip(self.experts, expert_inputs, strict=True)], axis=0)  # (N*K, C)
         expert_outputs *= tf.cast(sorted_weight, expert_outputs.dtype)[:, None]  # (N*K, C)
         routed = tf.math.unsorted_segment_sum(expert_outputs, sorted_token, n_tokens)  # (N, C)
 
@@ -145,6 +146,11 @@ class DeepSeekMoE(keras.layers.Layer):
         if update_speed is None:
             update_speed = self.config.router_bias_update_speed
         return self.gate.update_bias(expert_load, update_speed)
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        # Let tf.train.Checkpoint see the layers held in lists (see _tracking.py).
+        children = super()._trackable_children(save_type, **kwargs)
+        return with_layer_lists(self, children, save_type)
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

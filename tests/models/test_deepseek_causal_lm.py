@@ -132,6 +132,14 @@ def test_config_round_trip(tiny_model, tiny_config):
     np.testing.assert_allclose(clone(ids), tiny_model(ids), atol=1e-6)
 
 
+def test_keras_native_save_and_load(tiny_model, tmp_path):
+    tiny_model.save(str(tmp_path / "model.keras"))
+    loaded = keras.saving.load_model(str(tmp_path / "model.keras"))
+    assert isinstance(loaded, DeepSeekCausalLM)
+    ids = _ids(1, 5, seed=9)
+    np.testing.assert_allclose(loaded(ids), tiny_model(ids), atol=1e-6)
+
+
 def test_cached_decoding_matches_full_forward(tiny_model):
     ids = _ids(2, 10, seed=4)
     full = tiny_model(ids).numpy()
@@ -184,12 +192,13 @@ def test_tiny_overfit_trains_attention_moe_and_mtp(tiny_config):
         with tf.GradientTape() as tape:
             losses = model.compute_loss(inputs, labels, training=True)
         grads = tape.gradient(losses["loss"], model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         model.update_router_biases(losses["expert_load"])
         return losses, grads
 
     losses, grads = train_step()
-    grad_norms = {v.path.split("/", 1)[1]: float(tf.norm(g)) for v, g in zip(model.trainable_variables, grads)}
+    grad_norms = {v.path.split("/", 1)[1]: float(tf.norm(g)) for v, g in
+                  zip(model.trainable_variables, grads, strict=True)}
     assert all(np.isfinite(n) for n in grad_norms.values())
     for name in ("layers.0/self_attn/kv_b_proj/kernel", "layers.1/mlp/gate/weight",
                  "layers.1/mlp/shared_experts/up_proj/kernel", "mtp.0/eh_proj/kernel",
@@ -203,3 +212,29 @@ def test_tiny_overfit_trains_attention_moe_and_mtp(tiny_config):
     # 4.2 (= ln 64) -> ~0.02 for both in practice.
     assert float(losses["lm_loss"]) < 0.2 * first["lm_loss"]
     assert float(losses["mtp_loss"]) < 0.2 * first["mtp_loss"]
+
+
+def test_tf_train_checkpoint_covers_every_weight(tiny_model, tiny_config, tmp_path):
+    path = tf.train.Checkpoint(model=tiny_model).save(str(tmp_path / "ckpt"))
+    saved = [name for name, _ in tf.train.list_variables(path) if name.startswith("model/")]
+    assert len(saved) == len(tiny_model.weights)  # blocks and experts live in lists
+    restored = DeepSeekCausalLM(tiny_config)
+    tf.train.Checkpoint(model=restored).restore(path).assert_consumed()
+    for a, b in zip(tiny_model.weights, restored.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_two_mtp_depths(tiny_config):
+    keras.utils.set_random_seed(8)
+    model = DeepSeekCausalLM(tiny_config.replace(num_nextn_predict_layers=2))
+    ids = _ids(2, 8, seed=7)
+    out = model.forward_train(ids)
+    # Depth k has T - k positions; position t predicts labels[t + k].
+    assert [m.shape for m in out["mtp_logits"]] == [(2, 7, 64), (2, 6, 64)]
+    assert out["expert_load"].shape == (3, 8)  # block 1 + two MTP blocks
+    losses = model.compute_loss(ids, ids)
+    assert np.isfinite(losses["mtp_loss"].numpy()) and losses["mtp_loss"].numpy() > 0
+    before = [v.numpy() for v in (moe.gate.e_score_correction_bias for moe in model.moe_layers)]
+    model.update_router_biases(out["expert_load"], update_speed=0.5)
+    for b, moe in zip(before, model.moe_layers, strict=True):
+        assert np.abs(moe.gate.e_score_correction_bias.numpy() - b).max() == 0.5

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from models.deepseek.config import DeepSeekConfig
 
 MODELS_DIR = pathlib.Path(__file__).resolve().parents[2] / "models"

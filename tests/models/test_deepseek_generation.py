@@ -63,19 +63,24 @@ def test_stop_token_pads_and_sets_lengths(tiny_model):
 
 
 def test_generate_inside_tf_function_with_dynamic_shapes(tiny_model):
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32),
-                                  tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32)])
-    def serve(ids, temperature, seed):
-        return generate(tiny_model, ids, 5, temperature=temperature, top_k=10, seed=seed,
-                        stop_token_id=0)
+    # Every knob a tensor, as in a serving signature.
+    @tf.function(input_signature=[
+        tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.int32),
+        tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
+        tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32)])
+    def serve(ids, max_new_tokens, temperature, top_k, top_p, seed):
+        return generate(tiny_model, ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, seed=seed, stop_token_id=0)
 
     prompt = _prompt(seed=3)
     eager, eager_len = generate(tiny_model, prompt, 5, temperature=0.0, stop_token_id=0)
-    graph, graph_len = serve(prompt, tf.constant(0.0), tf.constant(1))
+    graph, graph_len = serve(prompt, 5, 0.0, 0, 1.0, 1)
     np.testing.assert_array_equal(graph, eager)
     np.testing.assert_array_equal(graph_len, eager_len)
-    sampled, _ = serve(_prompt(batch=3, length=2), tf.constant(1.0), tf.constant(7))
-    assert sampled.shape == (3, 7)
+    sampled, _ = serve(_prompt(batch=3, length=2), 6, 1.0, 10, 0.9, 7)
+    assert sampled.shape == (3, 8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_position_embeddings"):
+        serve(prompt, 40, 0.0, 0, 1.0, 1)  # 4 + 40 > 32 in cached mode
 
 
 def test_context_window(tiny_config):

@@ -1,0 +1,204 @@
+"""End to end: the whole TFX pipeline with the `tiny` preset on real text.
+
+One pipeline run (LocalDagRunner, SQLite ML Metadata) on a slice of Tiny
+Shakespeare, then checks of every component's outputs, of the ML Metadata
+records, of the pushed SavedModel in a plain process, and of the CLI's
+`generate` and `evaluate`. Two more runs check that bad data stops the pipeline
+before training.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+SLICE_BYTES = 60_000
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shakespeare):
+    d = tmp_path_factory.mktemp("corpus")
+    path = d / "shakespeare_slice.txt"
+    # Whole paragraphs, plus one exact duplicate and one whitespace-only paragraph.
+    text = shakespeare[:SLICE_BYTES]
+    text = text[: text.rfind("\n\n") + 2]
+    first = text.split("\n\n")[1]
+    path.write_text(text + first + "\n\n \t \n\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, corpus):
+    from pipeline import cli
+
+    out = tmp_path_factory.mktemp("run")
+    code = cli.main(["run", "--data", str(corpus), "--preset", "tiny", "--output", str(out)])
+    assert code == 0
+    from pipeline.local_runner import run_paths
+
+    return run_paths(str(out))
+
+
+def _latest(root: str, component: str, output: str) -> str:
+    dirs = sorted(glob.glob(os.path.join(root, component, output, "*")), key=lambda p: int(os.path.basename(p)))
+    assert dirs, f"no {component}/{output} under {root}"
+    return dirs[-1]
+
+
+def test_every_component_completed_and_is_in_mlmd(run):
+    from pipeline.pipeline import COMPONENT_ORDER
+    from pipeline.run_summary import latest_run
+
+    runs = {r.component: r for r in latest_run(run["metadata_path"])}
+    assert set(runs) == set(COMPONENT_ORDER)
+    assert all(r.state == "COMPLETE" for r in runs.values()), {c: r.state for c, r in runs.items()}
+
+
+def test_example_gen_splits(run):
+    import tensorflow as tf
+
+    uri = _latest(run["pipeline_root"], "TextExampleGen", "examples")
+    counts = {}
+    for split in ("train", "eval"):
+        files = glob.glob(os.path.join(uri, f"Split-{split}", "*.gz"))
+        counts[split] = sum(1 for _ in tf.data.TFRecordDataset(files, compression_type="GZIP"))
+    total = counts["train"] + counts["eval"]
+    # Documents of the slice (paragraphs) + the duplicate + the blank paragraph.
+    assert total > 300
+    assert 0.03 < counts["eval"] / total < 0.2
+
+
+def test_validation_and_cleaning_records(run):
+    from pipeline.run_summary import latest_run
+
+    runs = {r.component: r for r in latest_run(run["metadata_path"])}
+    anomalies = runs["ExampleValidator"].outputs["ExampleAnomalies"]
+    assert os.path.isdir(anomalies["uri"])
+    cleaned = runs["TextCleaner"].outputs["Examples"]
+    assert cleaned["records_read"] == cleaned["records_kept"] + cleaned["records_dropped"]
+    assert cleaned["dropped_exact_duplicate"] >= 1
+    assert cleaned["dropped_empty"] == 1
+    report = json.load(open(os.path.join(cleaned["uri"], "cleaning_report.json")))
+    for split in report["splits"].values():
+        assert split["read"] == split["kept"] + split["dropped"]
+
+
+def test_transform_learned_vocabulary(run):
+    from components.transform import tokenizer
+    from pipeline.configs import get_config
+    from serving.export import find_vocabulary_file
+
+    graph = _latest(run["pipeline_root"], "Transform", "transform_graph")
+    vocab = tokenizer.read_vocabulary(find_vocabulary_file(graph))
+    assert len(vocab) == get_config("tiny").tokenizer.vocab_size
+    assert vocab[:3] == list(tokenizer.SPECIAL_TOKENS)
+    assert "<ws10>" in vocab
+
+
+def test_trainer_outputs(run):
+    model = _latest(run["pipeline_root"], "Trainer", "model")
+    assert os.path.isfile(os.path.join(model, "Format-Serving", "saved_model.pb"))
+    summary = json.load(open(os.path.join(model, "training_summary.json")))
+    assert summary["train_steps"] == 30
+    first, last = summary["history"][0]["lm_loss"], summary["history"][-1]["lm_loss"]
+    assert last < first
+    model_run = _latest(run["pipeline_root"], "Trainer", "model_run")
+    assert glob.glob(os.path.join(model_run, "events.out.tfevents.*"))
+    assert glob.glob(os.path.join(model_run, "checkpoints", "ckpt-30.index"))
+
+
+def test_evaluator_and_pusher(run):
+    from pipeline.run_summary import latest_run
+
+    runs = {r.component: r for r in latest_run(run["metadata_path"])}
+    evaluation = runs["LmEvaluator"].outputs["ModelEvaluation"]
+    blessing = runs["LmEvaluator"].outputs["ModelBlessing"]
+    assert 0 < evaluation["bits_per_byte"] < 8
+    assert evaluation["perplexity"] > 1
+    assert blessing["blessed"] == 1
+    pushed = runs["Pusher"].outputs["PushedModel"]
+    assert pushed["pushed"] == 1
+    versions = os.listdir(run["serving_model_dir"])
+    assert len(versions) == 1 and versions[0].isdigit()
+
+
+def test_pushed_model_serves_in_a_plain_process(run):
+    """Only tensorflow and tensorflow_text: what TensorFlow Serving has."""
+    (version,) = os.listdir(run["serving_model_dir"])
+    path = os.path.join(run["serving_model_dir"], version)
+    script = f"""
+import sys, tensorflow as tf, tensorflow_text
+m = tf.saved_model.load({path!r})
+out = m.signatures["serving_default"](prompt=tf.constant(["ROMEO:", ""]))
+texts = [t.decode() for t in out["text"].numpy()]
+assert texts[0].startswith("ROMEO:"), texts
+ids = m.signatures["tokenize"](text=tf.constant(["To be, or not"]))
+back = m.signatures["detokenize"](input_ids=ids["input_ids"])["text"].numpy()[0].decode()
+assert back == "To be, or not", back
+logits = m.signatures["logits"](input_ids=tf.constant([[2, 5, 6]]))["logits"]
+assert logits.shape == (1, 3, 512), logits.shape
+banned = [n for n in ("tfx", "tensorflow_transform", "apache_beam", "keras", "models") if n in sys.modules]
+assert not banned, banned
+print("OK", repr(texts[0][:40]))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK" in result.stdout
+
+
+def test_cli_generate_and_evaluate(run, corpus, capsys):
+    from pipeline import cli
+
+    assert cli.main(["generate", "--model", run["serving_model_dir"], "--prompt", "KING:",
+                     "--max-new-tokens", "8", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("KING:")
+    assert cli.main(["evaluate", "--model", run["serving_model_dir"], "--data", str(corpus)]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["bytes"] == corpus.stat().st_size
+    assert 0 < metrics["bits_per_byte"] < 8
+    assert metrics["tokens"] > 1000
+
+
+def _run_expecting_failure(tmp_path, data, **kwargs):
+    from pipeline.configs import get_config
+    from pipeline.local_runner import run_local
+
+    input_base, pattern = os.path.dirname(str(data)), os.path.basename(str(data))
+    with pytest.raises(Exception) as info:
+        run_local(get_config("tiny"), input_base, pattern, str(tmp_path / "out"), **kwargs)
+    return str(info.value)
+
+
+def test_too_many_rejects_stop_before_training(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    lines = [json.dumps({"text": f"good document number {i}"}) for i in range(5)]
+    lines += ["{broken json"] * 8 + [json.dumps({"body": "no text field"})] * 2
+    data.write_text("\n".join(lines) + "\n")
+    message = _run_expecting_failure(tmp_path, data)
+    assert "records rejected" in message
+    assert "invalid_json: 8" in message and "bad.jsonl record" in message
+    assert not glob.glob(str(tmp_path / "out" / "pipeline_root" / "Trainer" / "model" / "*" / "*"))
+
+
+def test_anomalies_stop_before_training(tmp_path, corpus):
+    # A stricter schema: no record may carry a reject reason.
+    from pipeline.pipeline import SCHEMA_FILE
+
+    schema = open(SCHEMA_FILE).read().replace(
+        'name: "reject_reason"\n  type: BYTES\n',
+        'name: "reject_reason"\n  type: BYTES\n  string_domain { value: "" }\n',
+    )
+    schema_path = tmp_path / "strict_schema.pbtxt"
+    schema_path.write_text(schema)
+    data = tmp_path / "mixed.jsonl"
+    data.write_text(json.dumps({"text": "fine"}) + "\n{oops\n")
+    message = _run_expecting_failure(tmp_path, data, schema_path=str(schema_path))
+    assert "ExampleValidator found anomalies" in message
+    assert "reject_reason" in message
