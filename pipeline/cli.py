@@ -6,6 +6,9 @@ the logic lives in the modules it calls.
   deepseek-tfx generate  --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
                          [--top-k K] [--top-p P] [--seed S]
   deepseek-tfx evaluate  --model DIR --data PATH
+  deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR
+  deepseek-tfx hf-export MODEL_DIR OUT_DIR [--max-shard-size BYTES] [--config-form 4.x|5.x]
+                         [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -178,6 +181,31 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hf_import(args: argparse.Namespace) -> int:
+    from models.deepseek.hf_checkpoint import CheckpointError
+    from serving.hf_interop import hf_import
+
+    try:
+        out = hf_import(args.checkpoint_dir, args.out_dir)
+    except (FileNotFoundError, CheckpointError) as e:
+        raise SystemExit(f"error: {e}") from e
+    print(f"SavedModel with signatures logits, serving_default: {os.path.abspath(out)}")
+    return 0
+
+
+def cmd_hf_export(args: argparse.Namespace) -> int:
+    from serving.hf_interop import hf_export
+
+    model_dir = resolve_model_dir(args.model_dir)
+    try:
+        files = hf_export(model_dir, args.out_dir, max_shard_bytes=args.max_shard_size,
+                          config_form=args.config_form, dtype=args.dtype)
+    except FileNotFoundError as e:
+        raise SystemExit(f"error: {e}") from e
+    print(f"HF checkpoint ({len(files)} safetensors file(s)): {os.path.abspath(args.out_dir)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deepseek-tfx", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -206,6 +234,23 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True, help="serving dir (newest version) or SavedModel")
     ev.add_argument("--data", required=True, help="text/JSONL file, directory or glob")
     ev.set_defaults(fn=cmd_evaluate)
+
+    hf_in = sub.add_parser("hf-import", help="HF DeepSeek-V3 checkpoint -> SavedModel (logits)")
+    hf_in.add_argument("checkpoint_dir", help="config.json + *.safetensors (sharded or not)")
+    hf_in.add_argument("out_dir", help="where the SavedModel is written")
+    hf_in.set_defaults(fn=cmd_hf_import)
+
+    hf_out = sub.add_parser("hf-export", help="SavedModel -> HF DeepSeek-V3 checkpoint")
+    hf_out.add_argument("model_dir", help="a SavedModel from hf-import or the pipeline "
+                        "(a serving dir: the newest version)")
+    hf_out.add_argument("out_dir", help="where config.json and *.safetensors are written")
+    hf_out.add_argument("--max-shard-size", type=int, default=5 * 1024**3,
+                        help="bytes per safetensors shard (default 5 GiB)")
+    hf_out.add_argument("--config-form", choices=("4.x", "5.x"), default="5.x",
+                        help="config.json as transformers 4.x (rope_scaling) or 5.x "
+                        "(rope_parameters) writes it")
+    hf_out.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    hf_out.set_defaults(fn=cmd_hf_export)
     return parser
 
 

@@ -9,6 +9,7 @@ Presets:
   tiny       tests: a 2-layer model that trains in seconds on a slice of text.
   cpu_small  the default main job: Tiny Shakespeare on a 2-core CPU in minutes.
   gpu_base   a ~100M-parameter model for one GPU.
+  deepseek_v3  the released 671B DeepSeek-V3 architecture (arithmetic only).
 
 This module imports neither TFX nor TensorFlow, so the CLI can validate a config
 (and print errors) before paying for those imports.
@@ -20,7 +21,7 @@ import dataclasses
 import json
 from typing import Any
 
-from models.deepseek.config import DeepSeekConfig
+from models.deepseek.config import DeepSeekConfig, deepseek_v3_config
 
 PIPELINE_NAME = "deepseek-tfx"
 
@@ -396,7 +397,32 @@ def _gpu_base() -> PipelineConfig:
     )
 
 
-PRESETS = {"tiny": _tiny, "cpu_small": _cpu_small, "gpu_base": _gpu_base}
+def _deepseek_v3() -> PipelineConfig:
+    """The released 671B architecture with the paper's pre-training settings
+    (§4.2: 4K sequences, peak lr 2.2e-4, 2000 warmup steps): for FLOP and memory
+    arithmetic (`models/deepseek/flops.py`), not for training on these machines."""
+    model = deepseek_v3_config()
+    return PipelineConfig(
+        preset="deepseek_v3",
+        model=model,
+        tokenizer=TokenizerConfig(vocab_size=model.vocab_size),
+        train=TrainConfig(
+            seq_len=4096,
+            batch_size=1920,
+            train_steps=100_000,
+            learning_rate=2.2e-4,
+            min_learning_rate=2.2e-5,
+            warmup_steps=2000,
+            checkpoint_every=1000,
+            log_every=100,
+            eval_batches=100,
+        ),
+        eval=EvalConfig(max_bits_per_byte=1.0, batch_size=8),
+    )
+
+
+PRESETS = {"tiny": _tiny, "cpu_small": _cpu_small, "gpu_base": _gpu_base,
+           "deepseek_v3": _deepseek_v3}
 DEFAULT_PRESET = "cpu_small"
 
 

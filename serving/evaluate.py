@@ -69,7 +69,7 @@ def evaluate_text_files(model_dir: str, pattern: str, batch_size: int = 64) -> d
         for i in range(0, len(texts), batch_size):
             out = tokenize(text=tf.constant(texts[i : i + batch_size]))
             ids, lengths = out["input_ids"].numpy(), out["lengths"].numpy()
-            docs.extend(row[:n].tolist() for row, n in zip(ids, lengths))
+            docs.extend(row[:n].tolist() for row, n in zip(ids, lengths, strict=True))
     stream = scoring.token_stream(docs)
     result = scoring.score_stream(
         lambda x: logits(input_ids=x)["logits"], stream, config.train.seq_len, batch_size=16

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import time
 
 import keras
@@ -99,7 +98,7 @@ def train(
         grads = tape.gradient(out["loss"], variables)
         grad_norm = tf.linalg.global_norm(grads)
         grads, _ = tf.clip_by_global_norm(grads, tc.grad_clip_norm, use_norm=grad_norm)
-        optimizer.apply_gradients(zip(grads, variables))
+        optimizer.apply_gradients(zip(grads, variables, strict=True))
         model.update_router_biases(out["expert_load"])
         step_var.assign_add(1)
         return out["loss"], out["lm_loss"], grad_norm

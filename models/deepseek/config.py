@@ -13,7 +13,9 @@ validated cheaply (the pipeline's CLI does so before importing TensorFlow).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
+
+from models.deepseek.rope_scaling import normalize_rope_scaling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +49,10 @@ class DeepSeekConfig:
       rms_norm_eps: epsilon of the block and final RMSNorms (the two latent
         norms in attention always use 1e-6, as HF does).
       rope_theta: RoPE base.
-      rope_scaling: YaRN parameters; must be None (YaRN is not implemented).
+      rope_scaling: YaRN parameters with HF's keys (`type`/`rope_type` "yarn",
+        `factor`, `original_max_position_embeddings`, `beta_fast`, `beta_slow`,
+        `mscale`, `mscale_all_dim`), or None for plain RoPE; stored in the
+        canonical form of `rope_scaling.normalize_rope_scaling`.
       max_position_embeddings: longest context the model is used with.
       tie_word_embeddings: share the embedding matrix with the output head.
       num_nextn_predict_layers: multi-token-prediction depth D (0 = no MTP).
@@ -61,7 +66,6 @@ class DeepSeekConfig:
 
     Raises:
       ValueError: on construction, naming the offending field and value.
-      NotImplementedError: if `rope_scaling` is not None.
     """
 
     vocab_size: int = 8192
@@ -70,7 +74,7 @@ class DeepSeekConfig:
     moe_intermediate_size: int = 256
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
-    q_lora_rank: Optional[int] = None
+    q_lora_rank: int | None = None
     kv_lora_rank: int = 64
     qk_nope_head_dim: int = 32
     qk_rope_head_dim: int = 16
@@ -85,7 +89,7 @@ class DeepSeekConfig:
     first_k_dense_replace: int = 1
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
+    rope_scaling: dict | None = None
     max_position_embeddings: int = 256
     tie_word_embeddings: bool = False
     num_nextn_predict_layers: int = 1
@@ -143,11 +147,9 @@ class DeepSeekConfig:
                 f"first_k_dense_replace={self.first_k_dense_replace} must be <= "
                 f"num_hidden_layers={self.num_hidden_layers}"
             )
-        if self.rope_scaling is not None:
-            raise NotImplementedError(
-                f"rope_scaling={self.rope_scaling!r}: YaRN RoPE scaling is not implemented; "
-                "use rope_scaling=None"
-            )
+        # A frozen dataclass: store the canonical (validated, defaults filled) form.
+        object.__setattr__(self, "rope_scaling", normalize_rope_scaling(
+            self.rope_scaling, self.max_position_embeddings))
 
     # ------------------------------------------------------------------ derived sizes
 
@@ -199,3 +201,44 @@ def _check_float(name: str, value: Any, positive: bool) -> None:
         raise ValueError(f"{name}={value!r} must be > 0")
     if not positive and value < 0:
         raise ValueError(f"{name}={value!r} must be >= 0")
+
+
+def deepseek_v3_config() -> DeepSeekConfig:
+    """The released DeepSeek-V3 (671B total, 37B activated) architecture.
+
+    Values from the `config.json` of deepseek-ai/DeepSeek-V3 (also DeepSeek-V3
+    arXiv 2412.19437 §4.2). For FLOP, parameter and memory arithmetic here; it
+    is far too large to build on these machines.
+    """
+    return DeepSeekConfig(
+        vocab_size=129280,
+        hidden_size=7168,
+        intermediate_size=18432,
+        moe_intermediate_size=2048,
+        num_hidden_layers=61,
+        num_attention_heads=128,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        n_routed_experts=256,
+        n_shared_experts=1,
+        num_experts_per_tok=8,
+        n_group=8,
+        topk_group=4,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        first_k_dense_replace=3,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_scaling={
+            "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+        },
+        max_position_embeddings=163840,
+        tie_word_embeddings=False,
+        num_nextn_predict_layers=1,
+        rope_interleave=True,
+        aux_loss_alpha=0.0001,
+    )

@@ -9,7 +9,8 @@ DeepSeek-V2 (arXiv 2405.04434) §2.1, in the layout of HF transformers
     k_pe  = RoPE(x W_KR), one key for all heads eq. 15  (the last qk_rope_head_dim outputs
                                                          of kv_a_proj_with_mqa, not normalized)
     k_nope, v = c_kv W_UK, c_kv W_UV            eq. 10-11 (kv_b_proj)
-    o     = softmax((q_nope.k_nope + RoPE(q_pe).k_pe) / sqrt(d_qk)) v      eq. 17-18
+    o     = softmax((q_nope.k_nope + RoPE(q_pe).k_pe) * scale) v          eq. 17-18
+            scale = d_qk^-0.5 (times mscale^2 with YaRN rope_scaling)
     out   = o W_O                               eq. 19  (o_proj)
 
 The KV cache holds, per token, the normalized latent c_kv (after
@@ -24,6 +25,7 @@ import tensorflow as tf
 
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.rms_norm import RMSNorm
+from models.deepseek.rope_scaling import softmax_scale
 from models.deepseek.rotary_embedding import apply_rotary_pos_emb, rope_cos_sin
 
 # HF uses eps 1e-6 for q_a_layernorm and kv_a_layernorm whatever rms_norm_eps is.
@@ -68,7 +70,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             config = DeepSeekConfig.from_dict(config)
         self.config = config
         self.num_heads = config.num_attention_heads
-        self.scale = config.qk_head_dim ** -0.5
+        # qk_head_dim^-0.5, times YaRN's mscale^2 (DeepSeek-V2 appendix B; HF DeepseekV3Attention).
+        self.scale = softmax_scale(config.qk_head_dim, config.rope_scaling)
 
         def dense(units, name):
             return keras.layers.Dense(
@@ -133,7 +136,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         else:
             offset = tf.cast(positions_offset, tf.int32)
         q_positions = offset + tf.range(seq)  # (T,)
-        cos, sin = rope_cos_sin(q_positions, dr, c.rope_theta)  # (T, Dr)
+        cos, sin = rope_cos_sin(q_positions, dr, c.rope_theta, c.rope_scaling)  # (T, Dr)
         q_pe = apply_rotary_pos_emb(q_pe, cos, sin, c.rope_interleave)  # (B, T, H, Dr)
         k_pe = apply_rotary_pos_emb(k_pe[:, :, None, :], cos, sin, c.rope_interleave)
         k_pe = k_pe[:, :, 0, :]  # (B, T, Dr)

@@ -13,13 +13,17 @@ de-interleaved to [evens, odds] and then rotated, so the output is written
 de-interleaved. Attention logits equal those of the official complex-number
 (interleaved) form because q and k are permuted alike.
 
-YaRN scaling (`rope_scaling`) is not implemented.
+With `rope_scaling` (YaRN, see `rope_scaling.py`) the inverse frequencies
+are blended between extrapolation and interpolation, and cos/sin are
+multiplied by the YaRN attention factor, as HF does.
 """
 
 import tensorflow as tf
 
+from models.deepseek import rope_scaling as yarn
 
-def rope_cos_sin(positions, dim: int, theta: float = 10000.0):
+
+def rope_cos_sin(positions, dim: int, theta: float = 10000.0, rope_scaling: dict | None = None):
     """cos/sin tables for the given positions.
 
     Args:
@@ -27,14 +31,22 @@ def rope_cos_sin(positions, dim: int, theta: float = 10000.0):
         cached decoding).
       dim: rotary width (qk_rope_head_dim), even.
       theta: RoPE base (rope_theta).
+      rope_scaling: canonical YaRN dict (`DeepSeekConfig.rope_scaling`) or None.
 
     Returns:
-      (cos, sin), float32 tensors (T, dim), each cat(freqs, freqs) along the last axis.
+      (cos, sin), float32 tensors (T, dim), each cat(freqs, freqs) along the
+      last axis, times the YaRN attention factor (1 without scaling).
     """
-    inv_freq = 1.0 / (theta ** (tf.range(0, dim, 2, dtype=tf.float32) / dim))  # (dim/2,)
+    if rope_scaling is None:
+        inv_freq = 1.0 / (theta ** (tf.range(0, dim, 2, dtype=tf.float32) / dim))  # (dim/2,)
+    else:
+        inv_freq = tf.constant(yarn.inv_freq(dim, theta, rope_scaling), tf.float32)  # (dim/2,)
     freqs = tf.cast(positions, tf.float32)[:, None] * inv_freq[None, :]  # (T, dim/2)
     emb = tf.concat([freqs, freqs], axis=-1)  # (T, dim)
-    return tf.cos(emb), tf.sin(emb)
+    factor = yarn.attention_factor(rope_scaling)
+    if factor == 1.0:
+        return tf.cos(emb), tf.sin(emb)
+    return tf.cos(emb) * factor, tf.sin(emb) * factor
 
 
 def rotate_half(x):

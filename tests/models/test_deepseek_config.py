@@ -1,6 +1,7 @@
 """DeepSeekConfig: validation, round trips, and import hygiene of models/."""
 
 import ast
+import math
 import pathlib
 import subprocess
 import sys
@@ -59,9 +60,59 @@ def test_validation_names_field_and_value(tiny_kwargs, changes, field):
         DeepSeekConfig(**{**tiny_kwargs, **changes})
 
 
-def test_rope_scaling_not_implemented(tiny_kwargs):
-    with pytest.raises(NotImplementedError, match="YaRN"):
-        DeepSeekConfig(**tiny_kwargs, rope_scaling={"type": "yarn", "factor": 40})
+def test_rope_scaling_is_validated_and_canonical(tiny_kwargs):
+    yarn = DeepSeekConfig(**tiny_kwargs, rope_scaling={"type": "yarn", "factor": 40})
+    assert yarn.rope_scaling["rope_type"] == "yarn"
+    # Missing keys take HF's defaults; original_max_position_embeddings defaults
+    # to max_position_embeddings.
+    assert yarn.rope_scaling["beta_fast"] == 32 and yarn.rope_scaling["beta_slow"] == 1
+    assert yarn.rope_scaling["original_max_position_embeddings"] == 32
+    assert DeepSeekConfig.from_dict(yarn.to_dict()) == yarn
+    assert DeepSeekConfig(**tiny_kwargs, rope_scaling={"rope_type": "default"}).rope_scaling is None
+    with pytest.raises(ValueError, match="linear"):
+        DeepSeekConfig(**tiny_kwargs, rope_scaling={"type": "linear", "factor": 2})
+    with pytest.raises(ValueError, match="factor"):
+        DeepSeekConfig(**tiny_kwargs, rope_scaling={"type": "yarn", "factor": 0.5})
+    with pytest.raises(ValueError, match="bogus"):
+        DeepSeekConfig(**tiny_kwargs, rope_scaling={"type": "yarn", "factor": 2, "bogus": 1})
+
+
+def test_yarn_frequencies_and_scales_by_hand():
+    from models.deepseek import rope_scaling as yarn
+
+    # dim 8, theta 10000, factor 4, original 16, beta_fast 32, beta_slow 1:
+    #   correction_dim(r) = 8 * ln(16 / (2 pi r)) / (2 ln 10000)
+    #   low  = floor(correction_dim(32)) = floor(-1.099...) = -2 -> clamped to 0
+    #   high = ceil(correction_dim(1))   = ceil(0.406...)  = 1
+    #   ramp_i = clip(i / 1, 0, 1) = [0, 1, 1, 1]
+    #   inv_freq = [1, 10000^-0.25 / 4, 10000^-0.5 / 4, 10000^-0.75 / 4]
+    s = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+         "mscale": 1.0, "mscale_all_dim": 1.0}
+    canonical = yarn.normalize_rope_scaling(s, 64)
+    expected = [1.0, 10000**-0.25 / 4, 10000**-0.5 / 4, 10000**-0.75 / 4]
+    assert yarn.inv_freq(8, 10000.0, canonical) == pytest.approx(expected, rel=1e-12)
+    assert yarn.inv_freq(8, 10000.0, None) == pytest.approx([10000 ** (-i / 4) for i in range(4)])
+    # mscale(4, 1) = 0.1 ln 4 + 1 = 1.1386...; attention factor = mscale / mscale = 1;
+    # softmax scale = 24^-0.5 * 1.1386^2.
+    m = 0.1 * math.log(4) + 1
+    assert yarn.attention_factor(canonical) == pytest.approx(1.0)
+    assert yarn.softmax_scale(24, canonical) == pytest.approx(24**-0.5 * m * m)
+    # Without mscale_all_dim: cos/sin carry mscale(4) and the softmax scale is plain.
+    plain = yarn.normalize_rope_scaling({"type": "yarn", "factor": 4.0}, 64)
+    assert yarn.attention_factor(plain) == pytest.approx(m)
+    assert yarn.softmax_scale(24, plain) == pytest.approx(24**-0.5)
+
+
+def test_deepseek_v3_preset_has_671b_parameters_and_37b_activated():
+    from models.deepseek.config import deepseek_v3_config
+    from models.deepseek.flops import activated_params, total_params
+
+    c = deepseek_v3_config()
+    # DeepSeek-V3 report: 671B total, 37B activated per token (MTP module excluded;
+    # HF's 685B adds the 14B MTP module, whose embedding and head copies we share).
+    assert total_params(c.replace(num_nextn_predict_layers=0)) == 671_026_419_200
+    assert 36.5e9 < activated_params(c) < 37.5e9
+    assert c.rope_scaling["factor"] == 40 and c.q_lora_rank == 1536
 
 
 def test_models_never_import_tfx_beam_or_transform():
