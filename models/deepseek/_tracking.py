@@ -6,6 +6,12 @@ SavedModel (`TFLayer._trackable_children`), not when writing a checkpoint: a
 `tf.train.Checkpoint(model=...)` would silently skip every decoder block and
 expert. Layers that hold lists of sublayers call this from their
 `_trackable_children` override.
+
+The lists are exposed exactly as a SavedModel exposes them (a TF `ListWrapper`
+whose children are "0", "1", ...), so checkpoint keys and the keys of a
+SavedModel's `variables/` agree (`model/decoder_layers/0/self_attn/...`), and a
+SavedModel's weights can be read back into a freshly built model with
+`tf.train.Checkpoint(model=model).read(<saved_model>/variables/variables)`.
 """
 
 import tensorflow as tf
@@ -14,8 +20,8 @@ import tensorflow as tf
 def with_layer_lists(layer, children, save_type):
     """Adds the elements of each list attribute of `layer` to `children`.
 
-    Element i of list `decoder_layers` becomes the child `decoder_layers.i`
-    (checkpoint keys like `model/decoder_layers.0/self_attn/...`).
+    Element i of list `decoder_layers` becomes `decoder_layers/i` (checkpoint
+    keys like `model/decoder_layers/0/self_attn/...`, as in a SavedModel).
 
     Args:
       layer: a Keras 3 layer on the TensorFlow backend.
@@ -26,10 +32,14 @@ def with_layer_lists(layer, children, save_type):
       `children`, extended for checkpoints.
     """
     if save_type == "checkpoint":
+        # One wrapper per list, kept on the layer (outside Keras' attribute
+        # tracking) so every traversal sees the same object.
+        wrappers = layer.__dict__.setdefault("_checkpoint_list_wrappers", {})
         for name in getattr(layer, "_tracked", []):
             value = getattr(layer, name, None)
-            if isinstance(value, list):
-                for i, item in enumerate(value):
-                    if isinstance(item, tf.__internal__.tracking.Trackable):
-                        children.setdefault(f"{name}.{i}", item)
+            if isinstance(value, list) and any(
+                    isinstance(item, tf.__internal__.tracking.Trackable) for item in value):
+                if name not in wrappers:
+                    wrappers[name] = tf.__internal__.tracking.wrap(list(value))
+                children.setdefault(name, wrappers[name])
     return children
