@@ -126,3 +126,26 @@ def mfu(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> 
     if peak_flops <= 0:
         raise ValueError(f"peak_flops={peak_flops} must be > 0")
     return tokens_per_second * flops_per_token / peak_flops
+
+
+def kv_cache_bytes_per_token(config: DeepSeekConfig, bytes_per_number: int = 4,
+                             layout: str = "mla") -> int:
+    """Bytes of inference cache per token of context, over all layers.
+
+    layout "mla": the latent cache of Multi-head Latent Attention,
+        L * (kv_lora_rank + qk_rope_head_dim) numbers (DeepSeek-V2 §2.1.4, Table 1);
+    layout "mha": an equivalent multi-head attention cache of full keys and values,
+        L * n_h * (qk_head_dim + v_head_dim) numbers.
+    MTP modules are not counted (they do not run at inference).
+
+    Raises:
+      ValueError: unknown layout.
+    """
+    c = config
+    if layout == "mla":
+        per_layer = c.kv_lora_rank + c.qk_rope_head_dim
+    elif layout == "mha":
+        per_layer = c.num_attention_heads * (c.qk_head_dim + c.v_head_dim)
+    else:
+        raise ValueError(f"layout={layout!r} must be 'mla' or 'mha'")
+    return c.num_hidden_layers * per_layer * bytes_per_number

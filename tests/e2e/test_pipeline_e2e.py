@@ -144,7 +144,8 @@ back = m.signatures["detokenize"](input_ids=ids["input_ids"])["text"].numpy()[0]
 assert back == "To be, or not", back
 logits = m.signatures["logits"](input_ids=tf.constant([[2, 5, 6]]))["logits"]
 assert logits.shape == (1, 3, 512), logits.shape
-banned = [n for n in ("tfx", "tensorflow_transform", "apache_beam", "keras", "models") if n in sys.modules]
+# (keras is left out: `import tensorflow` itself imports it when it is installed.)
+banned = [n for n in ("tfx", "tensorflow_transform", "apache_beam", "models", "components", "serving") if n in sys.modules]
 assert not banned, banned
 print("OK", repr(texts[0][:40]))
 """
@@ -202,3 +203,22 @@ def test_anomalies_stop_before_training(tmp_path, corpus):
     message = _run_expecting_failure(tmp_path, data, schema_path=str(schema_path))
     assert "ExampleValidator found anomalies" in message
     assert "reject_reason" in message
+
+
+def test_pushed_model_exports_to_hf_and_back(run, tmp_path):
+    """hf-export of the pushed model, then hf-import: the logits do not change."""
+    import numpy as np
+    import tensorflow as tf
+
+    from pipeline import cli
+
+    (version,) = os.listdir(run["serving_model_dir"])
+    pushed = os.path.join(run["serving_model_dir"], version)
+    assert cli.main(["hf-export", run["serving_model_dir"], str(tmp_path / "hf")]) == 0
+    assert os.path.isfile(tmp_path / "hf" / "model.safetensors")
+    assert cli.main(["hf-import", str(tmp_path / "hf"), str(tmp_path / "saved")]) == 0
+    ids = tf.constant([[2, 5, 6, 7, 100, 3]], tf.int32)
+    before = tf.saved_model.load(pushed).signatures["logits"](input_ids=ids)["logits"].numpy()
+    after = tf.saved_model.load(str(tmp_path / "saved")).signatures["logits"](
+        input_ids=ids)["logits"].numpy()
+    np.testing.assert_array_equal(after, before)

@@ -40,3 +40,20 @@ def test_mfu():
     assert mfu(500.0, 1e6, 1e9) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="peak_flops"):
         mfu(1.0, 1.0, 0.0)
+
+
+def test_kv_cache_bytes_by_hand(tiny_config):
+    from models.deepseek.config import deepseek_v3_config
+    from models.deepseek.flops import kv_cache_bytes_per_token
+
+    # Tiny: L=2, latent 16 + rope 4 = 20 numbers/layer, float32 -> 2*20*4 = 160 bytes;
+    # MHA: 2 * 4 heads * (12 + 8) = 160 numbers -> 640 bytes.
+    assert kv_cache_bytes_per_token(tiny_config) == 160
+    assert kv_cache_bytes_per_token(tiny_config, layout="mha") == 640
+    # DeepSeek-V3 in bf16: 61 * (512 + 64) * 2 = 70,272 bytes (~69 KiB) per token,
+    # against 61 * 128 * (192 + 128) * 2 = 4,997,120 (~4.8 MiB) for MHA: 71x smaller.
+    v3 = deepseek_v3_config()
+    assert kv_cache_bytes_per_token(v3, 2) == 70_272
+    assert kv_cache_bytes_per_token(v3, 2, layout="mha") == 4_997_120
+    with pytest.raises(ValueError, match="layout"):
+        kv_cache_bytes_per_token(v3, layout="gqa")
