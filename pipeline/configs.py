@@ -27,6 +27,7 @@ PIPELINE_NAME = "deepseek-tfx"
 
 DOCUMENT_BOUNDARIES = ("blank_line", "line", "file", "jsonl")
 NORMALIZATION_FORMS = ("NFC", "NFKC", "none")
+INVALID_UTF8_POLICIES = ("replace", "reject")
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -57,6 +58,22 @@ class DataConfig:
       deduplicate: drop exact duplicates (after normalization), keeping one.
       max_reject_fraction: the run stops before training if more than this
         fraction of the records read is dropped.
+      csv_text_column, parquet_text_column: the column holding the text of
+        `*.csv` / `*.parquet` files.
+      invalid_utf8: bytes that are not UTF-8: `replace` (by U+FFFD, counted as
+        a repair) or `reject` (the record is dropped as `invalid_utf8`).
+      near_dedup: drop near-duplicates (MinHash LSH over word n-grams), keeping
+        the first (train before eval, then file and record order).
+      near_dedup_threshold: estimated Jaccard similarity at or above which two
+        documents are near-duplicates.
+      near_dedup_num_perm, near_dedup_ngram: MinHash permutations; words per shingle.
+      quality_filter: apply the Gopher quality rules (off by default: dialogue
+        paragraphs such as Tiny Shakespeare's are far below their 50-word floor).
+      min_words, max_words, min_mean_word_length, max_mean_word_length,
+        max_symbol_word_ratio, max_duplicate_line_fraction, min_alpha_word_fraction:
+        the Gopher thresholds (Rae et al. 2021, appendix A.1.1).
+      redact_pii: replace e-mail addresses, IP addresses and phone numbers by
+        `<EMAIL>`, `<IP_ADDRESS>`, `<PHONE_NUMBER>` (counted per kind).
     """
 
     document_boundary: str = "blank_line"
@@ -68,6 +85,22 @@ class DataConfig:
     max_chars: int = 1_000_000
     deduplicate: bool = True
     max_reject_fraction: float = 0.5
+    csv_text_column: str = "text"
+    parquet_text_column: str = "text"
+    invalid_utf8: str = "replace"
+    near_dedup: bool = True
+    near_dedup_threshold: float = 0.8
+    near_dedup_num_perm: int = 128
+    near_dedup_ngram: int = 5
+    quality_filter: bool = False
+    min_words: int = 50
+    max_words: int = 100_000
+    min_mean_word_length: float = 3.0
+    max_mean_word_length: float = 10.0
+    max_symbol_word_ratio: float = 0.1
+    max_duplicate_line_fraction: float = 0.3
+    min_alpha_word_fraction: float = 0.8
+    redact_pii: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("data.document_boundary", self.document_boundary, DOCUMENT_BOUNDARIES)
@@ -83,6 +116,21 @@ class DataConfig:
             raise ValueError(
                 f"data.max_reject_fraction={self.max_reject_fraction} must be in [0, 1]"
             )
+        _check_choice("data.invalid_utf8", self.invalid_utf8, INVALID_UTF8_POLICIES)
+        if not 0.0 < self.near_dedup_threshold <= 1.0:
+            raise ValueError(
+                f"data.near_dedup_threshold={self.near_dedup_threshold} must be in (0, 1]")
+        for name in ("near_dedup_num_perm", "near_dedup_ngram", "min_words",
+                     "min_mean_word_length"):
+            _check_positive(f"data.{name}", getattr(self, name))
+        if self.max_words < self.min_words:
+            raise ValueError(f"data.max_words={self.max_words} must be >= data.min_words")
+        if self.max_mean_word_length < self.min_mean_word_length:
+            raise ValueError("data.max_mean_word_length must be >= data.min_mean_word_length")
+        for name in ("max_symbol_word_ratio", "max_duplicate_line_fraction",
+                     "min_alpha_word_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"data.{name}={getattr(self, name)} must be in [0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)

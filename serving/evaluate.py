@@ -6,8 +6,8 @@ the pipeline's Evaluator scores its eval split (see `components/lm_evaluator/
 scoring.py`). Files are cut into documents with the run's document boundary.
 
 Bytes: for plain text files, the file's size in bytes (uncompressed) — every byte
-of the file counts, blank-line separators included; for JSONL, the UTF-8 bytes of
-the texts plus one per separator.
+of the file counts, blank-line separators included; for JSONL, CSV and Parquet, the
+UTF-8 bytes of the texts plus one per separator.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401
 
 from components.lm_evaluator import scoring
-from components.text_example_gen.documents import is_jsonl, read_documents
+from components.text_example_gen.documents import file_format, read_documents
 from pipeline.configs import PipelineConfig
 from serving.export import CONFIG_ASSET
 
@@ -59,10 +59,10 @@ def evaluate_text_files(model_dir: str, pattern: str, batch_size: int = 64) -> d
     for path in files:
         texts = [
             d.text
-            for d in read_documents(path, path, config.data.document_boundary, config.data.jsonl_text_field)
+            for d in read_documents(path, path, config.data)
             if not d.reject_reason and d.text
         ]
-        if is_jsonl(path):
+        if file_format(path) != "text":
             num_bytes += sum(len(t.encode("utf-8")) for t in texts) + max(len(texts) - 1, 0)
         else:
             num_bytes += _file_bytes(path)

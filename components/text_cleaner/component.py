@@ -26,7 +26,8 @@ class TextCleanerSpec(types.ComponentSpec):
 
 
 class TextCleaner(base_beam_component.BaseBeamComponent):
-    """Unicode normalization, control characters, empty/length filters, exact dedup."""
+    """Unicode normalization, control characters, PII redaction, empty/length and
+    quality filters, exact and near-duplicate removal; every decision counted."""
 
     SPEC_CLASS = TextCleanerSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)

@@ -1,13 +1,16 @@
 """TextCleaner's executor: a Beam pipeline over the ExampleGen splits.
 
   read TFRecords -> clean_document -> exact de-duplication across splits
-  -> write cleaned TFRecords per split, and count every record by reason.
+  -> near-duplicate removal (MinHash LSH) -> write cleaned TFRecords per split,
+  and count every record by reason and every repair by kind.
 
 Duplicates are resolved deterministically: the copy in `train` wins over `eval`,
 then the lowest (source, record). The counts and a few rejected records per reason
 (file and record number) are written to `cleaning_report.json` in the output
 artifact and set as custom properties on it, so ML Metadata shows
-`records_read`, `records_kept`, `records_dropped` and `dropped_<reason>`.
+`records_read`, `records_kept`, `records_dropped`, `dropped_<reason>` and
+`repaired_<kind>` (changes to kept records: invalid UTF-8 replaced, NUL bytes
+removed, long documents split, PII redacted, ...).
 
 Before any work, the ExampleValidator's anomalies are checked: data with
 anomalies stops the pipeline here, before Transform and training.
@@ -30,6 +33,7 @@ from components.text_cleaner import cleaning
 from pipeline.configs import PipelineConfig
 
 REPORT_FILE = "cleaning_report.json"
+REPAIR_PREFIX = "repair:"
 _SAMPLES_PER_REASON = 5
 _SPLIT_PRIORITY = {"train": 0, "eval": 1}
 
@@ -68,31 +72,100 @@ def _parse(serialized: bytes, split: str) -> dict[str, Any]:
         "text": f["text"].bytes_list.value[0].decode("utf-8") if f["text"].bytes_list.value else "",
         "source": f["source"].bytes_list.value[0].decode("utf-8"),
         "record": int(f["record"].int64_list.value[0]),
-        "reject_reason": (
-            f["reject_reason"].bytes_list.value[0].decode("utf-8")
-            if f["reject_reason"].bytes_list.value
-            else ""
-        ),
+        "reject_reason": _first_string(f, "reject_reason"),
+        "repairs": [x for x in _first_string(f, "repairs").split(",") if x],
     }
+
+
+def _first_string(features, name: str) -> str:
+    values = features[name].bytes_list.value if name in features else []
+    return values[0].decode("utf-8") if values else ""
 
 
 def _to_example(record: dict[str, Any]) -> bytes:
     from components.text_example_gen.documents import Document
     from components.text_example_gen.executor import document_to_example
 
-    doc = Document(record["text"], record["source"], record["record"])
+    doc = Document(record["text"], record["source"], record["record"],
+                   repairs=tuple(record["repairs"]))
     return document_to_example(doc).SerializeToString()
+
+
+def _doc_key(r: dict[str, Any]) -> tuple:
+    """The keep-first order of duplicates: train before eval, then file and record."""
+    return (_SPLIT_PRIORITY.get(r["split"], 9), r["source"], r["record"])
 
 
 def _resolve_duplicates(key_and_records):
     """Keeps one record per content key; the others are duplicates."""
     _, records = key_and_records
-    records = sorted(
-        records, key=lambda r: (_SPLIT_PRIORITY.get(r["split"], 9), r["source"], r["record"])
-    )
+    records = sorted(records, key=_doc_key)
     yield beam.pvalue.TaggedOutput("kept", records[0])
     for r in records[1:]:
         yield beam.pvalue.TaggedOutput("dropped", dict(r, reason=cleaning.DROP_EXACT_DUPLICATE))
+
+
+@beam.typehints.with_input_types(dict)
+class _RemoveNearDuplicates(beam.PTransform):
+    """Drops documents whose estimated Jaccard similarity (MinHash over word
+    n-grams) with an earlier document (`_doc_key` order) reaches the threshold.
+
+    LSH banding finds the candidate pairs: documents that agree on all rows of
+    at least one of b bands (b, r chosen by datasketch for the threshold); each
+    candidate pair is then checked on the full signature. Outputs `kept` and
+    `dropped` (reason `near_duplicate`).
+    """
+
+    def __init__(self, data):
+        super().__init__()
+        self._data = data
+
+    def expand(self, records):
+        data = self._data
+        bands, rows = cleaning.lsh_parameters(data.near_dedup_threshold, data.near_dedup_num_perm)
+
+        def signature(r):
+            sig = cleaning.minhash_signature(r["text"], data.near_dedup_num_perm,
+                                             data.near_dedup_ngram)
+            return _doc_key(r), sig
+
+        def band_keys(key_sig):
+            key, sig = key_sig
+            return [(band, (key, sig)) for band in cleaning.lsh_bands(sig, bands, rows)]
+
+        def duplicates_in_bucket(bucket):
+            _, members = bucket
+            members = sorted(members, key=lambda m: m[0])
+            for i, (key, sig) in enumerate(members):
+                for earlier_key, earlier_sig in members[:i]:
+                    if cleaning.estimated_jaccard(sig, earlier_sig) >= data.near_dedup_threshold:
+                        yield key, earlier_key
+                        break
+
+        keyed = records | "KeyByDoc" >> beam.Map(lambda r: (_doc_key(r), r))
+        duplicate_of = (
+            records
+            | "MinHash" >> beam.Map(signature)
+            | "Bands" >> beam.FlatMap(band_keys)
+            | "GroupByBand" >> beam.GroupByKey()
+            | "PairsInBucket" >> beam.FlatMap(duplicates_in_bucket)
+            | "FirstOriginal" >> beam.CombinePerKey(min)
+        )
+
+        def split(joined):
+            _, grouped = joined
+            (record,) = grouped["record"]
+            if grouped["duplicate_of"]:
+                yield beam.pvalue.TaggedOutput(
+                    "dropped", dict(record, reason=cleaning.DROP_NEAR_DUPLICATE))
+            else:
+                yield beam.pvalue.TaggedOutput("kept", record)
+
+        return (
+            {"record": keyed, "duplicate_of": duplicate_of}
+            | "JoinDuplicates" >> beam.CoGroupByKey()
+            | "SplitNear" >> beam.FlatMap(split).with_outputs("kept", "dropped")
+        )
 
 
 class Executor(base_beam_executor.BaseBeamExecutor):
@@ -121,8 +194,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             ] | "Flatten" >> beam.Flatten()
 
             def clean(r):
-                text, reason = cleaning.clean_document(r["text"], r["reject_reason"], data)
-                r = dict(r, text=text, reason=reason)
+                text, reason, repairs = cleaning.clean_document(r["text"], r["reject_reason"], data)
+                r = dict(r, text=text, reason=reason, repairs=r["repairs"] + repairs)
                 tag = "clean" if reason == cleaning.KEPT else "dropped"
                 return beam.pvalue.TaggedOutput(tag, r)
 
@@ -140,6 +213,10 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 dropped = (cleaned.dropped, duplicates) | "AllDropped" >> beam.Flatten()
             else:
                 kept, dropped = cleaned.clean, cleaned.dropped
+            if data.near_dedup:
+                near = kept | "NearDuplicates" >> _RemoveNearDuplicates(data)
+                kept = near.kept
+                dropped = (dropped, near.dropped) | "AllDroppedNear" >> beam.Flatten()
 
             for s in splits:
                 _ = (
@@ -156,6 +233,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 (
                     kept | "KeptKey" >> beam.Map(lambda r: ((r["split"], cleaning.KEPT), 1)),
                     dropped | "DroppedKey" >> beam.Map(lambda r: ((r["split"], r["reason"]), 1)),
+                    kept | "RepairKeys" >> beam.FlatMap(
+                        lambda r: [((r["split"], REPAIR_PREFIX + x), 1) for x in r["repairs"]]),
                 )
                 | "AllKeys" >> beam.Flatten()
                 | "Count" >> beam.CombinePerKey(sum)
@@ -187,22 +266,29 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 def build_report(counts, samples, splits) -> dict[str, Any]:
     """Per-split and total counts: read = kept + dropped, dropped by reason."""
     per_split: dict[str, dict[str, Any]] = {
-        s: {"read": 0, "kept": 0, "dropped": 0, "dropped_by_reason": {}} for s in splits
+        s: {"read": 0, "kept": 0, "dropped": 0, "dropped_by_reason": {}, "repaired": {}}
+        for s in splits
     }
     for (split, reason), n in counts:
         entry = per_split[split]
+        if reason.startswith(REPAIR_PREFIX):  # a change to a kept record, not a record
+            name = reason[len(REPAIR_PREFIX):]
+            entry["repaired"][name] = entry["repaired"].get(name, 0) + n
+            continue
         entry["read"] += n
         if reason == cleaning.KEPT:
             entry["kept"] += n
         else:
             entry["dropped"] += n
             entry["dropped_by_reason"][reason] = entry["dropped_by_reason"].get(reason, 0) + n
-    total: dict[str, Any] = {"read": 0, "kept": 0, "dropped": 0, "dropped_by_reason": {}}
+    total: dict[str, Any] = {"read": 0, "kept": 0, "dropped": 0, "dropped_by_reason": {},
+                             "repaired": {}}
     for entry in per_split.values():
         for k in ("read", "kept", "dropped"):
             total[k] += entry[k]
-        for reason, n in entry["dropped_by_reason"].items():
-            total["dropped_by_reason"][reason] = total["dropped_by_reason"].get(reason, 0) + n
+        for group in ("dropped_by_reason", "repaired"):
+            for reason, n in entry[group].items():
+                total[group][reason] = total[group].get(reason, 0) + n
     assert total["read"] == total["kept"] + total["dropped"]
     return {
         "total": total,
@@ -219,6 +305,8 @@ def record_report(artifact: types.Artifact, report: dict[str, Any]) -> None:
     artifact.set_int_custom_property("records_dropped", total["dropped"])
     for reason, n in sorted(total["dropped_by_reason"].items()):
         artifact.set_int_custom_property(f"dropped_{reason}", n)
+    for repair, n in sorted(total["repaired"].items()):
+        artifact.set_int_custom_property(f"repaired_{repair}", n)
     artifact.set_json_value_custom_property("cleaning_report", report)
 
 

@@ -8,6 +8,7 @@ file only turns the files of one split pattern into tf.Examples with features:
   source         bytes   file path relative to the input directory
   record         int64   record number within that file
   reject_reason  bytes   "" or why the record cannot be used
+  repairs        bytes   comma-separated changes made while reading ("" if none)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def document_to_example(doc: Document) -> tf.train.Example:
                 "source": _bytes_feature(doc.source.encode("utf-8")),
                 "record": tf.train.Feature(int64_list=tf.train.Int64List(value=[doc.record])),
                 "reject_reason": _bytes_feature(doc.reject_reason.encode("utf-8")),
+                "repairs": _bytes_feature(",".join(doc.repairs).encode("utf-8")),
             }
         )
     )
@@ -79,11 +81,11 @@ def _TextToExample(  # noqa: N802 (TFX naming)
     config = config_from_exec_properties(exec_properties)
     input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
     files = list_input_files(input_base, split_pattern)
-    boundary, field = config.data.document_boundary, config.data.jsonl_text_field
+    data = config.data
 
     def read(path: str):
         source = os.path.relpath(path, input_base)
-        for doc in read_documents(path, source, boundary, field):
+        for doc in read_documents(path, source, data):
             yield document_to_example(doc)
 
     return (

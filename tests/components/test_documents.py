@@ -1,11 +1,15 @@
-"""Reading raw files into documents: boundaries, JSONL, gzip, bad records."""
+"""Reading raw files into documents: formats, boundaries, bad input of every kind."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
+
+import pytest
 
 from components.text_example_gen import documents as D
+from pipeline.configs import DataConfig
 
 
 def _write(path, text: str) -> str:
@@ -23,8 +27,9 @@ def test_blank_line_boundary(tmp_path):
 
 def test_line_and_file_boundaries(tmp_path):
     p = _write(tmp_path / "a.txt", "one\ntwo\n")
-    assert [d.text for d in D.read_documents(p, "a", "line")] == ["one\n", "two\n"]
-    assert [d.text for d in D.read_documents(p, "a", "file")] == ["one\ntwo\n"]
+    line, file = DataConfig(document_boundary="line"), DataConfig(document_boundary="file")
+    assert [d.text for d in D.read_documents(p, "a", line)] == ["one\n", "two\n"]
+    assert [d.text for d in D.read_documents(p, "a", file)] == ["one\ntwo\n"]
 
 
 def test_jsonl_with_bad_records(tmp_path):
@@ -43,11 +48,82 @@ def test_jsonl_with_bad_records(tmp_path):
     ]
 
 
-def test_invalid_utf8_is_replaced(tmp_path):
+def test_invalid_utf8_is_replaced_or_rejected_by_policy(tmp_path):
     p = tmp_path / "b.txt"
-    p.write_bytes(b"caf\xe9\n")
-    (doc,) = list(D.read_documents(str(p), "b.txt"))
-    assert doc.text == "caf\ufffd\n"
+    p.write_bytes(b"caf\xe9\n\nfine\n")
+    first, second = D.read_documents(str(p), "b.txt")
+    assert (first.text, first.repairs) == ("caf\ufffd\n", (D.REPAIR_INVALID_UTF8,))
+    assert (second.text, second.repairs) == ("fine\n", ())
+    first, second = D.read_documents(str(p), "b.txt", DataConfig(invalid_utf8="reject"))
+    assert (first.text, first.reject_reason) == ("", D.REJECT_INVALID_UTF8)
+    assert second.text == "fine\n" and not second.reject_reason
+    # Inside JSON too (a bad byte in a string value).
+    j = tmp_path / "b.jsonl"
+    j.write_bytes(b'{"text": "caf\xe9"}\n')
+    (doc,) = D.read_documents(str(j), "b.jsonl", DataConfig(invalid_utf8="reject"))
+    assert doc.reject_reason == D.REJECT_INVALID_UTF8
+
+
+def test_empty_files_are_counted(tmp_path):
+    for name in ("empty.txt", "blank.txt", "empty.jsonl"):
+        (tmp_path / name).write_text("" if name != "blank.txt" else "\n\n\n")
+        (doc,) = D.read_documents(str(tmp_path / name), name)
+        assert (doc.record, doc.reject_reason) == (0, D.REJECT_EMPTY_FILE)
+
+
+def test_long_lines_are_split_never_held_whole(tmp_path):
+    cfg = DataConfig(max_chars=10, min_chars=1)
+    p = _write(tmp_path / "long.txt", "a" * 25 + "\nshort\n\nnext\n")
+    docs = list(D.read_documents(p, "long.txt", cfg))
+    # The 25-char line is cut at 10; "aaaaa\n" + "short\n" would pass 10, so the
+    # paragraph is cut again; every piece of a cut paragraph is marked.
+    assert [d.text for d in docs] == ["a" * 10, "a" * 10, "aaaaa\n", "short\n", "next\n"]
+    assert [d.repairs == (D.REPAIR_SPLIT,) for d in docs] == [True, True, True, True, False]
+    line = DataConfig(max_chars=10, document_boundary="line")
+    assert [d.text for d in D.read_documents(p, "l", line)] == [
+        "a" * 10, "a" * 10, "aaaaa\n", "short\n", "\n", "next\n"]
+    whole = DataConfig(max_chars=10, document_boundary="file")
+    texts = [d.text for d in D.read_documents(p, "f", whole)]
+    assert "".join(texts) == "a" * 25 + "\nshort\n\nnext\n" and max(map(len, texts)) == 10
+    # A JSONL line longer than 2 * max_chars + 1 KiB is rejected; the next line is read.
+    j = tmp_path / "long.jsonl"
+    j.write_text(json.dumps({"text": "x" * 5000}) + "\n" + json.dumps({"text": "ok"}) + "\n")
+    docs = list(D.read_documents(str(j), "long.jsonl", DataConfig(max_chars=100)))
+    assert [(d.record, d.reject_reason, d.text) for d in docs] == [
+        (0, D.REJECT_LINE_TOO_LONG, ""), (1, "", "ok")]
+
+
+def test_csv_and_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    c = tmp_path / "a.csv"
+    c.write_text('id,body\n1,"first, with comma"\n2,"multi\nline"\n3\n')
+    cfg = DataConfig(csv_text_column="body")
+    docs = list(D.read_documents(str(c), "a.csv", cfg))
+    assert [(d.record, d.text, d.reject_reason) for d in docs] == [
+        (0, "first, with comma", ""), (1, "multi\nline", ""),
+        (2, "", D.REJECT_MISSING_TEXT_FIELD)]
+    with pytest.raises(ValueError, match="no column 'text'.*a.csv|a.csv.*no column 'text'"):
+        list(D.read_documents(str(c), "a.csv"))
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": ["one", None, "three"], "n": [1, 2, 3]}), p)
+    docs = list(D.read_documents(str(p), "a.parquet"))
+    assert [(d.record, d.text, d.reject_reason) for d in docs] == [
+        (0, "one", ""), (1, "", D.REJECT_MISSING_TEXT_FIELD), (2, "three", "")]
+    with pytest.raises(ValueError, match="no column 'body'"):
+        list(D.read_documents(str(p), "a.parquet", DataConfig(parquet_text_column="body")))
+
+
+def test_unreadable_file_names_the_file(tmp_path):
+    broken = tmp_path / "gone.txt"
+    os.symlink(tmp_path / "missing-target.txt", broken)
+    with pytest.raises(OSError, match="gone.txt"):
+        list(D.read_documents(str(broken), "gone.txt"))
+    bad_gzip = tmp_path / "bad.txt.gz"
+    bad_gzip.write_bytes(b"not gzip at all")
+    with pytest.raises(OSError, match="bad.txt.gz"):
+        list(D.read_documents(str(bad_gzip), "bad.txt.gz"))
 
 
 def test_split_text_matches_reader(tmp_path, shakespeare):
