@@ -130,3 +130,36 @@ def test_split_text_matches_reader(tmp_path, shakespeare):
     text = shakespeare[:5000]
     p = _write(tmp_path / "s.txt", text)
     assert D.split_text(text) == [d.text for d in D.read_documents(p, "s")]
+
+
+@pytest.mark.slow
+def test_a_300mb_line_streams_in_bounded_memory(tmp_path):
+    """A single 300 MB line becomes 1 MB pieces; peak memory grows by far less than 300 MB."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "one_line.txt"
+    chunk = ("0123456789abcdef" * 4096).encode()  # 64 KiB, no newline
+    with open(path, "wb") as f:
+        for _ in range(300 * 16):  # 300 MiB
+            f.write(chunk)
+        f.write(b"\n")
+    script = f"""
+import resource
+from components.text_example_gen import documents as D
+from pipeline.configs import DataConfig
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+pieces = chars = 0
+for doc in D.read_documents({str(path)!r}, "one_line.txt", DataConfig(max_chars=1_000_000)):
+    pieces += 1
+    chars += len(doc.text)
+    assert len(doc.text) <= 1_000_000 and doc.repairs == (D.REPAIR_SPLIT,)
+grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+print(pieces, chars, round(grown_mb))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300, cwd=str(D.__file__).rsplit("/components/", 1)[0])
+    assert out.returncode == 0, out.stderr[-2000:]
+    pieces, chars, grown_mb = map(int, out.stdout.split())
+    assert chars == 300 * 16 * 65536 + 1 and pieces == -(-chars // 1_000_000)
+    assert grown_mb < 100, f"peak RSS grew by {grown_mb} MB reading a 300 MB line"

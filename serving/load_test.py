@@ -1,0 +1,71 @@
+"""A bounded loopback load test for `deepseek-tfx serve` (or TF Serving).
+
+`load_test(url, bodies, requests, concurrency)` sends `requests` POSTs, at most
+`concurrency` at a time, to `url` (which must be on the loopback interface),
+cycling through `bodies`, and returns latency percentiles and the status counts.
+It stops by itself: a fixed number of requests, each with a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def post_json(url: str, body, timeout: float = 60.0) -> tuple[int, dict]:
+    """(HTTP status, parsed JSON body) of one POST."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode("utf-8")
+    request = urllib.request.Request(url, data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def load_test(url: str, bodies: list, requests: int = 200, concurrency: int = 8,
+              timeout: float = 60.0) -> dict:
+    """Latency p50/p90/p99 (ms), throughput and status counts of `requests` POSTs.
+
+    Raises:
+      ValueError: `url` is not on the loopback interface.
+    """
+    host = urllib.parse.urlparse(url).hostname
+    if host not in LOOPBACK_HOSTS:
+        raise ValueError(f"{url}: load tests only target the loopback interface")
+
+    def one(i: int) -> tuple[int, float]:
+        start = time.perf_counter()
+        try:
+            status, _ = post_json(url, bodies[i % len(bodies)], timeout)
+        except OSError:
+            status = 0  # connection error or timeout
+        return status, time.perf_counter() - start
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        results = list(pool.map(one, range(requests)))
+    wall = time.perf_counter() - start
+    latencies = np.array([s for _, s in results]) * 1000
+    statuses: dict[str, int] = {}
+    for status, _ in results:
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+    return {
+        "requests": requests,
+        "concurrency": concurrency,
+        "status_counts": statuses,
+        "errors": sum(n for s, n in statuses.items() if s != "200"),
+        "p50_ms": round(float(np.percentile(latencies, 50)), 1),
+        "p90_ms": round(float(np.percentile(latencies, 90)), 1),
+        "p99_ms": round(float(np.percentile(latencies, 99)), 1),
+        "requests_per_second": round(requests / wall, 2),
+    }
