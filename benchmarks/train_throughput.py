@@ -1,69 +1,152 @@
-"""Training throughput of a preset on this machine: tokens/s, step time, MFU.
+"""Training throughput of a preset on this machine: tokens/s, step time, MFU, peak memory.
 
-  python benchmarks/train_throughput.py [--preset cpu_small] [--steps 30]
+  python benchmarks/train_throughput.py [--preset cpu_small] [--steps 20]
+      [--precision float32,mixed_bfloat16] [--grad-accum-steps K] [--recompute]
 
-Runs the real training step (`components/trainer/train_loop.py`) on random
-tokens (throughput does not depend on the data) and prints one JSON object.
-MFU = tokens/s x FLOPs/token (models/deepseek/flops.py) / peak FLOP/s, the
-peak measured by a float32 matmul probe on this machine.
+Runs the real training loop (`components/trainer/train_loop.py`: the same
+tf.function step, optimizer and router-bias update as the pipeline) on random
+tokens (throughput does not depend on the data), once per precision policy,
+each in a fresh process (so peak memory and thread pools are its own), and
+prints one JSON object.
+
+  step_time_s        median wall time of one optimizer step, over the timed
+                     steps (the first `--skip` steps, which include tracing,
+                     are left out)
+  tokens_per_second  global batch x seq_len / step_time_s
+  mfu                tokens_per_second x flops_per_token / peak, where
+                     flops_per_token = 6 N_active + attention
+                     (models/deepseek/flops.py) and peak = the float32 matmul
+                     probe of this machine (components/trainer/hardware.py),
+                     the best of probes taken just before and just after the
+                     run (other load on the machine lowers both)
+  mfu_vs_own_dtype_peak  the same against the probe in the run's compute dtype
+                     (bf16 matmul peak for mixed_bfloat16)
+  peak_memory_mb     the process's peak resident memory (CPU; whole process,
+                     TensorFlow runtime included), or the device's peak (GPU)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
 import tempfile
-import time
 
-import tensorflow as tf
-
-from components.trainer import train_loop
-from models.deepseek import flops
-from pipeline.configs import get_config
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def matmul_peak_flops(n: int = 2048, repeats: int = 10) -> float:
-    """float32 FLOP/s of an n x n matmul, best of `repeats` (2 n^3 FLOPs each)."""
-    a = tf.random.normal([n, n])
-    b = tf.random.normal([n, n])
-    mm = tf.function(lambda x, y: tf.matmul(x, y))
-    mm(a, b).numpy()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        mm(a, b).numpy()
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
+def run_one(args: argparse.Namespace) -> dict:
+    """Trains `args.steps + args.skip` steps in this process; the figures of one precision."""
+    import tensorflow as tf
+
+    from components.trainer import hardware, precision, train_loop
+    from models.deepseek import flops
+    from pipeline.configs import get_config
+
+    overrides = {"train.train_steps": args.skip + args.steps, "train.log_every": 1,
+                 "train.checkpoint_every": 10**9, "train.warmup_steps": 1,
+                 "train.grad_accum_steps": args.grad_accum_steps,
+                 "train.recompute_activations": args.recompute}
+    config = get_config(args.preset, overrides)
+    tc = config.train
+    vocab = config.model.vocab_size
+    policy = args.precision
+    dtype = precision.compute_dtype(policy)
+    accelerator = hardware.detect()
+
+    def probes():
+        f32 = hardware.peak_flops(accelerator, "float32")[0]
+        own = f32 if dtype == "float32" else hardware.peak_flops(accelerator, dtype)[0]
+        return f32, own
+
+    before = probes()
+
+    def dataset_fn():
+        shape = [tc.batch_size, tc.seq_len]
+        return tf.data.Dataset.range(2**62).map(lambda i: {
+            "input_ids": tf.random.stateless_uniform(shape, [i, 0], 0, vocab, tf.int32),
+            "labels": tf.random.stateless_uniform(shape, [i, 1], 0, vocab, tf.int32)})
+
+    with tempfile.TemporaryDirectory() as d:
+        result = train_loop.train(config, dataset_fn, d, None, precision=policy)
+    after = probes()
+    peak_f32, peak_own = max(before[0], after[0]), max(before[1], after[1])
+
+    tokens_per_step = tc.batch_size * tc.seq_len
+    timed = [tokens_per_step / h["tokens_per_second"] for h in result.history[args.skip:]]
+    step_time = statistics.median(timed)
+    tps = tokens_per_step / step_time
+    fpt = flops.flops_per_token(config.model, tc.seq_len)
+    if accelerator.kind == "gpu":
+        peak_memory = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    else:
+        peak_memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return {
+        "precision": policy,
+        "tokens_per_second": round(tps, 1),
+        "step_time_s": round(step_time, 4),
+        "step_time_s_mean": round(statistics.mean(timed), 4),
+        "step_time_s_min": round(min(timed), 4),
+        "mfu": round(flops.mfu(tps, fpt, peak_f32), 4),
+        "mfu_vs_own_dtype_peak": round(flops.mfu(tps, fpt, peak_own), 4),
+        "achieved_gflops": round(tps * fpt / 1e9, 2),
+        "peak_gflops_float32": round(peak_f32 / 1e9, 1),
+        "peak_gflops_float32_probes": [round(before[0] / 1e9, 1), round(after[0] / 1e9, 1)],
+        "peak_gflops_own_dtype": round(peak_own / 1e9, 1),
+        "peak_memory_mb": round(peak_memory, 1),
+        "final_loss": round(result.final_loss, 4),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="cpu_small")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps")
+    parser.add_argument("--skip", type=int, default=3, help="untimed first steps (tracing)")
+    parser.add_argument("--precision", default="float32,mixed_bfloat16",
+                        help="comma-separated dtype policies, each run in its own process")
+    parser.add_argument("--grad-accum-steps", type=int, default=1)
+    parser.add_argument("--recompute", action="store_true", help="activation recomputation")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    config = get_config(args.preset, {"train.train_steps": args.steps, "train.log_every": args.steps,
-                                      "train.checkpoint_every": 10**9, "train.warmup_steps": 1})
-    tc = config.train
-    vocab = config.model.vocab_size
-    ds = tf.data.Dataset.from_tensors(0).repeat().map(
-        lambda _: {
-            "input_ids": tf.random.uniform([tc.batch_size, tc.seq_len], 0, vocab, tf.int32),
-            "labels": tf.random.uniform([tc.batch_size, tc.seq_len], 0, vocab, tf.int32),
-        }
-    )
-    # Warm up (tracing) with a separate short run, then time a fresh one.
-    with tempfile.TemporaryDirectory() as d:
-        result = train_loop.train(config, ds, None, d + "/ckpt", d + "/logs")
-    peak = matmul_peak_flops()
-    fpt = flops.flops_per_token(config.model, tc.seq_len)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    if args.one:
+        print("RESULT " + json.dumps(run_one(args)))
+        return
+
+    from components.trainer import hardware
+    from models.deepseek import flops
+    from pipeline.configs import get_config
+
+    config = get_config(args.preset)
+    runs = []
+    for policy in args.precision.split(","):
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", "--preset", args.preset,
+               "--steps", str(args.steps), "--skip", str(args.skip), "--precision", policy,
+               "--grad-accum-steps", str(args.grad_accum_steps)] + (
+                   ["--recompute"] if args.recompute else [])
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT,
+                             env={**os.environ, "PYTHONPATH": PROJECT_ROOT})
+        if out.returncode != 0:
+            sys.exit(f"{policy}: benchmark failed:\n{out.stderr[-3000:]}")
+        runs.append(json.loads(out.stdout.split("RESULT ", 1)[1]))
+    accelerator = hardware.detect()
     print(json.dumps({
         "preset": args.preset,
-        "steps": args.steps,
-        "tokens_per_second": round(result.tokens_per_second, 1),
-        "step_time_s": round(tc.batch_size * tc.seq_len / result.tokens_per_second, 4),
-        "flops_per_token": fpt,
-        "matmul_peak_gflops": round(peak / 1e9, 1),
-        "mfu": round(flops.mfu(result.tokens_per_second, fpt, peak), 4),
+        "device": f"{accelerator.kind}: {accelerator.name} ({os.cpu_count()} CPUs)",
+        "global_batch": config.train.batch_size,
+        "seq_len": config.train.seq_len,
+        "grad_accum_steps": args.grad_accum_steps,
+        "recompute_activations": args.recompute,
+        "flops_per_token": flops.flops_per_token(config.model, config.train.seq_len),
+        "activated_params": flops.activated_params(config.model, include_mtp=True),
+        "timed_steps": args.steps,
+        "runs": runs,
     }, indent=2))
 
 

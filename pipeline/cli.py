@@ -2,10 +2,13 @@
 the logic lives in the modules it calls.
 
   deepseek-tfx run       [--data PATH] [--preset NAME] [--output DIR] [--train-steps N]
-                         [--set SECTION.FIELD=VALUE ...] [--no-cache]
+                         [--set SECTION.FIELD=VALUE ...] [--no-cache] [--num-workers N]
+  deepseek-tfx validate  --data PATH [--preset NAME] [--output DIR] [--set ...]
   deepseek-tfx generate  --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
                          [--top-k K] [--top-p P] [--seed S]
   deepseek-tfx evaluate  --model DIR --data PATH
+  deepseek-tfx serve     --model SERVING_DIR [--port P] [--host H] [--model-name NAME]
+  deepseek-tfx mlmd      --output DIR {runs|artifacts|lineage MODEL_DIR} [--json]
   deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR
   deepseek-tfx hf-export MODEL_DIR OUT_DIR [--max-shard-size BYTES] [--config-form 4.x|5.x]
                          [--dtype float32|bfloat16]
@@ -94,6 +97,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         config = get_config(args.preset, overrides)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from e
+    if args.num_workers < 1:
+        raise SystemExit(f"error: --num-workers {args.num_workers}: must be >= 1")
     data = args.data or str(default_corpus())
     input_base, pattern = split_data_path(data)
     name = f"{Path(pattern).stem if pattern != '*' else Path(input_base).name}-{config.preset}"
@@ -104,9 +109,79 @@ def cmd_run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     from pipeline.local_runner import run_local
 
-    paths = run_local(config, input_base, pattern, output_dir, enable_cache=not args.no_cache)
+    paths = run_local(config, input_base, pattern, output_dir, enable_cache=not args.no_cache,
+                      num_workers=args.num_workers)
     wall = time.perf_counter() - start
     return print_summary(paths, wall)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Ingestion, validation and cleaning only; prints the data report."""
+    from pipeline.configs import get_config
+
+    try:
+        config = get_config(args.preset, parse_overrides(args.set or []))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from e
+    input_base, pattern = split_data_path(args.data)
+    output_dir = args.output or os.path.join("runs", f"validate-{Path(pattern).stem}")
+    print(f"deepseek-tfx validate: data {os.path.join(input_base, pattern)}")
+    from pipeline.local_runner import run_local, run_paths
+
+    failure = None
+    try:
+        run_local(config, input_base, pattern, output_dir, enable_cache=False, until="TextCleaner")
+    except Exception as e:  # noqa: BLE001 (reported below, with the counts that exist)
+        failure = e
+    print_data_report(run_paths(output_dir)["metadata_path"])
+    if failure is not None:
+        print(f"\nthe data does not pass: {failure_message(failure)}")
+        return 1
+    return 0
+
+
+def failure_message(error: BaseException) -> str:
+    """The messages of an exception and its causes (orchestrators wrap the real one)."""
+    messages, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error).strip()
+        if text and text not in messages:
+            messages.append(text)
+        error = error.__cause__ or error.__context__
+    return "\n".join(messages) or "unknown error (see the log above)"
+
+
+def print_data_report(metadata_path: str) -> None:
+    """Records read/kept/dropped by reason, repairs, and where the artifacts are."""
+    from pipeline.run_summary import latest_run
+
+    runs = {r.component: r for r in latest_run(metadata_path)} if os.path.exists(
+        metadata_path) else {}
+    examples = runs.get("TextExampleGen")
+    if examples:
+        print(f"examples: {examples.outputs.get('Examples', {}).get('uri')}")
+    statistics = runs.get("StatisticsGen")
+    if statistics:
+        print(f"statistics (TFDV): {statistics.outputs.get('ExampleStatistics', {}).get('uri')}")
+    validator = runs.get("ExampleValidator")
+    if validator:
+        print(f"anomalies: {validator.outputs.get('ExampleAnomalies', {}).get('uri')}")
+    cleaner = runs.get("TextCleaner")
+    uri = cleaner.outputs.get("Examples", {}).get("uri") if cleaner else None
+    report_path = os.path.join(uri, "cleaning_report.json") if uri else ""
+    if report_path and os.path.isfile(report_path):
+        with open(report_path) as f:
+            report = json.load(f)
+        print(f"cleaning report: {report_path}")
+        total = report["total"]
+        print(f"records: read {total['read']}, kept {total['kept']}, dropped {total['dropped']}")
+        for reason, n in sorted(total["dropped_by_reason"].items(), key=lambda kv: -kv[1]):
+            where = ", ".join(f"{src} record {rec}"
+                              for src, rec in report["rejected_samples"].get(reason, []))
+            print(f"  dropped {reason:<28} {n:>8}   e.g. {where}")
+        for repair, n in sorted(total.get("repaired", {}).items(), key=lambda kv: -kv[1]):
+            print(f"  repaired {repair:<27} {n:>8}")
 
 
 def print_summary(paths: dict, wall_s: float) -> int:
@@ -125,6 +200,13 @@ def print_summary(paths: dict, wall_s: float) -> int:
         drops = {k[len('dropped_'):]: v for k, v in props.items() if k.startswith("dropped_")}
         print(f"\nrecords: read {props.get('records_read')}, kept {props.get('records_kept')}, "
               f"dropped {props.get('records_dropped')} {drops or ''}")
+    trainer = by_name.get("Trainer")
+    model = trainer.outputs.get("Model", {}) if trainer else {}
+    if "train_steps" in model:
+        print(f"trainer: {model['train_steps']} steps (resumed from {model.get('resumed_from_step')}), "
+              f"{model.get('strategy')} x {model.get('num_replicas')} replica(s), "
+              f"{model.get('precision')}, {model.get('tokens_per_second', 0):.0f} tokens/s, "
+              f"MFU {100 * model.get('mfu', 0):.1f}%")
     evaluator = by_name.get("LmEvaluator")
     if evaluator:
         ev = evaluator.outputs.get("ModelEvaluation", {})
@@ -181,6 +263,41 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from serving.server import make_http_server
+
+    try:
+        httpd = make_http_server(args.model, host=args.host, port=args.port,
+                                 model_name=args.model_name)
+    except FileNotFoundError as e:
+        raise SystemExit(f"error: {e}") from e
+    server = httpd.model_server
+    host, port = httpd.server_address[:2]
+    print(f"serving {server.path} (version {server.version}) as '{server.name}' on "
+          f"http://{host}:{port}/v1/models/{server.name}  (Ctrl-C stops)", flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+    return 0
+
+
+def cmd_mlmd(args: argparse.Namespace) -> int:
+    from pipeline.local_runner import run_paths
+    from pipeline.mlmd_report import report
+
+    if args.what == "lineage" and not args.model_dir:
+        raise SystemExit("error: mlmd lineage needs MODEL_DIR (a serving dir or version dir)")
+    try:
+        print(report(run_paths(args.output)["metadata_path"], args.what, args.model_dir,
+                     as_json=args.json))
+    except (FileNotFoundError, LookupError) as e:
+        raise SystemExit(f"error: {e}") from e
+    return 0
+
+
 def cmd_hf_import(args: argparse.Namespace) -> int:
     from models.deepseek.hf_checkpoint import CheckpointError
     from serving.hf_interop import hf_import
@@ -218,7 +335,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                      help="override any config field, e.g. --set model.hidden_size=128")
     run.add_argument("--no-cache", action="store_true", help="re-run every component")
+    run.add_argument("--num-workers", type=int, default=1, metavar="N",
+                     help="train as N MultiWorkerMirroredStrategy workers on this machine "
+                     "(loopback); same global batch and data order as one worker")
     run.set_defaults(fn=cmd_run)
+
+    val = sub.add_parser("validate", help="ingest, validate (TFDV) and clean only; print the "
+                         "data report (records, rejects by reason, repairs, anomalies)")
+    val.add_argument("--data", required=True, help="text/JSONL/CSV/Parquet file, directory or glob")
+    val.add_argument("--preset", default="cpu_small", help="tiny | cpu_small | gpu_base")
+    val.add_argument("--output", help="output directory (default: runs/validate-<corpus>)")
+    val.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                     help="override any config field, e.g. --set data.invalid_utf8=reject")
+    val.set_defaults(fn=cmd_validate)
 
     gen = sub.add_parser("generate", help="generate text with a pushed model")
     gen.add_argument("--model", required=True, help="serving dir (newest version) or SavedModel")
@@ -234,6 +363,22 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", required=True, help="serving dir (newest version) or SavedModel")
     ev.add_argument("--data", required=True, help="text/JSONL file, directory or glob")
     ev.set_defaults(fn=cmd_evaluate)
+
+    srv = sub.add_parser("serve", help="serve the newest pushed version over HTTP on the "
+                         "TensorFlow Serving REST API")
+    srv.add_argument("--model", required=True, help="serving dir (its newest version is served)")
+    srv.add_argument("--port", type=int, default=8501, help="default 8501, as TF Serving's REST")
+    srv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
+    srv.add_argument("--model-name", default="deepseek", help="the <name> of /v1/models/<name>")
+    srv.set_defaults(fn=cmd_serve)
+
+    md = sub.add_parser("mlmd", help="what ML Metadata recorded: runs, artifacts, lineage")
+    md.add_argument("--output", required=True, help="a run's output directory (holds metadata.db)")
+    md.add_argument("what", choices=("runs", "artifacts", "lineage"))
+    md.add_argument("model_dir", nargs="?", help="lineage: the pushed model (serving dir, "
+                    "version dir or Model artifact URI)")
+    md.add_argument("--json", action="store_true", help="JSON for machines")
+    md.set_defaults(fn=cmd_mlmd)
 
     hf_in = sub.add_parser("hf-import", help="HF DeepSeek-V3 checkpoint -> SavedModel (logits)")
     hf_in.add_argument("checkpoint_dir", help="config.json + *.safetensors (sharded or not)")

@@ -156,21 +156,44 @@ class TokenizerConfig:
         _check_positive("tokenizer.max_unique_chars", self.max_unique_chars)
 
 
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
+PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """The Trainer: packing, optimizer, schedule, checkpoints.
+    """The Trainer: packing, optimizer, schedule, distribution, precision, checkpoints.
 
     Attributes:
       seq_len: tokens per packed training sequence (documents are concatenated
         with `[EOS]` between them and cut into windows of seq_len + 1).
-      batch_size: global batch, in sequences.
+      batch_size: the global batch, in sequences per optimizer step, whatever
+        the number of replicas and micro-batches; the learning-rate schedule is
+        defined in optimizer steps of this global batch.
+      grad_accum_steps: micro-batches per optimizer step (gradient
+        accumulation): each replica runs batch_size / (grad_accum_steps *
+        replicas) sequences at a time; the update equals one step on the whole
+        global batch.
       train_steps: optimizer steps.
       learning_rate: peak learning rate of AdamW.
       min_learning_rate: the floor of the cosine decay.
       warmup_steps: linear warmup steps from 0 to the peak.
-      weight_decay: decoupled weight decay (AdamW), not applied to norms.
+      weight_decay: decoupled weight decay (AdamW), applied to matrices and
+        embeddings only (not to RMSNorm scales or biases).
       beta_1, beta_2: AdamW moments (beta_2 = 0.95 as in DeepSeek-V3 §4.2).
-      grad_clip_norm: global-norm gradient clipping.
+      grad_clip_norm: global-norm gradient clipping (of the global gradient).
+      distribution_strategy: `auto` (TPUStrategy when a TPU is present,
+        MultiWorkerMirroredStrategy when TF_CONFIG names several tasks,
+        MirroredStrategy for several local GPUs, else one device), or one of
+        `one_device`, `mirrored`, `multi_worker`, `tpu` to force it.
+      precision: Keras dtype policy: `auto` (mixed_bfloat16 on TPUs, GPUs of
+        compute capability >= 8.0 and CPUs with AMX; mixed_float16 with dynamic
+        loss scaling on older GPUs >= 7.0; float32 otherwise, e.g. on CPUs
+        without AMX, where bf16 is slower), or `float32`, `mixed_bfloat16`,
+        `mixed_float16`. Router scores, softmax, RMSNorm statistics and the
+        loss stay float32 in every policy.
+      recompute_activations: recompute each decoder block's activations in
+        the backward pass (gradient checkpointing): less memory, ~1/3 more compute.
       checkpoint_every: steps between checkpoints.
       log_every: steps between log lines and TensorBoard points.
       eval_batches: batches of the eval split the Trainer scores at the end.
@@ -180,6 +203,7 @@ class TrainConfig:
 
     seq_len: int = 128
     batch_size: int = 16
+    grad_accum_steps: int = 1
     train_steps: int = 1000
     learning_rate: float = 1e-3
     min_learning_rate: float = 1e-4
@@ -188,6 +212,9 @@ class TrainConfig:
     beta_1: float = 0.9
     beta_2: float = 0.95
     grad_clip_norm: float = 1.0
+    distribution_strategy: str = "auto"
+    precision: str = "auto"
+    recompute_activations: bool = False
     checkpoint_every: int = 250
     log_every: int = 25
     eval_batches: int = 20
@@ -195,15 +222,27 @@ class TrainConfig:
     seed: int = 1337
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "batch_size", "train_steps", "checkpoint_every", "log_every",
-                     "shuffle_buffer"):
+        for name in ("seq_len", "batch_size", "grad_accum_steps", "train_steps",
+                     "checkpoint_every", "log_every", "shuffle_buffer"):
             _check_positive(f"train.{name}", getattr(self, name))
+        if self.batch_size % self.grad_accum_steps:
+            raise ValueError(
+                f"train.batch_size={self.batch_size} must be divisible by "
+                f"train.grad_accum_steps={self.grad_accum_steps}"
+            )
         if self.warmup_steps < 0:
             raise ValueError(f"train.warmup_steps={self.warmup_steps} must be >= 0")
         if not 0 < self.min_learning_rate <= self.learning_rate:
             raise ValueError(
                 f"train.min_learning_rate={self.min_learning_rate} must be in "
                 f"(0, learning_rate={self.learning_rate}]"
+            )
+        _check_positive("train.grad_clip_norm", self.grad_clip_norm)
+        _check_choice("train.distribution_strategy", self.distribution_strategy, STRATEGIES)
+        _check_choice("train.precision", self.precision, PRECISIONS)
+        if not isinstance(self.recompute_activations, bool):
+            raise ValueError(
+                f"train.recompute_activations={self.recompute_activations!r} must be a bool"
             )
 
 

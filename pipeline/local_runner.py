@@ -15,8 +15,14 @@ def run_local(
     beam_pipeline_args: list[str] | None = None,
     enable_cache: bool = True,
     schema_path: str | None = None,
+    until: str | None = None,
+    num_workers: int = 1,
 ) -> dict[str, str]:
-    """Runs the whole pipeline; returns the paths it used (root, metadata, serving)."""
+    """Runs the whole pipeline; returns the paths it used (root, metadata, serving).
+
+    num_workers > 1 runs the Trainer as that many MultiWorkerMirroredStrategy
+    worker processes on this machine, over loopback (`components/trainer/launcher.py`).
+    """
     from tfx import v1 as tfx
 
     from pipeline.pipeline import create_pipeline
@@ -36,6 +42,8 @@ def run_local(
         beam_pipeline_args=beam_pipeline_args or ["--direct_num_workers=1"],
         enable_cache=enable_cache,
         **({"schema_path": schema_path} if schema_path else {}),
+        until=until,
+        num_workers=num_workers,
     )
     tfx.orchestration.LocalDagRunner().run(pipeline)
     return paths

@@ -16,6 +16,7 @@ from tfx import v1 as tfx
 from components.lm_evaluator.component import LmEvaluator
 from components.text_cleaner.component import TextCleaner
 from components.text_example_gen.component import TextExampleGen
+from components.trainer.component import Trainer
 from pipeline.configs import PipelineConfig
 
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "schema", "schema.pbtxt")
@@ -47,6 +48,8 @@ def create_pipeline(
     beam_pipeline_args: list[str] | None = None,
     enable_cache: bool = True,
     schema_path: str = SCHEMA_FILE,
+    until: str | None = None,
+    num_workers: int = 1,
 ) -> tfx.dsl.Pipeline:
     """Builds the TFX pipeline.
 
@@ -61,7 +64,20 @@ def create_pipeline(
       beam_pipeline_args: passed to every Beam-based component.
       enable_cache: reuse outputs of unchanged components.
       schema_path: the curated schema (ImportSchemaGen).
+      until: build the pipeline only up to this component id (one of
+        `COMPONENT_ORDER`), e.g. "TextCleaner" for ingestion, validation and
+        cleaning only (`deepseek-tfx validate`).
+      num_workers: the Trainer runs as this many MultiWorkerMirroredStrategy
+        worker processes on this machine (loopback); not part of `config`, so
+        it changes neither the upstream components' cache keys nor the
+        checkpoint directory (a 1-worker and an N-worker run of the same
+        config train the same model).
+
+    Raises:
+      ValueError: `until` is not a component id.
     """
+    if until is not None and until not in COMPONENT_ORDER:
+        raise ValueError(f"until={until!r} must be one of {list(COMPONENT_ORDER)}")
     config_json = config.to_json()
 
     example_gen = TextExampleGen(input_base=input_base, input_pattern=input_pattern, config=config)
@@ -81,14 +97,14 @@ def create_pipeline(
         preprocessing_fn=PREPROCESSING_FN,
         custom_config={"pipeline_config": config_json},
     )
-    trainer = tfx.components.Trainer(
+    trainer = Trainer(
         run_fn=RUN_FN,
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
         schema=schema_gen.outputs["schema"],
         train_args=tfx.proto.TrainArgs(num_steps=config.train.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=config.train.eval_batches),
-        custom_config={"pipeline_config": config_json},
+        custom_config={"pipeline_config": config_json, "num_workers": num_workers},
     )
     model_resolver = tfx.dsl.Resolver(
         strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
@@ -120,6 +136,8 @@ def create_pipeline(
         evaluator,
         pusher,
     ]
+    if until is not None:
+        components = components[: [c.id for c in components].index(until) + 1]
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,

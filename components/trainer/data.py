@@ -4,6 +4,18 @@ Documents (Transform's `input_ids`, one row per document) are shuffled, each is
 followed by `[EOS]`, the token stream is cut into windows of `seq_len + 1`, and
 each window gives `input_ids = w[:-1]`, `labels = w[1:]` (nanoGPT-style packing:
 no padding, no token wasted but the last partial window).
+
+Distribution (`distribute_global_batches`): every input pipeline (one per
+worker) builds the same stream of *global* batches from the same files and
+seed, and keeps the rows of its own replicas; so N workers together train on
+exactly the global batches of a one-device run, in the same order, and the
+loss is the per-token mean over the global batch however it is split.
+
+Resuming: the data position is recomputed, not stored. The stream is a
+deterministic function of the files and the seed, so a run resumed after
+step s skips the first s global batches (`skip_steps`) and continues with the
+batches an uninterrupted run would have seen. Skipping costs only input work
+(reading and packing s batches, no model compute).
 """
 
 from __future__ import annotations
@@ -67,3 +79,94 @@ def make_train_dataset(
 def make_eval_dataset(file_pattern, seq_len: int, batch_size: int) -> tf.data.Dataset:
     """One pass over the eval documents, in file order, packed the same way."""
     return pack(read_documents(file_pattern), seq_len).batch(batch_size).prefetch(2)
+
+
+def split_for_replicas(
+    global_batches: tf.data.Dataset, micro_batches: int, num_replicas: int,
+    first_replica: int = 0, num_local_replicas: int | None = None,
+) -> tf.data.Dataset:
+    """Global batches -> per-replica elements, `num_local_replicas` per global batch.
+
+    Row layout of a global batch of B sequences, k = micro_batches, R =
+    num_replicas, b = B / (k R): micro-batch m is rows [m B/k, (m+1) B/k);
+    within it replica r takes rows [m B/k + r b, m B/k + (r+1) b). The union
+    over replicas of micro-batch m is therefore the same B/k rows whatever R is.
+
+    Args:
+      global_batches: elements {key: [B, ...]} with a static B.
+      micro_batches: k, micro-batches per optimizer step.
+      num_replicas: R, replicas in sync (all workers).
+      first_replica, num_local_replicas: the replicas this input pipeline
+        feeds (default: all of them).
+
+    Returns:
+      A dataset with, per global batch, `num_local_replicas` consecutive
+      elements {key: [k, b, ...]}, for replicas first_replica, first_replica + 1, ...
+      (tf.distribute hands consecutive elements to local replicas in turn).
+
+    Raises:
+      ValueError: B is not divisible by k * R.
+    """
+    if num_local_replicas is None:
+        num_local_replicas = num_replicas - first_replica
+    spec = next(iter(global_batches.element_spec.values()))
+    global_batch = spec.shape[0]
+    if global_batch is None or global_batch % (micro_batches * num_replicas):
+        raise ValueError(
+            f"global batch {global_batch} must be divisible by grad_accum_steps "
+            f"({micro_batches}) x replicas ({num_replicas})"
+        )
+    rows = global_batch // (micro_batches * num_replicas)
+    last = first_replica + num_local_replicas
+
+    def split(batch):
+        out = {}
+        for key, value in batch.items():
+            rest = value.shape[1:].as_list()
+            x = tf.reshape(value, [micro_batches, num_replicas, rows] + rest)  # (k, R, b, ...)
+            x = x[:, first_replica:last]  # (k, L, b, ...)
+            out[key] = tf.transpose(x, [1, 0, 2] + list(range(3, 3 + len(rest))))  # (L, k, b, ...)
+        return out
+
+    return global_batches.map(split).unbatch()
+
+
+def distribute_global_batches(strategy: tf.distribute.Strategy, dataset_fn, micro_batches: int,
+                              skip_steps: int = 0):
+    """A distributed dataset of per-replica micro-batch stacks {key: [k, b, T]}.
+
+    Args:
+      strategy: the tf.distribute strategy (the default one for one device).
+      dataset_fn: () -> dataset of global batches {key: [B, T]}; called once
+        per input pipeline (on each worker), so each builds the same stream.
+      micro_batches: k (train.grad_accum_steps).
+      skip_steps: global batches already trained on (resuming).
+    """
+
+    def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        local = context.num_replicas_in_sync // context.num_input_pipelines
+        ds = dataset_fn().skip(skip_steps)
+        ds = split_for_replicas(ds, micro_batches, context.num_replicas_in_sync,
+                                context.input_pipeline_id * local, local)
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+    return strategy.distribute_datasets_from_function(input_fn)
+
+
+def write_examples(path: str, documents) -> None:
+    """Writes token-id documents as transformed examples (gzip TFRecords), for
+    tests and benchmarks that train without running Transform.
+
+    Args:
+      path: output file.
+      documents: iterable of int sequences (token ids); `num_bytes` is set to
+        the number of tokens.
+    """
+    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+        for ids in documents:
+            ids = [int(i) for i in ids]
+            example = tf.train.Example(features=tf.train.Features(feature={
+                INPUT_IDS_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
+                NUM_BYTES_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=[len(ids)])),
+            }))
+            writer.write(example.SerializeToString())

@@ -1,9 +1,12 @@
 """Trainer's module: `run_fn`, the entry point TFX calls. Thin by design.
 
-It reads the config from `custom_config`, builds the packed datasets from
-Transform's output, trains (`train_loop.train`), writes the servable SavedModel
-(`serving.export`) to `fn_args.serving_model_dir`, and a `training_summary.json`
-beside it with the run's figures.
+It reads the config from `custom_config`, trains (`job.run` in this process,
+or `launcher.run_workers` on N local worker processes when
+`custom_config["num_workers"] > 1`), with checkpoints in a directory that
+survives re-runs (`checkpointing.py`), then evaluates and exports a float32
+copy of the trained model: the servable SavedModel (`serving.export`) to
+`fn_args.serving_model_dir`, and `training_summary.json` beside it with the
+run's figures (which the Trainer's executor also records in ML Metadata).
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import os
 
 import tensorflow as tf
 
-from components.trainer import data, train_loop
+from components.trainer import checkpointing, data, hardware, precision, train_loop
+from components.trainer import job as job_lib
 from pipeline.configs import PipelineConfig
 from serving.export import export_serving_model
 
 TRAINING_SUMMARY = "training_summary.json"
+TRAIN_RESULT = "train_result.json"
 
 
 def run_fn(fn_args) -> None:
@@ -27,39 +32,85 @@ def run_fn(fn_args) -> None:
     Args:
       fn_args: `tfx.components.FnArgs`; uses train_files, eval_files,
         transform_output, serving_model_dir, model_run_dir, train_steps and
-        custom_config["pipeline_config"].
+        custom_config: "pipeline_config" (JSON), optional "num_workers" (int,
+        default 1) and "checkpoint_root" (default
+        `<pipeline_root>/Trainer/checkpoints`).
     """
     logging.getLogger().setLevel(logging.INFO)
-    config = PipelineConfig.from_json(fn_args.custom_config["pipeline_config"])
+    custom = fn_args.custom_config or {}
+    config = PipelineConfig.from_json(custom["pipeline_config"])
+    num_workers = int(custom.get("num_workers", 1))
     tc = config.train
     if fn_args.train_steps and fn_args.train_steps != tc.train_steps:
         raise ValueError(
             f"TrainArgs.num_steps={fn_args.train_steps} disagrees with "
             f"train.train_steps={tc.train_steps}; set the step count in the config"
         )
-    train_ds = data.make_train_dataset(
-        fn_args.train_files, tc.seq_len, tc.batch_size, tc.shuffle_buffer, tc.seed
-    )
-    eval_ds = data.make_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size)
-    result = train_loop.train(
-        config,
-        train_ds,
-        eval_ds,
-        checkpoint_dir=os.path.join(fn_args.model_run_dir, "checkpoints"),
+    checkpoint_dir = checkpointing.stable_checkpoint_dir(
+        fn_args.model_run_dir, config, fn_args.train_files, custom.get("checkpoint_root"))
+    checkpointing.link_from_model_run(fn_args.model_run_dir, checkpoint_dir)
+    logging.info("checkpoints: %s", checkpoint_dir)
+    job = job_lib.TrainingJob(
+        pipeline_config=config.to_json(),
+        train_files=list(fn_args.train_files),
+        checkpoint_dir=checkpoint_dir,
         log_dir=fn_args.model_run_dir,
+        result_path=os.path.join(fn_args.model_run_dir, TRAIN_RESULT),
+        num_workers=num_workers,
     )
-    export_serving_model(result.model, fn_args.transform_output, config, fn_args.serving_model_dir)
+    model = train_model(job, config)
+    with open(job.result_path) as f:
+        figures = json.load(f)
+
+    eval_ds = data.make_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size)
+    eval_loss, eval_tokens = train_loop.evaluate(model, eval_ds, tc.eval_batches)
+    logging.info("trainer eval loss %.4f nats/token (%d tokens)", eval_loss, eval_tokens)
+    with tf.summary.create_file_writer(fn_args.model_run_dir).as_default(step=tc.train_steps):
+        tf.summary.scalar("eval/loss", eval_loss)
+    export_serving_model(model, fn_args.transform_output, config, fn_args.serving_model_dir)
+
     summary = {
-        "train_steps": result.train_steps,
-        "resumed_from_step": result.resumed_from_step,
-        "tokens_seen": result.tokens_seen,
-        "train_wall_s": round(result.train_wall_s, 2),
-        "tokens_per_second": round(result.tokens_per_second, 1),
-        "final_train_loss": result.final_loss,
-        "trainer_eval_loss": result.eval_loss,
-        "parameters": int(result.model.count_params()),
-        "history": result.history,
+        **{k: v for k, v in figures.items() if k != "history"},
+        "train_wall_s": round(figures["train_wall_s"], 2),
+        "tokens_per_second": round(figures["tokens_per_second"], 1),
+        "final_train_loss": figures["final_loss"],
+        "trainer_eval_loss": eval_loss,
+        "parameters": int(model.count_params()),
+        "history": figures["history"],
     }
     model_dir = os.path.dirname(fn_args.serving_model_dir.rstrip("/"))
     with tf.io.gfile.GFile(os.path.join(model_dir, TRAINING_SUMMARY), "w") as f:
         json.dump(summary, f, indent=2)
+
+
+def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
+    """Trains `job` and returns a float32, single-device copy of the trained model.
+
+    One worker: in this process. N workers: N local processes
+    (`launcher.run_workers`); the model is then read back from the final
+    checkpoint. Either way the chief writes the run's figures to `job.result_path`.
+    """
+    if job.num_workers <= 1:
+        result = job_lib.run(job)
+        if result.precision == "float32" and result.strategy == "OneDevice":
+            return result.model
+        return train_loop.copy_to_float32_model(config, result.model)
+
+    from components.trainer import launcher
+
+    _measure_cpu_peak(job)  # here, before the workers start, on an idle CPU
+    launcher.run_workers(job, job.num_workers, job_dir=job.log_dir)
+    with open(job.result_path) as f:
+        last = json.load(f)["last_checkpoint"]
+    model = train_loop.build_model(config, dtype="float32")
+    tf.train.Checkpoint(model=model).read(last).expect_partial().assert_existing_objects_matched()
+    return model
+
+
+def _measure_cpu_peak(job: job_lib.TrainingJob) -> None:
+    """On CPUs, measure the matmul peak for MFU in this process (workers share the host)."""
+    accelerator, _, policy, _ = job_lib.plan(job)
+    if accelerator.kind == "cpu":
+        dtype = precision.compute_dtype(policy)
+        job.peak_flops_per_device = hardware.matmul_peak_flops(dtype)
+        job.peak_flops_source = f"probe:{dtype} matmul"

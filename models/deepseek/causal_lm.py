@@ -131,12 +131,17 @@ class DeepSeekCausalLM(keras.Model):
             h, _, _ = block(h, training=training)  # (B, T, C)
         return self.logits_from_hidden(self.norm(h))
 
-    def forward_train(self, input_ids, training=True):
+    def forward_train(self, input_ids, training=True, recompute_blocks=False):
         """Main and MTP logits plus MoE statistics, for the training loss.
 
         Args:
           input_ids: int32 tensor (B, T).
           training: passed to every layer.
+          recompute_blocks: activation recomputation (gradient checkpointing):
+            each decoder block and MTP module keeps only its input for the
+            backward pass and recomputes its activations there
+            (`tf.recompute_grad`); same values and gradients, less memory,
+            about one more forward pass of compute.
 
         Returns:
           dict:
@@ -155,10 +160,15 @@ class DeepSeekCausalLM(keras.Model):
         h = embeddings
         loads, balance_losses = [], []
         for block in self.decoder_layers:
-            h, _, moe_aux = block(h, training=training)  # (B, T, C)
-            if moe_aux is not None:
-                loads.append(moe_aux[0])
-                balance_losses.append(moe_aux[1])
+            def block_fn(x, block=block):
+                x, _, moe_aux = block(x, training=training)  # (B, T, C)
+                return (x,) if moe_aux is None else (x, *moe_aux)
+
+            outs = tf.recompute_grad(block_fn)(h) if recompute_blocks else block_fn(h)
+            h = outs[0]  # (B, T, C)
+            if len(outs) > 1:
+                loads.append(outs[1])
+                balance_losses.append(outs[2])
         logits = self.logits_from_hidden(self.norm(h))  # (B, T, V)
 
         # MTP (DeepSeek-V3 §2.2): depth k combines h^{k-1}_i with Emb(t_{i+k}).
@@ -166,11 +176,18 @@ class DeepSeekCausalLM(keras.Model):
         for k, mtp in enumerate(self.mtp_layers, start=1):
             next_embeddings = embeddings[:, k:]  # (B, T-k, C)  Emb(t_{i+k})
             h = h[:, : tf.shape(next_embeddings)[1]]  # (B, T-k, C)  h^{k-1}_i
-            h, normed, moe_aux = mtp(h, next_embeddings, training=training)  # (B, T-k, C)
-            mtp_logits.append(self.logits_from_hidden(normed))  # (B, T-k, V)
-            if moe_aux is not None:
-                loads.append(moe_aux[0])
-                balance_losses.append(moe_aux[1])
+
+            def mtp_fn(x, e, mtp=mtp):
+                x, normed, moe_aux = mtp(x, e, training=training)  # (B, T-k, C) x 2
+                return (x, normed) if moe_aux is None else (x, normed, *moe_aux)
+
+            outs = (tf.recompute_grad(mtp_fn)(h, next_embeddings) if recompute_blocks
+                    else mtp_fn(h, next_embeddings))
+            h = outs[0]  # (B, T-k, C)
+            mtp_logits.append(self.logits_from_hidden(outs[1]))  # (B, T-k, V)
+            if len(outs) > 2:
+                loads.append(outs[2])
+                balance_losses.append(outs[3])
 
         n_experts = self.config.n_routed_experts
         return {
@@ -180,7 +197,7 @@ class DeepSeekCausalLM(keras.Model):
             "expert_load": tf.stack(loads) if loads else tf.zeros([0, n_experts]),
         }
 
-    def compute_loss(self, input_ids, labels, training=True):
+    def compute_loss(self, input_ids, labels, training=True, recompute_blocks=False):
         """Training loss: lm_loss + mtp_loss_weight * mtp_loss + balance_loss.
 
         Args:
@@ -188,6 +205,7 @@ class DeepSeekCausalLM(keras.Model):
           labels: int32 tensor (B, T), already shifted by the caller: labels[t]
             is the token after input_ids[t]. Negative labels are ignored.
           training: passed to `forward_train`.
+          recompute_blocks: activation recomputation, see `forward_train`.
 
         Returns:
           dict of float32 tensors: `loss`, `lm_loss` (mean next-token
@@ -196,7 +214,8 @@ class DeepSeekCausalLM(keras.Model):
           without MTP), `balance_loss`, `expert_load` (num_moe_layers, E).
           See `losses.causal_lm_loss`.
         """
-        outputs = self.forward_train(input_ids, training=training)
+        outputs = self.forward_train(input_ids, training=training,
+                                     recompute_blocks=recompute_blocks)
         return causal_lm_loss(outputs, labels, self.config.mtp_loss_weight)
 
     def update_router_biases(self, expert_load, update_speed=None):

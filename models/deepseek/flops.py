@@ -149,3 +149,44 @@ def kv_cache_bytes_per_token(config: DeepSeekConfig, bytes_per_number: int = 4,
     else:
         raise ValueError(f"layout={layout!r} must be 'mla' or 'mha'")
     return c.num_hidden_layers * per_layer * bytes_per_number
+
+
+# Dense peak FLOP/s per device (one replica) of accelerators whose peak is
+# published, by compute dtype: "bfloat16"/"float16" (tensor/matrix units),
+# "tfloat32" (float32 matmuls on Ampere and later, which TensorFlow runs as
+# TF32 by default), "float32" (CUDA cores). Vendor data sheets, without
+# structured sparsity. The first key that is a substring of the device name
+# wins, so more specific names come first. TPU v2/v3 replicas are TensorCores
+# (two per chip); v4 and later run one replica per chip (megacore).
+# CPUs are not listed: their peak is measured (a matmul probe).
+PEAK_FLOPS_TABLE: dict[str, dict[str, float]] = {
+    "H100 PCIe": {"bfloat16": 756e12, "float16": 756e12, "tfloat32": 378e12, "float32": 51e12},
+    "H100": {"bfloat16": 989e12, "float16": 989e12, "tfloat32": 495e12, "float32": 67e12},
+    "A100": {"bfloat16": 312e12, "float16": 312e12, "tfloat32": 156e12, "float32": 19.5e12},
+    "L4": {"bfloat16": 121e12, "float16": 121e12, "tfloat32": 60e12, "float32": 30.3e12},
+    "A10": {"bfloat16": 125e12, "float16": 125e12, "tfloat32": 62.5e12, "float32": 31.2e12},
+    "V100": {"float16": 125e12, "float32": 15.7e12},
+    "T4": {"float16": 65e12, "float32": 8.1e12},
+    "TPU v6": {"bfloat16": 918e12},
+    "TPU v5p": {"bfloat16": 459e12},
+    "TPU v5": {"bfloat16": 197e12},  # v5e ("v5 lite")
+    "TPU v4": {"bfloat16": 275e12},
+    "TPU v3": {"bfloat16": 61.5e12},
+    "TPU v2": {"bfloat16": 22.5e12},
+}
+
+
+def table_peak_flops(device_name: str, compute_dtype: str, tf32: bool = True) -> float | None:
+    """Peak FLOP/s of one known GPU/TPU for `compute_dtype`, or None if not listed.
+
+    Args:
+      device_name: e.g. "NVIDIA A100-SXM4-40GB" or "TPU v4".
+      compute_dtype: "float32", "bfloat16" or "float16".
+      tf32: float32 matmuls run as TF32 (TensorFlow's default on Ampere+).
+    """
+    for key, peaks in PEAK_FLOPS_TABLE.items():
+        if key.lower() in device_name.lower():
+            if compute_dtype == "float32" and tf32 and "tfloat32" in peaks:
+                return peaks["tfloat32"]
+            return peaks.get(compute_dtype)
+    return None

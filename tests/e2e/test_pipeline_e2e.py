@@ -222,3 +222,67 @@ def test_pushed_model_exports_to_hf_and_back(run, tmp_path):
     after = tf.saved_model.load(str(tmp_path / "saved")).signatures["logits"](
         input_ids=ids)["logits"].numpy()
     np.testing.assert_array_equal(after, before)
+
+
+def test_serve_on_tf_serving_rest_shapes(run):
+    """Loopback: status, predict (row and columnar), a bounded load test, 4xx for bad input."""
+    import threading
+    import urllib.request
+
+    from serving.load_test import load_test, post_json
+    from serving.server import make_http_server
+
+    httpd = make_http_server(run["serving_model_dir"], port=0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}/v1/models/deepseek"
+    try:
+        with urllib.request.urlopen(base, timeout=30) as r:
+            status = json.loads(r.read())
+        assert status["model_version_status"][0]["state"] == "AVAILABLE"
+        code, out = post_json(base + ":predict", {"instances": ["ROMEO:", "KING:"]})
+        assert code == 200 and len(out["predictions"]) == 2
+        assert out["predictions"][0]["text"].startswith("ROMEO:")
+        code, out = post_json(base + ":predict", {"signature_name": "logits",
+                                                  "inputs": {"input_ids": [[2, 5, 6]]}})
+        assert code == 200 and np_shape(out["outputs"]["logits"]) == [1, 3, 512]
+        report = load_test(base + ":predict", [{"instances": ["To be"]}], requests=24,
+                           concurrency=4)
+        assert report["errors"] == 0 and report["p99_ms"] > 0
+        for bad in (b"{not json", {"instances": []}, {"signature_name": "x", "instances": ["a"]},
+                    {"signature_name": "logits", "inputs": {"input_ids": "abc"}},
+                    {"instances": ["a"], "inputs": ["b"]}):
+            code, out = post_json(base + ":predict", bad)
+            assert code == 400 and out["error"], (bad, code, out)
+        code, _ = post_json(base.replace("deepseek", "other") + ":predict", {"instances": ["a"]})
+        assert code == 404
+        assert post_json(base + ":predict", {"instances": ["still up"]})[0] == 200
+    finally:
+        httpd.shutdown()
+
+
+def np_shape(nested) -> list[int]:
+    shape = []
+    while isinstance(nested, list):
+        shape.append(len(nested))
+        nested = nested[0]
+    return shape
+
+
+def test_mlmd_lineage_reaches_the_input_file(run, corpus, capsys):
+    import hashlib
+
+    from pipeline import cli
+
+    output_dir = os.path.dirname(run["metadata_path"])
+    assert cli.main(["mlmd", "--output", output_dir, "lineage", run["serving_model_dir"]]) == 0
+    text = capsys.readouterr().out
+    for component in ("Pusher", "LmEvaluator", "Trainer", "Transform", "TextCleaner",
+                      "TextExampleGen"):
+        assert f"<- {component} " in text, (component, text)
+    digest = hashlib.sha256(corpus.read_bytes()).hexdigest()
+    assert f"input file {corpus.name}" in text and digest in text
+    assert cli.main(["mlmd", "--output", output_dir, "runs", "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)
+    assert {e["component"] for e in runs[-1]["executions"]} >= {"Trainer", "Pusher"}
+    assert cli.main(["mlmd", "--output", output_dir, "artifacts"]) == 0
+    assert "bits_per_byte" in capsys.readouterr().out

@@ -1,0 +1,91 @@
+"""Where a training run keeps its checkpoints: a directory that outlives the run.
+
+TFX gives every Trainer execution a fresh `model_run/<execution id>/`
+directory, so checkpoints written there would be lost to a re-run after a
+crash. They go instead to
+
+    <pipeline_root>/Trainer/checkpoints/<fingerprint>/
+
+where the fingerprint is a hash of what determines the trained weights: the
+content of the transformed training files (names and bytes) and the model,
+tokenizer and train config, minus the train fields that only say how to run
+(`RUNTIME_ONLY_TRAIN_FIELDS`: strategy, micro-batches, recomputation, logging
+and checkpoint intervals, eval batches; the number of workers is not in the
+config at all). A re-run of the pipeline with the same inputs and config, after
+`kill -9` or on another number of workers, finds the same directory and
+resumes from its latest checkpoint; a run with other data or settings starts
+fresh in its own directory. A finished run leaves its final checkpoint, so
+re-running it (e.g. with `--no-cache`) trains zero steps; delete the directory
+to train again from scratch.
+
+Each execution's `model_run/<id>/checkpoints` is a symbolic link to the
+directory it used (a `checkpoints.txt` naming it on filesystems without links).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import tensorflow as tf
+
+from pipeline.configs import PipelineConfig
+
+RUNTIME_ONLY_TRAIN_FIELDS = ("distribution_strategy", "grad_accum_steps", "recompute_activations",
+                             "checkpoint_every", "log_every", "eval_batches")
+_CHUNK = 1 << 20
+
+
+def fingerprint(config: PipelineConfig, train_files: list[str]) -> str:
+    """16 hex digits identifying (training data content, model/tokenizer/train config).
+
+    Args:
+      config: the pipeline config.
+      train_files: file patterns (globs) of the transformed training examples.
+
+    Raises:
+      FileNotFoundError: a pattern matches no file.
+    """
+    d = config.to_dict()
+    train = {k: v for k, v in d["train"].items() if k not in RUNTIME_ONLY_TRAIN_FIELDS}
+    h = hashlib.sha256(json.dumps(
+        {"model": d["model"], "tokenizer": d["tokenizer"], "train": train},
+        sort_keys=True).encode())
+    for pattern in train_files:
+        files = sorted(tf.io.gfile.glob(pattern))
+        if not files:
+            raise FileNotFoundError(f"no training files match {pattern}")
+        for path in files:
+            h.update(os.path.basename(path).encode() + b"\0")
+            with tf.io.gfile.GFile(path, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def stable_checkpoint_dir(model_run_dir: str, config: PipelineConfig, train_files: list[str],
+                          root: str | None = None) -> str:
+    """`<root>/<fingerprint>`; root defaults to `<pipeline_root>/Trainer/checkpoints`.
+
+    Args:
+      model_run_dir: the execution's `.../<component id>/model_run/<execution id>`.
+      config, train_files: see `fingerprint`.
+      root: another parent directory for the checkpoints.
+    """
+    if root is None:
+        component_dir = os.path.dirname(os.path.dirname(model_run_dir.rstrip("/")))
+        root = os.path.join(component_dir, "checkpoints")
+    return os.path.join(root, fingerprint(config, train_files))
+
+
+def link_from_model_run(model_run_dir: str, checkpoint_dir: str) -> None:
+    """`model_run_dir/checkpoints` -> checkpoint_dir (or a checkpoints.txt naming it)."""
+    tf.io.gfile.makedirs(checkpoint_dir)
+    tf.io.gfile.makedirs(model_run_dir)
+    link = os.path.join(model_run_dir, "checkpoints")
+    if os.path.isdir(model_run_dir) and not os.path.lexists(link):
+        os.symlink(os.path.abspath(checkpoint_dir), link, target_is_directory=True)
+    else:
+        with tf.io.gfile.GFile(os.path.join(model_run_dir, "checkpoints.txt"), "w") as f:
+            f.write(checkpoint_dir + "\n")

@@ -1,0 +1,56 @@
+"""The Trainer's executor: TFX's generic one, plus the run's figures in ML Metadata.
+
+`run_fn` writes `training_summary.json` beside the serving model; this
+executor copies its scalar figures onto the output Model artifact as custom
+properties (`MODEL_PROPERTIES`), so ML Metadata answers "how was this model
+trained" without opening files: steps, resume point, tokens, wall time,
+tokens/s, MFU, strategy, replicas, workers, precision, batch layout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from tfx.components.trainer import executor as tfx_trainer_executor
+from tfx.types import artifact_utils, standard_component_specs
+
+from components.trainer.run_fn import TRAINING_SUMMARY
+
+MODEL_PROPERTIES = {
+    "train_steps": int, "resumed_from_step": int, "steps_run": int, "tokens_seen": int,
+    "train_wall_s": float, "tokens_per_second": float, "mfu": float,
+    "steady_tokens_per_second": float, "steady_mfu": float, "peak_flops": float,
+    "peak_flops_source": str, "flops_per_token": int, "strategy": str, "num_replicas": int,
+    "num_workers": int, "precision": str, "global_batch_size": int,
+    "per_replica_batch_size": int, "grad_accum_steps": int, "final_train_loss": float,
+    "trainer_eval_loss": float, "parameters": int, "checkpoint_dir": str,
+}
+
+
+def record_summary(model_artifact, summary: dict[str, Any]) -> None:
+    """Sets `MODEL_PROPERTIES` found in `summary` as custom properties (non-finite floats skipped)."""
+    for key, kind in MODEL_PROPERTIES.items():
+        value = summary.get(key)
+        if value is None:
+            continue
+        if kind is int:
+            model_artifact.set_int_custom_property(key, int(value))
+        elif kind is float:
+            if math.isfinite(float(value)):
+                model_artifact.set_float_custom_property(key, float(value))
+        else:
+            model_artifact.set_string_custom_property(key, str(value))
+
+
+class Executor(tfx_trainer_executor.GenericExecutor):
+    """GenericExecutor that records `training_summary.json` on the Model artifact."""
+
+    def Do(self, input_dict, output_dict, exec_properties) -> None:
+        super().Do(input_dict, output_dict, exec_properties)
+        model = artifact_utils.get_single_instance(output_dict[standard_component_specs.MODEL_KEY])
+        path = os.path.join(model.uri, TRAINING_SUMMARY)
+        with open(path) as f:
+            record_summary(model, json.load(f))

@@ -1,0 +1,111 @@
+"""One training job: what `run_fn` runs in its own process for one worker, and
+what each worker process runs when there are several (`launcher.py`).
+
+`run(job)` picks the strategy and the precision for the devices it finds,
+builds the input pipeline from the transformed training files, trains
+(`train_loop.train`) and, on the chief, writes the run's figures to
+`job.result_path` (JSON). The float32 copy that is evaluated and exported is
+made by the caller (`run_fn`), from the returned model or the final checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class TrainingJob:
+    """Everything a training process needs; JSON-serializable for worker processes.
+
+    Attributes:
+      pipeline_config: `PipelineConfig.to_json()`.
+      train_files: file patterns of the transformed training examples.
+      checkpoint_dir: the stable checkpoint directory (`checkpointing.py`).
+      log_dir: TensorBoard directory (chief).
+      result_path: where the chief writes the run's figures (JSON).
+      num_workers: worker processes in the cluster (1: no TF_CONFIG needed).
+      peak_flops_per_device: peak FLOP/s of one device (CPU: one host) in the
+        run's compute dtype, measured by the caller; 0 = measure here.
+      peak_flops_source: how it was obtained ("probe:float32 matmul", "table:...").
+      intra_op_threads: TensorFlow intra-op threads (0 = TensorFlow's default);
+        set by the launcher so that N workers on one CPU share its cores.
+    """
+
+    pipeline_config: str
+    train_files: list[str]
+    checkpoint_dir: str
+    log_dir: str
+    result_path: str
+    num_workers: int = 1
+    peak_flops_per_device: float = 0.0
+    peak_flops_source: str = ""
+    intra_op_threads: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainingJob:
+        return cls(**json.loads(text))
+
+
+def plan(job: TrainingJob):
+    """(accelerator, strategy name, policy, policy reason) for this process's devices."""
+    from components.trainer import hardware, precision, strategy
+    from pipeline.configs import PipelineConfig
+
+    tc = PipelineConfig.from_json(job.pipeline_config).train
+    accelerator = hardware.detect()
+    name = strategy.resolve_name(tc.distribution_strategy, accelerator)
+    policy, reason = precision.choose_policy(tc.precision, accelerator)
+    return accelerator, name, policy, reason
+
+
+def run(job: TrainingJob):
+    """Trains as this process's part of `job`. Returns the `TrainResult`.
+
+    In a fresh process, call it before any other TensorFlow op (the strategy
+    may configure collective ops, and thread settings apply only then).
+    """
+    import tensorflow as tf
+
+    if job.intra_op_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(job.intra_op_threads)
+    from components.trainer import data, hardware, precision, strategy, train_loop
+    from pipeline.configs import PipelineConfig
+
+    config = PipelineConfig.from_json(job.pipeline_config)
+    tc = config.train
+    accelerator, name, policy, reason = plan(job)
+    dist = strategy.make_strategy(name)
+    log.info("devices: %s x %d (%s); strategy %s; precision %s (%s)", accelerator.kind,
+             max(accelerator.count, 1), accelerator.name, strategy.describe(dist), policy, reason)
+
+    peak, source = job.peak_flops_per_device, job.peak_flops_source
+    if peak <= 0:
+        peak, source = hardware.peak_flops(accelerator, precision.compute_dtype(policy))
+    # CPUs: one probe covers a whole host, and loopback workers share one host.
+    devices = strategy.cluster_hosts() if accelerator.kind == "cpu" else dist.num_replicas_in_sync
+    total_peak = peak * devices
+    log.info("peak %.1f GFLOP/s per device (%s) x %d = %.1f GFLOP/s for MFU",
+             peak / 1e9, source, devices, total_peak / 1e9)
+
+    def dataset_fn():
+        return data.make_train_dataset(job.train_files, tc.seq_len, tc.batch_size,
+                                       tc.shuffle_buffer, tc.seed)
+
+    result = train_loop.train(config, dataset_fn, job.checkpoint_dir, job.log_dir, strategy=dist,
+                              precision=policy, peak_flops=total_peak)
+    if strategy.is_chief(dist):
+        figures = {**result.figures(), "precision_reason": reason,
+                   "peak_flops_source": f"{source} x {devices}",
+                   "accelerator": f"{accelerator.kind}: {accelerator.name}"}
+        os.makedirs(os.path.dirname(os.path.abspath(job.result_path)), exist_ok=True)
+        with open(job.result_path, "w") as f:
+            json.dump(figures, f, indent=2)
+    return result

@@ -1,0 +1,61 @@
+"""The Keras dtype policy of a training run, chosen per device.
+
+  TPU                                  mixed_bfloat16
+  GPU, compute capability >= 8.0       mixed_bfloat16 (Ampere and later: bf16 tensor cores)
+  GPU, compute capability 7.x          mixed_float16, with dynamic loss scaling
+  CPU with AMX (amx_bf16)              mixed_bfloat16
+  anything else (CPUs without AMX)     float32: bf16 matmuls are no faster there
+                                       (see the project notes and
+                                       benchmarks/train_throughput.py)
+
+`train.precision` overrides the choice. Under a mixed policy variables stay
+float32 and layers compute in the low precision; the model keeps router scores,
+attention softmax, RMSNorm statistics, logits and the loss in float32 (the
+router layer is float32 whatever the policy). The policy is passed to the model
+(`DeepSeekCausalLM(config, dtype=policy)`), never set globally, so training in
+one process does not change the dtype of models built later in it.
+"""
+
+from __future__ import annotations
+
+from components.trainer.hardware import Accelerator
+
+POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+def auto_policy(accelerator: Accelerator) -> tuple[str, str]:
+    """(policy, reason) for `accelerator`, by the table in the module docstring."""
+    if accelerator.kind == "tpu":
+        return "mixed_bfloat16", "TPU"
+    if accelerator.kind == "gpu":
+        cc = accelerator.compute_capability or (0, 0)
+        if cc >= (8, 0):
+            return "mixed_bfloat16", f"GPU compute capability {cc[0]}.{cc[1]} >= 8.0"
+        if cc >= (7, 0):
+            return "mixed_float16", f"GPU compute capability {cc[0]}.{cc[1]} (no bf16)"
+        return "float32", f"GPU compute capability {cc[0]}.{cc[1]} < 7.0"
+    if accelerator.cpu_has_amx:
+        return "mixed_bfloat16", "CPU with AMX"
+    return "float32", "CPU without AMX (bf16 is slower than float32 there)"
+
+
+def choose_policy(requested: str, accelerator: Accelerator) -> tuple[str, str]:
+    """The policy to train with: `requested`, or the automatic choice for "auto".
+
+    Returns:
+      (policy, reason).
+
+    Raises:
+      ValueError: unknown policy.
+    """
+    if requested == "auto":
+        return auto_policy(accelerator)
+    if requested not in POLICIES:
+        raise ValueError(f"train.precision={requested!r} must be 'auto' or one of {POLICIES}")
+    return requested, "set in the config (train.precision)"
+
+
+def compute_dtype(policy: str) -> str:
+    """"float32", "bfloat16" or "float16": the dtype matmuls run in."""
+    return {"float32": "float32", "mixed_bfloat16": "bfloat16",
+            "mixed_float16": "float16"}[policy]

@@ -1,0 +1,105 @@
+"""End to end: `deepseek-tfx run --num-workers 2`, killed with SIGKILL, then re-run.
+
+The `tiny` preset on a slice of Tiny Shakespeare, 200 steps with a checkpoint
+every 20, the Trainer as 2 MultiWorkerMirroredStrategy workers over loopback:
+
+1. the command runs in a subprocess until the Trainer's first checkpoint is
+   complete (its `checkpoint` state file exists), then gets `kill -9`; its
+   worker processes die with it;
+2. the same command again: upstream components come from the cache, the
+   Trainer finds the same checkpoint directory (same inputs and config),
+   resumes from the last checkpoint and ends at step 200; ML Metadata records
+   resumed_from_step > 0, the strategy, replicas and throughput figures.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SLICE_BYTES = 60_000
+STEPS = 200
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shakespeare):
+    path = tmp_path_factory.mktemp("corpus") / "shakespeare_slice.txt"
+    text = shakespeare[:SLICE_BYTES]
+    path.write_text(text[: text.rfind("\n\n") + 2], encoding="utf-8")
+    return path
+
+
+def command(corpus, out) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", "run", "--data", str(corpus), "--preset", "tiny",
+            "--output", str(out), "--num-workers", "2",
+            "--set", f"train.train_steps={STEPS}", "--set", "train.checkpoint_every=20"]
+
+
+def worker_processes(out) -> list[str]:
+    """Command lines of live training workers of this output directory."""
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines()
+            if "components.trainer.worker" in line and str(out) in line]
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(corpus, tmp_path):
+    out = tmp_path / "run"
+    log_path = tmp_path / "first.log"
+    with open(log_path, "w") as log:
+        first = subprocess.Popen(command(corpus, out), cwd=PROJECT_ROOT, stdout=log,
+                                 stderr=subprocess.STDOUT)
+    state = os.path.join(out, "pipeline_root", "Trainer", "checkpoints", "*", "checkpoint")
+    deadline = time.monotonic() + 600
+    while not glob.glob(state):
+        assert first.poll() is None, f"run ended before its first checkpoint:\n{log_path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "no checkpoint after 10 minutes"
+        time.sleep(0.05)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    (checkpoint_dir,) = [os.path.dirname(p) for p in glob.glob(state)]
+    killed_at = [p for p in os.listdir(checkpoint_dir) if p.endswith(".index")]
+    assert killed_at and f"ckpt-{STEPS}.index" not in killed_at, killed_at
+    for _ in range(50):  # the workers die with their parent (PR_SET_PDEATHSIG)
+        if not worker_processes(out):
+            break
+        time.sleep(0.2)
+    assert not worker_processes(out), worker_processes(out)
+
+    second = subprocess.run(command(corpus, out), cwd=PROJECT_ROOT, capture_output=True,
+                            text=True, timeout=900)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-4000:]
+    assert "resumed from" in second.stdout + second.stderr
+
+    from pipeline.run_summary import latest_run
+
+    runs = {r.component: r for r in latest_run(str(out / "metadata.db"))}
+    assert runs["Transform"].state == "CACHED"
+    assert runs["Trainer"].state == "COMPLETE"
+    model = runs["Trainer"].outputs["Model"]
+    assert model["resumed_from_step"] > 0
+    assert model["train_steps"] == STEPS
+    assert model["steps_run"] == STEPS - model["resumed_from_step"]
+    assert model["tokens_seen"] == STEPS * 8 * 32
+    assert model["strategy"] == "MultiWorkerMirroredStrategy"
+    assert model["num_replicas"] == 2 and model["num_workers"] == 2
+    assert model["per_replica_batch_size"] == 4 and model["global_batch_size"] == 8
+    assert model["precision"] == "float32"
+    assert model["tokens_per_second"] > 0 and 0 < model["mfu"] < 1
+    assert model["train_wall_s"] > 0 and model["checkpoint_dir"] == checkpoint_dir
+    summary = json.load(open(os.path.join(model["uri"], "training_summary.json")))
+    assert summary["resumed_from_step"] == model["resumed_from_step"]
+    assert summary["history"][0]["step"] > model["resumed_from_step"]
+    assert summary["history"][-1]["step"] == STEPS
+    assert os.path.isfile(os.path.join(checkpoint_dir, f"ckpt-{STEPS}.index"))
+    assert runs["Pusher"].outputs["PushedModel"]["pushed"] == 1
+    assert not worker_processes(out)
