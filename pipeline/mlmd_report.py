@@ -29,7 +29,17 @@ def _value(v: metadata_store_pb2.Value) -> Any:
     if kind in ("int_value", "double_value", "string_value", "bool_value"):
         return getattr(v, kind)
     if kind == "struct_value":
-        return json_format.MessageToDict(v.struct_value)
+        value = json_format.MessageToDict(v.struct_value)
+        # TFX wraps JSON values that are not objects as {"__value__": value}.
+        if set(value) == {"__value__"}:
+            inner = value["__value__"]
+            if isinstance(inner, str):
+                try:
+                    return json.loads(inner)
+                except json.JSONDecodeError:
+                    return inner
+            return inner
+        return value
     if kind == "proto_value":
         return f"<{v.proto_value.type_url}>"
     return None
@@ -145,8 +155,6 @@ def lineage(store, model_dir: str) -> dict[str, Any]:
                     input_files += out["properties"].get("input_files", [])
             steps.append(step)
             frontier += [a.id for a in inputs]
-    for f in input_files:
-        f.setdefault("path", "?")
     return {"model": index.artifact(start), "steps": steps, "input_files": input_files}
 
 
@@ -186,7 +194,8 @@ def format_lineage(data: dict[str, Any]) -> str:
         if "input_base" in e:
             lines.append(f"       read   {e['input_base']}  ({e.get('input_fingerprint')})")
     for f in data["input_files"]:
-        lines.append(f"  input file {f['path']}  {f.get('bytes')} bytes  sha256 {f.get('sha256')}")
+        lines.append(f"  input file {f['path']}  {int(f.get('bytes', 0))} bytes  "
+                     f"sha256 {f.get('sha256')}")
     return "\n".join(lines)
 
 
