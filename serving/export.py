@@ -33,8 +33,7 @@ from components.transform import tokenizer
 from components.transform.preprocessing import INPUT_IDS_KEY, TEXT_KEY
 from models.deepseek.generation import generate
 from pipeline.configs import PipelineConfig
-
-CONFIG_ASSET = "deepseek_tfx_config.json"
+from serving.hf_interop import PIPELINE_CONFIG_ASSET as CONFIG_ASSET
 
 
 def find_vocabulary_file(transform_output_dir: str) -> str:

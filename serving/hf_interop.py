@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from models.deepseek import hf_checkpoint
 
-PIPELINE_CONFIG_ASSET = "deepseek_tfx_config.json"  # written by serving/export.py
+PIPELINE_CONFIG_ASSET = "deepseek_tfx_config.json"  # the PipelineConfig beside a pushed model
 
 
 class LogitsModule(tf.Module):

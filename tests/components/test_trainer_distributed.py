@@ -23,8 +23,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from components.trainer import data, launcher
 from components.trainer import job as job_lib
+from components.trainer import launcher
 from pipeline.configs import get_config
 
 STEPS = 50
@@ -32,21 +32,6 @@ STEPS = 50
 # Measured on a 2-core CPU: ~2e-5 (summation order only); the bound leaves room
 # for routing near-ties flipping an expert choice on other CPUs.
 LOSS_TOLERANCE = 1e-3
-
-
-def synthetic_documents(n_docs: int = 300, vocab: int = 512, seed: int = 0) -> list[list[int]]:
-    """Documents of 3-40 'words', each word a fixed 1-4 token sequence of a 60-word lexicon."""
-    rng = np.random.default_rng(seed)
-    lexicon = [rng.integers(3, vocab, rng.integers(1, 5)).tolist() for _ in range(60)]
-    return [[t for w in rng.integers(0, 60, rng.integers(3, 40)) for t in lexicon[w]]
-            for _ in range(n_docs)]
-
-
-@pytest.fixture(scope="module")
-def train_file(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("data") / "train-00000-of-00001.gz")
-    data.write_examples(path, synthetic_documents())
-    return path
 
 
 def run_cluster(num_workers: int, train_file: str, workdir) -> dict:

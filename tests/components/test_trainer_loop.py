@@ -24,21 +24,6 @@ from pipeline.configs import get_config
 STEPS = 12
 
 
-def synthetic_documents(n_docs: int = 300, vocab: int = 512, seed: int = 0) -> list[list[int]]:
-    """Documents of 3-40 'words', each word a fixed 1-4 token sequence of a 60-word lexicon."""
-    rng = np.random.default_rng(seed)
-    lexicon = [rng.integers(3, vocab, rng.integers(1, 5)).tolist() for _ in range(60)]
-    return [[t for w in rng.integers(0, 60, rng.integers(3, 40)) for t in lexicon[w]]
-            for _ in range(n_docs)]
-
-
-@pytest.fixture(scope="module")
-def train_file(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("data") / "train-00000-of-00001.gz")
-    data.write_examples(path, synthetic_documents())
-    return path
-
-
 def tiny_config(**train):
     overrides = {"train.train_steps": STEPS, "train.log_every": 1, "train.checkpoint_every": 4,
                  "train.warmup_steps": 2}
