@@ -16,6 +16,7 @@ class ComponentRun:
     state: str
     duration_s: float
     outputs: dict[str, dict]
+    start_s: float = 0.0  # unix time the execution was registered
 
 
 def open_store(metadata_path: str) -> metadata_store.MetadataStore:
@@ -56,5 +57,6 @@ def latest_run(metadata_path: str) -> list[ComponentRun]:
             type_name = store.get_artifact_types_by_id([artifact.type_id])[0].name
             outputs[type_name] = {"uri": artifact.uri, **_custom_properties(artifact)}
         duration = (execution.last_update_time_since_epoch - execution.create_time_since_epoch) / 1000
-        result.append(ComponentRun(node, _STATES.get(execution.last_known_state, "?"), duration, outputs))
+        result.append(ComponentRun(node, _STATES.get(execution.last_known_state, "?"), duration,
+                                   outputs, execution.create_time_since_epoch / 1000))
     return result

@@ -19,10 +19,12 @@ Massive Datasets ch. 3), computed with the `datasketch` library.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import struct
 import unicodedata
+import zlib
 
 import numpy as np
 
@@ -55,17 +57,18 @@ _REDACTIONS = (
     ("redacted_phone_number", "<PHONE_NUMBER>", re.compile(
         r"(?<![\w+])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{2,4}\)[\s.-]?|\d{2,4}[\s.-])\d{3,4}[\s.-]\d{3,4}\b")),
 )
+# Category Cc is exactly U+0000-U+001F and U+007F-U+009F; tab and newline stay.
+_REMOVED_CONTROL_CHARS = re.compile("[" + "".join(
+    re.escape(chr(c)) for c in [*range(0x20), *range(0x7F, 0xA0)]
+    if chr(c) not in _KEPT_CONTROL_CHARS) + "]")
+assert all(unicodedata.category(chr(c)) == "Cc" for c in [*range(0x20), *range(0x7F, 0xA0)])
 _WORD = re.compile(r"\S+")
 _SHINGLE_WORD = re.compile(r"\w+")
 
 
 def remove_control_characters(text: str) -> str:
     """Drops category-Cc characters except newline and tab (so NUL, \\r, \\x1b... go)."""
-    if text.isprintable():
-        return text
-    return "".join(
-        ch for ch in text if ch in _KEPT_CONTROL_CHARS or unicodedata.category(ch) != "Cc"
-    )
+    return _REMOVED_CONTROL_CHARS.sub("", text)
 
 
 def normalize(text: str, form: str) -> str:
@@ -172,12 +175,21 @@ def shingles(text: str, ngram: int) -> set[bytes]:
 
 
 def minhash_signature(text: str, num_perm: int, ngram: int) -> np.ndarray:
-    """MinHash signature (datasketch, fixed seed), uint32 [num_perm]."""
+    """MinHash signature (datasketch, fixed seed; shingles hashed with CRC-32), uint32 [num_perm]."""
     from datasketch import MinHash
 
-    m = MinHash(num_perm=num_perm, seed=1)
+    m = MinHash(num_perm=num_perm, seed=1, hashfunc=zlib.crc32, scheme="affine32",
+                permutations=_permutations(num_perm))
     m.update_batch(list(shingles(text, ngram)))
     return m.hashvalues.astype(np.uint32)
+
+
+@functools.lru_cache(maxsize=4)
+def _permutations(num_perm: int):
+    """datasketch's random permutations for seed 1 (made once, not per document)."""
+    from datasketch import MinHash
+
+    return MinHash(num_perm=num_perm, seed=1).permutations
 
 
 def lsh_parameters(threshold: float, num_perm: int) -> tuple[int, int]:
@@ -197,3 +209,68 @@ def lsh_bands(signature: np.ndarray, bands: int, rows: int) -> list[bytes]:
 def estimated_jaccard(a: np.ndarray, b: np.ndarray) -> float:
     """Fraction of equal MinHash values: an unbiased estimate of Jaccard similarity."""
     return float(np.mean(a == b))
+
+
+# ----------------------------------------------------------------------------- Bloom filters
+
+
+def key_hashes(keys: list[bytes]) -> np.ndarray:
+    """64-bit hashes (blake2b) of byte strings, uint64 [len(keys)]."""
+    return np.array([int.from_bytes(hashlib.blake2b(k, digest_size=8).digest(), "little")
+                     for k in keys], dtype=np.uint64)
+
+
+class SeenTwiceFilter:
+    """Two Bloom filters over 64-bit hashes: `seen` (added at least once) and
+    `repeated` (added at least twice, up to false positives), so that only keys
+    that may repeat need an exact, memory-hungry grouping.
+
+    `num_bits` bits each (a power of two), `num_hashes` positions per key by
+    double hashing (Kirsch & Mitzenmacher 2006): position_i = h1 + i·h2 mod m,
+    with h1, h2 the low and high 32 bits of the key's hash. The false-positive
+    rate of `may_repeat` is about (1 - exp(-k·n/m))^k for n keys.
+    Filters built over parts of the data merge exactly (`merge`).
+    """
+
+    def __init__(self, num_bits: int, num_hashes: int = 4):
+        if num_bits < 8 or num_bits & (num_bits - 1):
+            raise ValueError(f"num_bits={num_bits} must be a power of two >= 8")
+        self.num_bits, self.num_hashes = num_bits, num_hashes
+        self.seen = np.zeros(num_bits // 8, dtype=np.uint8)
+        self.repeated = np.zeros(num_bits // 8, dtype=np.uint8)
+
+    def _positions(self, hashes: np.ndarray) -> np.ndarray:
+        h1 = (hashes & np.uint64(0xFFFFFFFF)).astype(np.uint64)
+        h2 = (hashes >> np.uint64(32)) | np.uint64(1)
+        i = np.arange(self.num_hashes, dtype=np.uint64)
+        return (h1[:, None] + i[None, :] * h2[:, None]) & np.uint64(self.num_bits - 1)
+
+    @staticmethod
+    def _test(bits: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        return np.all(bits[pos >> np.uint64(3)] & (1 << (pos & np.uint64(7))).astype(np.uint8),
+                      axis=-1)
+
+    @staticmethod
+    def _set(bits: np.ndarray, pos: np.ndarray) -> None:
+        pos = pos.ravel()
+        np.bitwise_or.at(bits, pos >> np.uint64(3), (1 << (pos & np.uint64(7))).astype(np.uint8))
+
+    def add(self, hashes: np.ndarray) -> None:
+        """Adds keys (uint64 hashes); keys equal within one call count as repeated."""
+        if not len(hashes):
+            return
+        unique, counts = np.unique(hashes, return_counts=True)
+        pos = self._positions(unique)
+        again = self._test(self.seen, pos) | (counts > 1)
+        self._set(self.repeated, pos[again])
+        self._set(self.seen, pos)
+
+    def merge(self, other: SeenTwiceFilter) -> None:
+        self.repeated |= other.repeated | (self.seen & other.seen)
+        self.seen |= other.seen
+
+    def may_repeat(self, hashes: np.ndarray) -> np.ndarray:
+        """bool [n]: False means the key was added at most once (certain)."""
+        if not len(hashes):
+            return np.zeros(0, dtype=bool)
+        return self._test(self.repeated, self._positions(hashes))

@@ -1,8 +1,21 @@
-"""TextCleaner's executor: a Beam pipeline over the ExampleGen splits.
+"""TextCleaner's executor: a Beam pipeline over the ExampleGen splits, in bounded memory.
 
-  read TFRecords -> clean_document -> exact de-duplication across splits
-  -> near-duplicate removal (MinHash LSH) -> write cleaned TFRecords per split,
-  and count every record by reason and every repair by kind.
+  pass 1  read TFRecords -> clean_document -> records dropped by a rule are counted;
+          kept ones go to temporary TFRecords (one set per split), and a compact key
+          record per document (document key, content hash, MinHash signature) to
+          another temporary file.
+  pass 2  two reads of the key file: the first builds Bloom filters of the content
+          hashes and LSH band keys that occur more than once
+          (`cleaning.SeenTwiceFilter`); the second groups only the documents whose
+          keys may repeat: exact duplicates by content, near-duplicate candidates by
+          LSH band, each candidate pair checked on the full signature.
+  pass 3  read the temporary TFRecords back, drop the duplicates found in pass 2
+          (side inputs holding only their keys), write the cleaned TFRecords per split.
+
+No grouping holds documents' text, and none holds every document: the groupings
+hold the repeated keys only, so memory grows with the number of duplicates, not
+with the corpus (Beam's DirectRunner keeps every grouping and every PCollection
+between fused stages in memory; the temporary files keep the text out of both).
 
 Duplicates are resolved deterministically: the copy in `train` wins over `eval`,
 then the lowest (source, record). The counts and a few rejected records per reason
@@ -20,9 +33,11 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 import tensorflow as tf
 from tensorflow_metadata.proto.v0 import anomalies_pb2
 from tfx import types
@@ -30,12 +45,17 @@ from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
 from components.text_cleaner import cleaning
-from pipeline.configs import PipelineConfig
+from pipeline.configs import DataConfig, PipelineConfig
 
 REPORT_FILE = "cleaning_report.json"
 REPAIR_PREFIX = "repair:"
 _SAMPLES_PER_REASON = 5
 _SPLIT_PRIORITY = {"train": 0, "eval": 1}
+# Bloom filter sizing: documents are assumed to average >= 512 bytes of
+# uncompressed example, the gzip'd input to expand 4x, and 8 bits per key.
+_BYTES_PER_DOC_ESTIMATE = 512
+_GZIP_EXPANSION_ESTIMATE = 4
+_BITS_PER_KEY = 8
 
 
 class DataValidationError(RuntimeError):
@@ -91,49 +111,133 @@ def _to_example(record: dict[str, Any]) -> bytes:
     return document_to_example(doc).SerializeToString()
 
 
-def _doc_key(r: dict[str, Any]) -> tuple:
-    """The keep-first order of duplicates: train before eval, then file and record."""
-    return (_SPLIT_PRIORITY.get(r["split"], 9), r["source"], r["record"])
+# ----------------------------------------------------------------------------- keys
 
 
-def _resolve_duplicates(key_and_records):
-    """Keeps one record per content key; the others are duplicates."""
-    _, records = key_and_records
-    records = sorted(records, key=_doc_key)
-    yield beam.pvalue.TaggedOutput("kept", records[0])
-    for r in records[1:]:
-        yield beam.pvalue.TaggedOutput("dropped", dict(r, reason=cleaning.DROP_EXACT_DUPLICATE))
+def split_order(splits: list[str]) -> list[str]:
+    """Splits in keep-first order: train, eval, then the others by name."""
+    return sorted(splits, key=lambda s: (_SPLIT_PRIORITY.get(s, 9), s))
 
 
-@beam.typehints.with_input_types(dict)
-class _RemoveNearDuplicates(beam.PTransform):
-    """Drops documents whose estimated Jaccard similarity (MinHash over word
-    n-grams) with an earlier document (`_doc_key` order) reaches the threshold.
+def doc_key(split_index: int, source: str, record: int) -> bytes:
+    """A byte string whose order is the keep-first order of duplicates: split
+    (`split_order` index), then source file, then record number."""
+    return struct.pack(">B", split_index) + source.encode("utf-8") + b"\0" + struct.pack(">Q", record)
 
-    LSH banding finds the candidate pairs: documents that agree on all rows of
-    at least one of b bands (b, r chosen by datasketch for the threshold); each
-    candidate pair is then checked on the full signature. Outputs `kept` and
-    `dropped` (reason `near_duplicate`).
+
+def parse_doc_key(key: bytes, splits: list[str]) -> tuple[str, str, int]:
+    """(split, source, record) of a `doc_key`, given `split_order(...)`."""
+    return splits[key[0]], key[1:-9].decode("utf-8"), struct.unpack(">Q", key[-8:])[0]
+
+
+def pack_keys(key: bytes, content: bytes, signature: np.ndarray) -> bytes:
+    """doc key, 16-byte content hash and uint32 MinHash signature, as one record."""
+    return struct.pack("<H", len(key)) + key + content[:16] + signature.astype("<u4").tobytes()
+
+
+def unpack_keys(packed: bytes) -> tuple[bytes, bytes, np.ndarray]:
+    n = struct.unpack("<H", packed[:2])[0]
+    key, content = packed[2:2 + n], packed[2 + n:18 + n]
+    return key, content, np.frombuffer(packed[18 + n:], dtype="<u4")
+
+
+def bloom_bits(input_bytes: int, bands: int) -> int:
+    """Bloom filter size for a corpus of `input_bytes` (gzip'd examples): a power of two."""
+    docs = input_bytes * _GZIP_EXPANSION_ESTIMATE // _BYTES_PER_DOC_ESTIMATE + 1
+    wanted = max(docs * max(bands, 1) * _BITS_PER_KEY, 1 << 16)
+    return min(1 << (wanted - 1).bit_length(), 1 << 32)
+
+
+def _hash64(content: bytes) -> int:
+    return int.from_bytes(content[:8], "little")
+
+
+class _SeenTwiceCombineFn(beam.CombineFn):
+    """Bloom filters of repeated content hashes and repeated LSH band keys."""
+
+    def __init__(self, num_bits: int, bands: int, rows: int, near: bool):
+        self._num_bits, self._bands, self._rows, self._near = num_bits, bands, rows, near
+
+    def create_accumulator(self):
+        # one content key per document against `bands` band keys: 1/bands of the bits.
+        exact_bits = 1 << max((self._num_bits // max(self._bands, 1)).bit_length() - 1, 16)
+        exact = cleaning.SeenTwiceFilter(exact_bits)
+        near = cleaning.SeenTwiceFilter(self._num_bits if self._near else 8)
+        return exact, near
+
+    def add_input(self, accumulator, packed):
+        exact, near = accumulator
+        _, content, signature = unpack_keys(packed)
+        exact.add(np.array([_hash64(content)], dtype=np.uint64))
+        if self._near:
+            near.add(cleaning.key_hashes(cleaning.lsh_bands(signature, self._bands, self._rows)))
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        accumulators = iter(accumulators)
+        exact, near = next(accumulators)
+        for other_exact, other_near in accumulators:
+            exact.merge(other_exact)
+            near.merge(other_near)
+        return exact, near
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+class _FindDuplicates(beam.PTransform):
+    """Key files (`pack_keys` records) -> (doc key, reason) of every duplicate.
+
+    Exact duplicates: same content hash; all but the first (`doc_key` order) are
+    dropped. Near duplicates: documents whose estimated Jaccard similarity
+    (MinHash over word n-grams) with an earlier document reaches the threshold;
+    LSH banding (b bands of r rows, chosen by datasketch for the threshold) finds
+    the candidate pairs, each checked on the full signature. A document that is
+    both is counted as an exact duplicate. Only keys that the Bloom filters say
+    may repeat are grouped.
     """
 
-    def __init__(self, data):
+    def __init__(self, data: DataConfig, num_bits: int):
         super().__init__()
-        self._data = data
+        self._data, self._num_bits = data, num_bits
 
-    def expand(self, records):
+    def expand(self, key_files):
         data = self._data
         bands, rows = cleaning.lsh_parameters(data.near_dedup_threshold, data.near_dedup_num_perm)
+        near_on = data.near_dedup
+        filters = (
+            key_files
+            | "ReadKeysForFilters" >> beam.io.ReadAllFromTFRecord()
+            | "SeenTwice" >> beam.CombineGlobally(
+                _SeenTwiceCombineFn(self._num_bits, bands, rows, near_on))
+        )
 
-        def signature(r):
-            sig = cleaning.minhash_signature(r["text"], data.near_dedup_num_perm,
-                                             data.near_dedup_ngram)
-            return _doc_key(r), sig
+        def candidates(packed, filters):
+            exact_filter, near_filter = filters
+            key, content, signature = unpack_keys(packed)
+            if data.deduplicate and exact_filter.may_repeat(
+                    np.array([_hash64(content)], dtype=np.uint64))[0]:
+                yield beam.pvalue.TaggedOutput("exact", (content, key))
+            if near_on:
+                band_keys = cleaning.lsh_bands(signature, bands, rows)
+                repeat = near_filter.may_repeat(cleaning.key_hashes(band_keys))
+                for band_key, may in zip(band_keys, repeat, strict=True):
+                    if may:
+                        yield beam.pvalue.TaggedOutput("near", (band_key, (key, signature)))
 
-        def band_keys(key_sig):
-            key, sig = key_sig
-            return [(band, (key, sig)) for band in cleaning.lsh_bands(sig, bands, rows)]
+        grouped = (
+            key_files
+            | "ReadKeysForCandidates" >> beam.io.ReadAllFromTFRecord()
+            | "Candidates" >> beam.FlatMap(
+                candidates, filters=beam.pvalue.AsSingleton(filters)).with_outputs("exact", "near")
+        )
 
-        def duplicates_in_bucket(bucket):
+        def exact_duplicates(content_and_keys):
+            _, keys = content_and_keys
+            for key in sorted(keys)[1:]:
+                yield key, cleaning.DROP_EXACT_DUPLICATE
+
+        def near_duplicates(bucket):
             _, members = bucket
             members = sorted(members, key=lambda m: m[0])
             for i, (key, sig) in enumerate(members):
@@ -142,30 +246,32 @@ class _RemoveNearDuplicates(beam.PTransform):
                         yield key, earlier_key
                         break
 
-        keyed = records | "KeyByDoc" >> beam.Map(lambda r: (_doc_key(r), r))
-        duplicate_of = (
-            records
-            | "MinHash" >> beam.Map(signature)
-            | "Bands" >> beam.FlatMap(band_keys)
+        exact = grouped.exact | "GroupByContent" >> beam.GroupByKey() | "Exact" >> beam.FlatMap(
+            exact_duplicates)
+        near = (
+            grouped.near
             | "GroupByBand" >> beam.GroupByKey()
-            | "PairsInBucket" >> beam.FlatMap(duplicates_in_bucket)
+            | "PairsInBucket" >> beam.FlatMap(near_duplicates)
             | "FirstOriginal" >> beam.CombinePerKey(min)
+            | "Near" >> beam.Map(lambda kv: (kv[0], cleaning.DROP_NEAR_DUPLICATE))
         )
 
-        def split(joined):
-            _, grouped = joined
-            (record,) = grouped["record"]
-            if grouped["duplicate_of"]:
-                yield beam.pvalue.TaggedOutput(
-                    "dropped", dict(record, reason=cleaning.DROP_NEAR_DUPLICATE))
-            else:
-                yield beam.pvalue.TaggedOutput("kept", record)
+        def first_reason(key_reasons):
+            key, reasons = key_reasons
+            reasons = list(reasons)
+            yield key, (cleaning.DROP_EXACT_DUPLICATE if cleaning.DROP_EXACT_DUPLICATE in reasons
+                        else reasons[0])
 
         return (
-            {"record": keyed, "duplicate_of": duplicate_of}
-            | "JoinDuplicates" >> beam.CoGroupByKey()
-            | "SplitNear" >> beam.FlatMap(split).with_outputs("kept", "dropped")
+            (exact, near)
+            | "AllDuplicates" >> beam.Flatten()
+            | "GroupByDoc" >> beam.GroupByKey()
+            | "OneReason" >> beam.FlatMap(first_reason)
         )
+
+
+def _input_bytes(pattern: str) -> int:
+    return sum(tf.io.gfile.stat(p).length for p in tf.io.gfile.glob(pattern))
 
 
 class Executor(base_beam_executor.BaseBeamExecutor):
@@ -180,83 +286,142 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
         splits = artifact_utils.decode_split_names(examples.split_names)
         output.split_names = artifact_utils.encode_split_names(splits)
+        ordered = split_order(splits)
         report_prefix = os.path.join(output.uri, "_report", "counts")
+        tmp = os.path.join(output.uri, "_tmp")
         data = config.data
+        dedup = data.deduplicate or data.near_dedup
+        inputs = {s: os.path.join(examples.uri, f"Split-{s}", "*") for s in splits}
+        bands, _ = cleaning.lsh_parameters(data.near_dedup_threshold, data.near_dedup_num_perm)
+        num_bits = bloom_bits(sum(_input_bytes(p) for p in inputs.values()), bands)
 
+        def clean(r):
+            text, reason, repairs = cleaning.clean_document(r["text"], r["reject_reason"], data)
+            r = dict(r, text=text, reason=reason, repairs=r["repairs"] + repairs)
+            tag = "clean" if reason == cleaning.KEPT else "dropped"
+            return beam.pvalue.TaggedOutput(tag, r)
+
+        def keys(r):
+            signature = (cleaning.minhash_signature(r["text"], data.near_dedup_num_perm,
+                                                    data.near_dedup_ngram)
+                         if data.near_dedup else np.zeros(0, dtype=np.uint32))
+            key = doc_key(ordered.index(r["split"]), r["source"], r["record"])
+            return pack_keys(key, cleaning.content_key(r["text"]), signature)
+
+        def drop_duplicates(serialized, duplicates, split):
+            r = _parse(serialized, split)
+            reason = duplicates.get(doc_key(ordered.index(split), r["source"], r["record"]))
+            if reason:
+                return beam.pvalue.TaggedOutput("dropped", dict(r, text="", reason=reason))
+            return beam.pvalue.TaggedOutput("kept", (serialized, r))
+
+        # Every split is its own chain, and only small things (file names, counts,
+        # samples, duplicate keys) cross between chains: on the DirectRunner a
+        # Flatten of PCollections from different stages is held in memory whole.
         with self._make_beam_pipeline() as p:
-            records = [
-                p
-                | f"Read[{s}]" >> beam.io.ReadFromTFRecord(
-                    os.path.join(examples.uri, f"Split-{s}", "*"), compression_type="auto"
-                )
-                | f"Parse[{s}]" >> beam.Map(_parse, split=s)
-                for s in splits
-            ] | "Flatten" >> beam.Flatten()
+            counts, samples, key_files, clean_files = [], [], [], {}
 
-            def clean(r):
-                text, reason, repairs = cleaning.clean_document(r["text"], r["reject_reason"], data)
-                r = dict(r, text=text, reason=reason, repairs=r["repairs"] + repairs)
-                tag = "clean" if reason == cleaning.KEPT else "dropped"
-                return beam.pvalue.TaggedOutput(tag, r)
+            def count_and_sample(name, dropped, kept=None):
+                counted = [dropped | f"DroppedKey[{name}]" >> beam.Map(
+                    lambda r: ((r["split"], r["reason"]), 1))]
+                if kept is not None:
+                    counted.append(kept | f"KeptKey[{name}]" >> beam.FlatMap(
+                        lambda r: [((r["split"], cleaning.KEPT), 1)]
+                        + [((r["split"], REPAIR_PREFIX + x), 1) for x in r["repairs"]]))
+                for i, part in enumerate(counted):
+                    counts.append(part | f"Count[{name}.{i}]" >> beam.CombinePerKey(sum))
+                samples.append(
+                    dropped
+                    | f"SampleKey[{name}]" >> beam.Map(
+                        lambda r: (r["reason"], (r["source"], r["record"])))
+                    | f"Sample[{name}]" >> beam.combiners.Top.SmallestPerKey(_SAMPLES_PER_REASON))
 
-            cleaned = records | "Clean" >> beam.Map(clean).with_outputs("clean", "dropped")
-            if data.deduplicate:
-                dedup = (
-                    cleaned.clean
-                    | "KeyByContent" >> beam.Map(lambda r: (cleaning.content_key(r["text"]), r))
-                    | "GroupByContent" >> beam.GroupByKey()
-                    | "ResolveDuplicates" >> beam.FlatMap(_resolve_duplicates).with_outputs(
-                        "kept", "dropped"
-                    )
-                )
-                kept, duplicates = dedup.kept, dedup.dropped
-                dropped = (cleaned.dropped, duplicates) | "AllDropped" >> beam.Flatten()
-            else:
-                kept, dropped = cleaned.clean, cleaned.dropped
-            if data.near_dedup:
-                near = kept | "NearDuplicates" >> _RemoveNearDuplicates(data)
-                kept = near.kept
-                dropped = (dropped, near.dropped) | "AllDroppedNear" >> beam.Flatten()
-
+            # pass 1: clean; count what a rule drops; keep the text on disk, not in memory.
             for s in splits:
+                cleaned = (
+                    p
+                    | f"Read[{s}]" >> beam.io.ReadFromTFRecord(inputs[s], compression_type="auto")
+                    | f"Parse[{s}]" >> beam.Map(_parse, split=s)
+                    | f"Clean[{s}]" >> beam.Map(clean).with_outputs("clean", "dropped")
+                )
+                if dedup:
+                    count_and_sample(f"rules.{s}", cleaned.dropped)
+                    key_files.append(
+                        cleaned.clean
+                        | f"Keys[{s}]" >> beam.Map(keys)
+                        | f"WriteKeys[{s}]" >> beam.io.WriteToTFRecord(
+                            os.path.join(tmp, f"keys-{s}")))
+                    clean_files[s] = (
+                        cleaned.clean
+                        | f"Serialize[{s}]" >> beam.Map(_to_example)
+                        | f"WriteClean[{s}]" >> beam.io.WriteToTFRecord(
+                            os.path.join(tmp, f"clean-{s}")))
+                else:
+                    kept = cleaned.clean | f"Pair[{s}]" >> beam.Map(lambda r: (_to_example(r), r))
+                    count_and_sample(s, cleaned.dropped, kept | f"Record[{s}]" >> beam.Map(
+                        lambda x: x[1]))
+                    clean_files[s] = kept
+
+            if dedup:
+                # pass 2: find the duplicates from the compact key records.
+                duplicates = beam.pvalue.AsDict(
+                    key_files
+                    | "AllKeyFiles" >> beam.Flatten()
+                    | "FindDuplicates" >> _FindDuplicates(data, num_bits)
+                )
+            for s in splits:
+                if dedup:
+                    # pass 3: read the cleaned text back, leave out the duplicates.
+                    deduped = (
+                        clean_files[s]
+                        | f"ReadClean[{s}]" >> beam.io.ReadAllFromTFRecord()
+                        | f"DropDuplicates[{s}]" >> beam.Map(
+                            drop_duplicates, duplicates=duplicates, split=s
+                        ).with_outputs("kept", "dropped")
+                    )
+                    kept = deduped.kept
+                    count_and_sample(f"dedup.{s}", deduped.dropped,
+                                     kept | f"Record[{s}]" >> beam.Map(lambda x: x[1]))
+                else:
+                    kept = clean_files[s]
                 _ = (
                     kept
-                    | f"Only[{s}]" >> beam.Filter(lambda r, s=s: r["split"] == s)
-                    | f"Serialize[{s}]" >> beam.Map(_to_example)
+                    | f"Bytes[{s}]" >> beam.Map(lambda x: x[0])
                     | f"Write[{s}]" >> beam.io.WriteToTFRecord(
                         os.path.join(output.uri, f"Split-{s}", "data_tfrecord"),
                         file_name_suffix=".gz",
                     )
                 )
 
-            counts = (
-                (
-                    kept | "KeptKey" >> beam.Map(lambda r: ((r["split"], cleaning.KEPT), 1)),
-                    dropped | "DroppedKey" >> beam.Map(lambda r: ((r["split"], r["reason"]), 1)),
-                    kept | "RepairKeys" >> beam.FlatMap(
-                        lambda r: [((r["split"], REPAIR_PREFIX + x), 1) for x in r["repairs"]]),
-                )
-                | "AllKeys" >> beam.Flatten()
-                | "Count" >> beam.CombinePerKey(sum)
+            def smallest(samples_lists):
+                return sorted(x for xs in samples_lists for x in xs)[:_SAMPLES_PER_REASON]
+
+            all_counts = (
+                counts
+                | "AllCounts" >> beam.Flatten()
+                | "Total" >> beam.CombinePerKey(sum)
                 | "CountsToList" >> beam.combiners.ToList()
             )
-            samples = (
-                dropped
-                | "SampleKey" >> beam.Map(lambda r: (r["reason"], (r["source"], r["record"])))
-                | "Sample" >> beam.combiners.Top.SmallestPerKey(_SAMPLES_PER_REASON)
+            all_samples = (
+                samples
+                | "AllSamples" >> beam.Flatten()
+                | "MergeSamples" >> beam.CombinePerKey(smallest)
                 | "SamplesToList" >> beam.combiners.ToList()
             )
             _ = (
-                counts
+                all_counts
                 | "Report" >> beam.Map(
-                    lambda c, s: json.dumps({"counts": c, "samples": s}), s=beam.pvalue.AsSingleton(samples)
-                )
+                    lambda c, s: json.dumps({"counts": c, "samples": s}),
+                    s=beam.pvalue.AsSingleton(all_samples))
                 | "WriteReport" >> beam.io.WriteToText(report_prefix, num_shards=1, shard_name_template="")
             )
 
+        if tf.io.gfile.exists(tmp):
+            tf.io.gfile.rmtree(tmp)
         with tf.io.gfile.GFile(report_prefix) as f:
             raw = json.loads(f.read())
         report = build_report(raw["counts"], raw["samples"], splits)
+        report["dedup_bloom_bits"] = num_bits
         with tf.io.gfile.GFile(os.path.join(output.uri, REPORT_FILE), "w") as f:
             json.dump(report, f, indent=2, sort_keys=True)
         record_report(output, report)

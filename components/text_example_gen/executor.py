@@ -20,9 +20,12 @@ from typing import Any
 import apache_beam as beam
 import tensorflow as tf
 from google.protobuf import json_format, wrappers_pb2
+from tfx.components.example_gen import utils as example_gen_utils
+from tfx.components.example_gen import write_split
 from tfx.components.example_gen.base_example_gen_executor import BaseExampleGenExecutor
+from tfx.components.util import examples_utils
 from tfx.proto import example_gen_pb2
-from tfx.types import standard_component_specs
+from tfx.types import artifact_utils, standard_component_specs
 
 from components.text_example_gen.documents import Document, read_documents
 
@@ -39,6 +42,10 @@ def document_to_example(doc: Document) -> tf.train.Example:
             }
         )
     )
+
+
+def _serialize(example) -> bytes:
+    return example if isinstance(example, bytes) else example.SerializeToString()
 
 
 def _bytes_feature(value: bytes) -> tf.train.Feature:
@@ -121,8 +128,43 @@ class Executor(BaseExampleGenExecutor):
     def GetInputSourceToExamplePTransform(self) -> beam.PTransform:  # noqa: N802
         return _TextToExample
 
+    def _generate_examples(self, input_dict, output_dict, exec_properties) -> None:
+        """`BaseExampleGenExecutor.Do` without the Reshuffle before writing.
+
+        TFX's `WriteSplit` reshuffles every example before writing; on the Beam
+        DirectRunner a Reshuffle holds the whole corpus in memory (a 1 GB corpus
+        needs ~3 GB more), so it is left out: the hash split is unchanged, the
+        Trainer shuffles its input itself, and the files are still read in
+        parallel (the file list is reshuffled in `_TextToExample`).
+        """
+        input_config = example_gen_pb2.Input()
+        json_format.Parse(exec_properties[standard_component_specs.INPUT_CONFIG_KEY], input_config)
+        output_config = example_gen_pb2.Output()
+        json_format.Parse(exec_properties[standard_component_specs.OUTPUT_CONFIG_KEY], output_config)
+        examples = artifact_utils.get_single_instance(
+            output_dict[standard_component_specs.EXAMPLES_KEY])
+        examples.split_names = artifact_utils.encode_split_names(
+            example_gen_utils.generate_output_split_names(input_config, output_config))
+        with self._make_beam_pipeline() as pipeline:
+            splits = self.GenerateExamplesByBeam(pipeline, exec_properties)
+            for name, split in splits.items():
+                _ = (
+                    split
+                    | f"Serialize[{name}]" >> beam.Map(_serialize)
+                    | f"Write[{name}]" >> beam.io.WriteToTFRecord(
+                        os.path.join(artifact_utils.get_split_uri([examples], name),
+                                     write_split.DEFAULT_FILE_NAME),
+                        file_name_suffix=".gz")
+                )
+        payload_format = exec_properties.get(standard_component_specs.OUTPUT_DATA_FORMAT_KEY)
+        if payload_format:
+            examples_utils.set_payload_format(examples, payload_format)
+        file_format = exec_properties.get(standard_component_specs.OUTPUT_FILE_FORMAT_KEY)
+        if file_format:
+            examples_utils.set_file_format(examples, write_split.to_file_format_str(file_format))
+
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 (TFX API)
-        super().Do(input_dict, output_dict, exec_properties)
+        self._generate_examples(input_dict, output_dict, exec_properties)
         input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
         input_config = example_gen_pb2.Input()
         json_format.Parse(exec_properties[standard_component_specs.INPUT_CONFIG_KEY],

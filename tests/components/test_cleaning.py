@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from components.text_cleaner import cleaning as C
 from pipeline.configs import DataConfig
 
@@ -82,29 +86,84 @@ def test_minhash_estimates_jaccard():
     assert bands * rows <= 128 and len(C.lsh_bands(a, bands, rows)) == bands
 
 
-def test_near_duplicates_are_removed_and_distinct_documents_kept(shakespeare):
+def _find_duplicates(records, data, tmp_path):
+    """Runs the executor's `_FindDuplicates` on records as the executor builds them."""
     import apache_beam as beam
-    from apache_beam.testing.util import assert_that, equal_to
 
-    from components.text_cleaner.executor import _RemoveNearDuplicates
+    from components.text_cleaner.executor import _FindDuplicates, doc_key, pack_keys
 
+    packed = [
+        pack_keys(doc_key(0, r["source"], r["record"]), C.content_key(r["text"]),
+                  C.minhash_signature(r["text"], data.near_dedup_num_perm, data.near_dedup_ngram))
+        for r in records
+    ]
+    out = str(tmp_path / "duplicates")
+    with beam.Pipeline() as p:
+        _ = (p | beam.Create(packed)
+             | beam.io.WriteToTFRecord(str(tmp_path / "keys"))
+             | _FindDuplicates(data, num_bits=1 << 16)
+             | beam.Map(lambda kv: json.dumps([kv[0].hex(), kv[1]]))
+             | beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
+    from components.text_cleaner.executor import parse_doc_key
+
+    found = [json.loads(line) for line in open(out)]
+    return sorted((parse_doc_key(bytes.fromhex(k), ["train"])[1:], reason) for k, reason in found)
+
+
+def test_near_duplicates_are_removed_and_distinct_documents_kept(shakespeare, tmp_path):
     # Speeches of >= 80 words: one edited word changes at most 5 of their >= 76
     # 5-gram shingles, so an edited copy has Jaccard >= 71/81 = 0.877 with its original.
     paragraphs = [p for p in shakespeare.split("\n\n") if len(p.split()) >= 80][:60]
     assert len(paragraphs) == 60
-    records = [dict(split="train", source="s.txt", record=i, text=p, repairs=[])
-               for i, p in enumerate(paragraphs)]
-    # Plant near-duplicates: small edits of the first five paragraphs, later in the corpus.
+    records = [dict(source="s.txt", record=i, text=p) for i, p in enumerate(paragraphs)]
+    # Plant near-duplicates: small edits of the first five paragraphs, later in the corpus,
+    # and exact copies of paragraphs 10 and 11 (one of them twice).
     for i in range(5):
         words = paragraphs[i].split()
         words[len(words) // 2] = "EDITED"
-        records.append(dict(split="train", source="t.txt", record=i, text=" ".join(words),
-                            repairs=[]))
-    with beam.Pipeline() as p:
-        out = (p | beam.Create(records)
-               | _RemoveNearDuplicates(DataConfig(near_dedup_threshold=0.8)))
-        assert_that(out.dropped | "DroppedKeys" >> beam.Map(
-            lambda r: (r["source"], r["record"], r["reason"])),
-            equal_to([("t.txt", i, C.DROP_NEAR_DUPLICATE) for i in range(5)]), label="dropped")
-        assert_that(out.kept | "KeptKeys" >> beam.Map(lambda r: (r["source"], r["record"])),
-                    equal_to([("s.txt", i) for i in range(60)]), label="kept")
+        records.append(dict(source="t.txt", record=i, text=" ".join(words)))
+    for j, i in enumerate((10, 11, 11)):
+        records.append(dict(source="u.txt", record=j, text=paragraphs[i]))
+    found = _find_duplicates(records, DataConfig(near_dedup_threshold=0.8), tmp_path)
+    assert found == sorted(
+        [(("t.txt", i), C.DROP_NEAR_DUPLICATE) for i in range(5)]
+        + [(("u.txt", j), C.DROP_EXACT_DUPLICATE) for j in range(3)])
+
+
+def test_seen_twice_filter_is_exact_on_absence_and_merges():
+    keys = [f"key-{i}".encode() for i in range(2000)]
+    a, b = C.SeenTwiceFilter(1 << 16), C.SeenTwiceFilter(1 << 16)
+    a.add(C.key_hashes(keys[:1000]))
+    b.add(C.key_hashes(keys[900:1100] + [b"twice", b"twice"]))
+    assert C.SeenTwiceFilter(1 << 16).may_repeat(C.key_hashes(keys)).sum() == 0
+    assert b.may_repeat(C.key_hashes([b"twice"]))[0]
+    a.merge(b)
+    repeated = a.may_repeat(C.key_hashes(keys[900:1000]))
+    assert repeated.all()  # in both parts: never missed (no false negatives)
+    once = a.may_repeat(C.key_hashes(keys[:900] + keys[1000:1100]))
+    assert once.mean() < 0.01  # false positives at ~1,100 keys in 65,536 bits, 4 hashes
+    with pytest.raises(ValueError, match="power of two"):
+        C.SeenTwiceFilter(1000)
+
+
+def test_doc_keys_sort_in_keep_first_order():
+    from components.text_cleaner.executor import doc_key, parse_doc_key, split_order
+
+    splits = split_order(["eval", "extra", "train"])
+    assert splits == ["train", "eval", "extra"]
+    keys = [doc_key(1, "a.txt", 0), doc_key(0, "b.txt", 5), doc_key(0, "a.txt", 300),
+            doc_key(0, "a.txt", 2), doc_key(0, "ab.txt", 0)]
+    assert [parse_doc_key(k, splits) for k in sorted(keys)] == [
+        ("train", "a.txt", 2), ("train", "a.txt", 300), ("train", "ab.txt", 0),
+        ("train", "b.txt", 5), ("eval", "a.txt", 0)]
+
+
+@pytest.mark.parametrize("input_bytes", [0, 1_000, 46_600_000, 10**10])
+def test_bloom_sizes_are_powers_of_two(input_bytes):
+    from components.text_cleaner.executor import _SeenTwiceCombineFn, bloom_bits
+
+    bits = bloom_bits(input_bytes, bands=9)
+    assert bits & (bits - 1) == 0 and 1 << 16 <= bits <= 1 << 32
+    if 0 < input_bytes < 10**9:
+        exact, near = _SeenTwiceCombineFn(bits, 9, 13, near=True).create_accumulator()
+        assert near.num_bits == bits and exact.num_bits & (exact.num_bits - 1) == 0
