@@ -64,7 +64,7 @@ def generate_jsonl(path: str, size_bytes: int, source_text: str, seed: int = 0) 
                 line = json.dumps({"id": n, "text": " ".join(words)})
                 planted["near_duplicate"] += 1
             elif roll < 0.017:
-                line = '{"id": %d, "text": "an unterminated string' % n
+                line = f'{{"id": {n}, "text": "an unterminated string'
                 planted["invalid_json"] += 1
             elif roll < 0.019:
                 line = json.dumps({"id": n, "body": "no text field here"})

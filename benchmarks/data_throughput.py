@@ -32,7 +32,8 @@ from pipeline.local_runner import run_local
 from pipeline.run_summary import latest_run
 from serving.export import find_vocabulary_file
 
-STAGES = ("TextExampleGen", "StatisticsGen", "ExampleValidator", "TextCleaner", "Transform")
+STAGES = ("TextExampleGen", "StatisticsGen", "ExampleValidator", "TextCleaner", "DriftValidator",
+          "Transform")
 
 
 def make_corpus(source: str, repeat: int, out_dir: str) -> str:

@@ -3,7 +3,11 @@ the logic lives in the modules it calls.
 
   deepseek-tfx run       [--data PATH] [--preset NAME] [--output DIR] [--train-steps N]
                          [--set SECTION.FIELD=VALUE ...] [--no-cache] [--num-workers N]
+                         [--runner local|beam] [--beam-arg=ARG ...] [--until COMPONENT]
+                         [--accept-drift]
   deepseek-tfx validate  --data PATH [--preset NAME] [--output DIR] [--set ...]
+  deepseek-tfx compile-kfp --output FILE.yaml --pipeline-root URI [--image IMAGE]
+                         [--data PATH] [--preset NAME] [--set ...] [--beam-arg=ARG ...]
   deepseek-tfx generate  --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
                          [--top-k K] [--top-p P] [--seed S]
   deepseek-tfx evaluate  --model DIR --data PATH
@@ -17,10 +21,14 @@ the logic lives in the modules it calls.
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import json
 import logging
 import os
+import re
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -84,6 +92,129 @@ def parse_overrides(items: list[str]) -> dict:
     return overrides
 
 
+def component_order() -> tuple[str, ...]:
+    """`pipeline.pipeline.COMPONENT_ORDER`, read from the module's source when it is a
+    literal (importing the module imports TFX, ~40 s, too slow for `--help`)."""
+    source = (PROJECT_ROOT / "pipeline" / "pipeline.py").read_text(encoding="utf-8")
+    for node in ast.parse(source).body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and getattr(node.targets[0], "id", None) == "COMPONENT_ORDER"):
+            try:
+                return tuple(ast.literal_eval(node.value))
+            except ValueError:
+                break
+    from pipeline.pipeline import COMPONENT_ORDER
+
+    return tuple(COMPONENT_ORDER)
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+class ComponentProgress(logging.Handler):
+    """Prints one line when a component starts and one when it is done, cached or
+    failed, with its elapsed time and the time since the run began.
+
+    It reads the orchestrators' own log messages (TFX logs through absl):
+    LocalDagRunner's "Component X is running/finished", BeamDagRunner's "node X is
+    running/finished", and the launcher's "A cached execution N is used", which
+    comes from the thread that runs that component.
+    """
+
+    _START = re.compile(r"^(?:Component|node) (\S+) is running\.$")
+    _END = re.compile(r"^(?:Component|node) (\S+) is finished\.$")
+    _CACHED = re.compile(r"^A cached execution \d+ is used\.$")
+
+    def __init__(self, stream=None):
+        super().__init__(level=logging.INFO)
+        self.stream = stream
+        self.t0 = time.perf_counter()
+        self._lock = threading.Lock()
+        self._running: dict[str, tuple[float, int]] = {}  # component -> (start, thread id)
+        self._cached: set[str] = set()
+        self.finished: dict[str, str] = {}  # component -> "done" | "cached"
+
+    def _print(self, component: str, what: str, seconds: float | None = None) -> None:
+        took = f" ({seconds:.1f} s)" if seconds is not None else ""
+        print(f"[{time.perf_counter() - self.t0:7.1f} s] {component:<34} {what}{took}",
+              file=self.stream or sys.stdout, flush=True)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 (a log call with bad arguments is not ours to fail)
+            return
+        with self._lock:
+            if m := self._START.match(message):
+                self._running[m.group(1)] = (time.perf_counter(), threading.get_ident())
+                self._print(m.group(1), "running")
+            elif self._CACHED.match(message):
+                for component, (_, thread) in self._running.items():
+                    if thread == threading.get_ident():
+                        self._cached.add(component)
+            elif m := self._END.match(message):
+                component = m.group(1)
+                start, _ = self._running.pop(component, (time.perf_counter(), 0))
+                status = "cached" if component in self._cached else "done"
+                self.finished[component] = status
+                self._print(component, status, time.perf_counter() - start)
+
+    def report_failure(self) -> None:
+        """Marks the components still running as failed (call when the run raised)."""
+        with self._lock:
+            for component, (start, _) in self._running.items():
+                self._print(component, "FAILED", time.perf_counter() - start)
+            self._running.clear()
+
+
+@contextlib.contextmanager
+def show_progress(stream=None):
+    """Shows `ComponentProgress` while the block runs; absl (TFX) warnings and errors
+    are still logged as before. Yields the handler."""
+    from absl import logging as absl_logging
+
+    absl_logger = logging.getLogger("absl")
+    saved = (absl_logger.level, absl_logger.propagate)
+    saved_verbosity = absl_logging.get_verbosity()
+    progress = ComponentProgress(stream)
+    # Through absl's verbosity, not only the logger's level: TensorFlow code does
+    # `v = get_verbosity(); set_verbosity(FATAL); ...; set_verbosity(v)`, which
+    # resets the logger's level from absl's verbosity.
+    absl_logging.set_verbosity(absl_logging.INFO)
+    if saved[0] > logging.INFO:
+        # TFX's INFO chatter feeds the progress lines only; WARNING and above go
+        # wherever absl's records went before.
+        absl_logger.propagate = False
+        warnings = _ForwardHandler(logging.getLogger(), max(saved[0], logging.WARNING))
+        absl_logger.addHandler(warnings)
+    else:
+        warnings = None
+    absl_logger.addHandler(progress)
+    try:
+        yield progress
+    except BaseException:
+        progress.report_failure()
+        raise
+    finally:
+        absl_logger.removeHandler(progress)
+        if warnings is not None:
+            absl_logger.removeHandler(warnings)
+        absl_logging.set_verbosity(saved_verbosity)
+        absl_logger.setLevel(saved[0])
+        absl_logger.propagate = saved[1]
+
+
+class _ForwardHandler(logging.Handler):
+    """Hands records at or above `level` to another logger's handlers."""
+
+    def __init__(self, target: logging.Logger, level: int):
+        super().__init__(level=level)
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.target.handle(record)
+
+
 # ----------------------------------------------------------------------------- commands
 
 
@@ -106,17 +237,30 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     print(f"deepseek-tfx: preset {config.preset}, data {os.path.join(input_base, pattern)}")
     print(f"              outputs under {os.path.abspath(output_dir)}")
+    print(f"              runner {args.runner}"
+          + (f", Beam args {' '.join(args.beam_arg)}" if args.beam_arg else "")
+          + (f", until {args.until}" if args.until else ""))
     start = time.perf_counter()
-    from pipeline.local_runner import run_local
+    if args.runner == "beam":
+        from pipeline.beam_runner import run_beam as runner
+    else:
+        from pipeline.local_runner import run_local as runner
 
-    paths = run_local(config, input_base, pattern, output_dir, enable_cache=not args.no_cache,
-                      num_workers=args.num_workers)
+    with show_progress():
+        paths = runner(config, input_base, pattern, output_dir,
+                       beam_pipeline_args=args.beam_arg or None,
+                       enable_cache=not args.no_cache, until=args.until,
+                       num_workers=args.num_workers, accept_drift=args.accept_drift)
     wall = time.perf_counter() - start
     return print_summary(paths, wall)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Ingestion, validation and cleaning only; prints the data report."""
+    """Ingestion, validation, cleaning and the drift check only; prints the data report.
+
+    With `--output` set to a run's directory, drift is measured against the run of
+    that directory's latest blessed model (and reported; validate never stops on it).
+    """
     from pipeline.configs import get_config
 
     try:
@@ -130,13 +274,39 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     failure = None
     try:
-        run_local(config, input_base, pattern, output_dir, enable_cache=False, until="TextCleaner")
+        with show_progress():
+            run_local(config, input_base, pattern, output_dir, enable_cache=False,
+                      until="DriftValidator", accept_drift=True)
     except Exception as e:  # noqa: BLE001 (reported below, with the counts that exist)
         failure = e
     print_data_report(run_paths(output_dir)["metadata_path"])
     if failure is not None:
         print(f"\nthe data does not pass: {failure_message(failure)}")
         return 1
+    return 0
+
+
+def cmd_compile_kfp(args: argparse.Namespace) -> int:
+    """Writes the KFP v2 PipelineSpec YAML (KubeflowV2DagRunner); runs nothing."""
+    from pipeline.configs import get_config
+    from pipeline.kubeflow_runner import CONTAINER_CORPUS, compile_kfp
+
+    overrides = parse_overrides(args.set or [])
+    if args.train_steps is not None:
+        overrides["train.train_steps"] = args.train_steps
+    try:
+        config = get_config(args.preset, overrides)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from e
+    try:
+        path = compile_kfp(config, args.output, args.pipeline_root, image=args.image,
+                           data=args.data or CONTAINER_CORPUS, serving_model_dir=args.serving_dir,
+                           beam_pipeline_args=args.beam_arg or None, until=args.until)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from e
+    print(f"KFP v2 pipeline spec: {path}")
+    print(f"  image {args.image}, data {args.data or CONTAINER_CORPUS}, "
+          f"pipeline root {args.pipeline_root}")
     return 0
 
 
@@ -182,6 +352,19 @@ def print_data_report(metadata_path: str) -> None:
             print(f"  dropped {reason:<28} {n:>8}   e.g. {where}")
         for repair, n in sorted(total.get("repaired", {}).items(), key=lambda kv: -kv[1]):
             print(f"  repaired {repair:<27} {n:>8}")
+    drift = runs.get("DriftValidator")
+    anomalies = drift.outputs.get("ExampleAnomalies", {}) if drift else {}
+    if anomalies:
+        measured = {k[len("drift_"):]: v for k, v in anomalies.items()
+                    if k.startswith("drift_") and isinstance(v, float)}
+        if not anomalies.get("baseline_statistics"):
+            print("drift: no blessed run to compare with (text profile recorded)")
+        else:
+            verdict = "DRIFT" if anomalies.get("drift_detected") else "no drift"
+            print(f"drift vs the latest blessed run: {verdict} (Jensen-Shannon divergence, "
+                  f"baseline {anomalies['baseline_statistics']})")
+            for name, value in sorted(measured.items()):
+                print(f"  {name:<36} {value:.4f}")
 
 
 def print_summary(paths: dict, wall_s: float) -> int:
@@ -189,10 +372,10 @@ def print_summary(paths: dict, wall_s: float) -> int:
 
     runs = latest_run(paths["metadata_path"])
     print()
-    print(f"{'component':<32} {'status':<10} {'seconds':>8}")
+    print(f"{'component':<34} {'status':<10} {'seconds':>8}")
     for r in runs:
-        print(f"{r.component:<32} {r.state.lower():<10} {r.duration_s:>8.1f}")
-    print(f"{'total wall time':<43} {wall_s:>8.1f}")
+        print(f"{r.component:<34} {r.state.lower():<10} {r.duration_s:>8.1f}")
+    print(f"{'total wall time':<45} {wall_s:>8.1f}")
     by_name = {r.component: r for r in runs}
     cleaner = by_name.get("TextCleaner")
     if cleaner:
@@ -219,7 +402,7 @@ def print_summary(paths: dict, wall_s: float) -> int:
     pushed = pusher.outputs.get("PushedModel", {}) if pusher else {}
     if pushed.get("pushed"):
         print(f"pushed model: {pushed.get('pushed_destination')}")
-    else:
+    elif pusher:
         print("pushed model: none (not blessed)")
     print(f"ML Metadata: {paths['metadata_path']}")
     failed = [r.component for r in runs if r.state not in ("COMPLETE", "CACHED")]
@@ -327,7 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deepseek-tfx", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the whole TFX pipeline locally (LocalDagRunner)")
+    order = component_order()
+    run = sub.add_parser("run", help="run the TFX pipeline on this machine (LocalDagRunner or "
+                         "BeamDagRunner)")
     run.add_argument("--data", help="text/JSONL file, directory or glob (default: Tiny Shakespeare)")
     run.add_argument("--preset", default="cpu_small", help="tiny | cpu_small | gpu_base")
     run.add_argument("--output", help="output directory (default: runs/<corpus>-<preset>)")
@@ -338,6 +523,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--num-workers", type=int, default=1, metavar="N",
                      help="train as N MultiWorkerMirroredStrategy workers on this machine "
                      "(loopback); same global batch and data order as one worker")
+    run.add_argument("--runner", choices=("local", "beam"), default="local",
+                     help="orchestrator: local (LocalDagRunner, default) or beam (BeamDagRunner)")
+    run.add_argument("--beam-arg", action="append", metavar="=ARG",
+                     help="a Beam pipeline arg for every Beam-based component, written "
+                     "--beam-arg=ARG, repeatable, e.g. --beam-arg=--direct_running_mode="
+                     "multi_processing --beam-arg=--direct_num_workers=2 "
+                     "(default: --direct_num_workers=1)")
+    run.add_argument("--until", choices=order, metavar="COMPONENT",
+                     help=f"run only up to this component, one of: {', '.join(order)}")
+    run.add_argument("--accept-drift", action="store_true",
+                     help="record drift from the latest blessed run's data but go on training")
     run.set_defaults(fn=cmd_run)
 
     val = sub.add_parser("validate", help="ingest, validate (TFDV) and clean only; print the "
@@ -348,6 +544,31 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                      help="override any config field, e.g. --set data.invalid_utf8=reject")
     val.set_defaults(fn=cmd_validate)
+
+    kfp = sub.add_parser("compile-kfp", help="compile the pipeline to a Kubeflow Pipelines v2 "
+                         "PipelineSpec YAML (KubeflowV2DagRunner); needs no cluster")
+    kfp.add_argument("--output", required=True, metavar="FILE.yaml", help="the YAML to write")
+    kfp.add_argument("--pipeline-root", required=True, metavar="URI",
+                     help="where the tasks write artifacts, writable from every pod "
+                     "(e.g. gs://BUCKET/deepseek-tfx); the spec's defaultPipelineRoot")
+    kfp.add_argument("--image", default="deepseek-tfx:latest",
+                     help="container image of every task, built from the Dockerfile "
+                     "(default deepseek-tfx:latest; push it to a registry the cluster can pull)")
+    kfp.add_argument("--data", metavar="GCS_OR_PATH",
+                     help="the corpus as the tasks see it: file, glob or directory ending in / "
+                     "(default: Tiny Shakespeare baked into the image)")
+    kfp.add_argument("--serving-dir", metavar="URI",
+                     help="Pusher's destination (default <pipeline-root>/serving)")
+    kfp.add_argument("--preset", default="cpu_small", help="tiny | cpu_small | gpu_base")
+    kfp.add_argument("--train-steps", type=int, help="override train.train_steps")
+    kfp.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                     help="override any config field")
+    kfp.add_argument("--beam-arg", action="append", metavar="=ARG",
+                     help="a Beam pipeline arg for every Beam-based component (--beam-arg=ARG, "
+                     "repeatable; default --direct_num_workers=1)")
+    kfp.add_argument("--until", choices=order, metavar="COMPONENT",
+                     help="compile only up to this component")
+    kfp.set_defaults(fn=cmd_compile_kfp)
 
     gen = sub.add_parser("generate", help="generate text with a pushed model")
     gen.add_argument("--model", required=True, help="serving dir (newest version) or SavedModel")

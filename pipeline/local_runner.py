@@ -1,4 +1,8 @@
-"""Thin runner: the pipeline on this machine with LocalDagRunner and SQLite MLMD."""
+"""Thin runner: the pipeline on this machine with LocalDagRunner and SQLite MLMD.
+
+`build_pipeline(...)` is shared with `pipeline/beam_runner.py`: both runners
+orchestrate the same `create_pipeline(...)` with the same paths and ML Metadata.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,12 @@ import os
 
 from pipeline.configs import PIPELINE_NAME, PipelineConfig
 
+# Beam pipeline args of every Beam-based component unless the caller passes its
+# own: DirectRunner, in this process, one worker.
+DEFAULT_BEAM_PIPELINE_ARGS = ("--direct_num_workers=1",)
 
-def run_local(
+
+def build_pipeline(
     config: PipelineConfig,
     input_base: str,
     input_pattern: str,
@@ -17,11 +25,16 @@ def run_local(
     schema_path: str | None = None,
     until: str | None = None,
     num_workers: int = 1,
-) -> dict[str, str]:
-    """Runs the whole pipeline; returns the paths it used (root, metadata, serving).
+    accept_drift: bool = False,
+):
+    """The `create_pipeline(...)` of a run on this machine, and the paths it uses.
 
-    num_workers > 1 runs the Trainer as that many MultiWorkerMirroredStrategy
-    worker processes on this machine, over loopback (`components/trainer/launcher.py`).
+    Outputs go under `output_dir` (`run_paths`), ML Metadata to a SQLite file
+    there. `beam_pipeline_args` (default `DEFAULT_BEAM_PIPELINE_ARGS`) go to
+    every Beam-based component.
+
+    Returns:
+      (tfx.dsl.Pipeline, paths dict of `run_paths`).
     """
     from tfx import v1 as tfx
 
@@ -39,17 +52,46 @@ def run_local(
         metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
             paths["metadata_path"]
         ),
-        beam_pipeline_args=beam_pipeline_args or ["--direct_num_workers=1"],
+        beam_pipeline_args=list(beam_pipeline_args or DEFAULT_BEAM_PIPELINE_ARGS),
         enable_cache=enable_cache,
         **({"schema_path": schema_path} if schema_path else {}),
         until=until,
         num_workers=num_workers,
+        accept_drift=accept_drift,
     )
+    return pipeline, paths
+
+
+def run_local(
+    config: PipelineConfig,
+    input_base: str,
+    input_pattern: str,
+    output_dir: str,
+    beam_pipeline_args: list[str] | None = None,
+    enable_cache: bool = True,
+    schema_path: str | None = None,
+    until: str | None = None,
+    num_workers: int = 1,
+    accept_drift: bool = False,
+) -> dict[str, str]:
+    """Runs the pipeline (up to `until`) with LocalDagRunner; returns the paths it
+    used (root, metadata, serving).
+
+    num_workers > 1 runs the Trainer as that many MultiWorkerMirroredStrategy
+    worker processes on this machine, over loopback (`components/trainer/launcher.py`).
+    accept_drift: the DriftValidator records drift but does not stop the run.
+    """
+    from tfx import v1 as tfx
+
+    pipeline, paths = build_pipeline(config, input_base, input_pattern, output_dir,
+                                     beam_pipeline_args, enable_cache, schema_path, until,
+                                     num_workers, accept_drift)
     tfx.orchestration.LocalDagRunner().run(pipeline)
     return paths
 
 
 def run_paths(output_dir: str) -> dict[str, str]:
+    """Where a run under `output_dir` keeps its artifacts, ML Metadata and pushed models."""
     output_dir = os.path.abspath(output_dir)
     return {
         "output_dir": output_dir,

@@ -1,7 +1,8 @@
 """`create_pipeline(...)`: the one place the components are wired together.
 
   TextExampleGen -> StatisticsGen -> ImportSchemaGen -> ExampleValidator
-    -> TextCleaner -> Transform -> Trainer -> LmEvaluator (vs latest blessed) -> Pusher
+    -> TextCleaner -> DriftValidator (vs the latest blessed run's text profile)
+    -> Transform -> Trainer -> LmEvaluator (vs latest blessed) -> Pusher
 
 Data flows one way: raw text -> examples -> clean examples -> token ids -> model
 -> blessing -> pushed SavedModel.
@@ -9,15 +10,20 @@ Data flows one way: raw text -> examples -> clean examples -> token ids -> model
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
+import tensorflow_data_validation as tfdv
 from tfx import v1 as tfx
 
+from components.drift_validator.component import DriftValidator
+from components.drift_validator.resolver import LatestBlessedRunStatisticsStrategy
 from components.lm_evaluator.component import LmEvaluator
 from components.text_cleaner.component import TextCleaner
 from components.text_example_gen.component import TextExampleGen
 from components.trainer.component import Trainer
-from pipeline.configs import PipelineConfig
+from models.deepseek.config import DeepSeekConfig
+from pipeline.configs import PipelineConfig, TokenizerConfig, TrainConfig
 
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "schema", "schema.pbtxt")
 PREPROCESSING_FN = "components.transform.preprocessing.preprocessing_fn"
@@ -29,12 +35,60 @@ COMPONENT_ORDER = (
     "ImportSchemaGen",
     "ExampleValidator",
     "TextCleaner",
+    "latest_blessed_statistics_resolver",
+    "DriftValidator",
     "Transform",
     "Trainer",
     "latest_blessed_model_resolver",
     "LmEvaluator",
     "Pusher",
 )
+
+
+# The config sections each component reads (grep `config.` in components/). A
+# component gets only these; the others are reset to their defaults, so that a
+# change to, say, `train.*` leaves the cache keys of ingestion and Transform alone.
+# The Trainer and LmEvaluator get the whole config: the trained model records it,
+# and `serving/evaluate.py` reads `data` and `train` back from it.
+CONFIG_SECTIONS = {
+    "TextExampleGen": ("data",),
+    "TextCleaner": ("data",),
+    "DriftValidator": ("validation",),
+    "Transform": ("tokenizer",),
+}
+_SECTIONS = ("model", "data", "tokenizer", "train", "eval", "validation", "generation")
+
+
+def component_config(config: PipelineConfig, sections: tuple[str, ...]) -> PipelineConfig:
+    """`config` with every section not in `sections` reset to its default.
+
+    The result is still a valid `PipelineConfig` (executors parse it with
+    `PipelineConfig.from_json` unchanged): a reset `model` takes the tokenizer's
+    vocabulary size and a context long enough for `train.seq_len`; a reset
+    `tokenizer` takes the model's vocabulary size, a reset `train` a `seq_len`
+    the model can hold. The preset name is kept.
+
+    Raises:
+      ValueError: a name in `sections` is not a config section.
+    """
+    unknown = set(sections) - set(_SECTIONS)
+    if unknown:
+        raise ValueError(f"unknown config sections {sorted(unknown)}; sections are {list(_SECTIONS)}")
+    defaults = PipelineConfig(preset=config.preset, model=DeepSeekConfig())
+    kept = {name: getattr(config if name in sections else defaults, name) for name in _SECTIONS}
+    if "model" not in sections:
+        kept["model"] = DeepSeekConfig(
+            vocab_size=kept["tokenizer"].vocab_size,
+            max_position_embeddings=max(DeepSeekConfig().max_position_embeddings,
+                                        kept["train"].seq_len),
+        )
+    else:
+        if "tokenizer" not in sections:
+            kept["tokenizer"] = TokenizerConfig(vocab_size=kept["model"].vocab_size)
+        if "train" not in sections:
+            kept["train"] = TrainConfig(
+                seq_len=min(TrainConfig().seq_len, kept["model"].max_position_embeddings))
+    return dataclasses.replace(defaults, **kept)
 
 
 def create_pipeline(
@@ -50,6 +104,8 @@ def create_pipeline(
     schema_path: str = SCHEMA_FILE,
     until: str | None = None,
     num_workers: int = 1,
+    accept_drift: bool = False,
+    drift_baseline: bool = True,
 ) -> tfx.dsl.Pipeline:
     """Builds the TFX pipeline.
 
@@ -59,7 +115,10 @@ def create_pipeline(
       input_base: directory holding the corpus.
       input_pattern: glob of the corpus files, relative to input_base.
       serving_model_dir: Pusher's destination; versions go to `<dir>/<version>/`.
-      config: the one PipelineConfig, passed to every component.
+      config: the one PipelineConfig. The Trainer and LmEvaluator get all of
+        it; the components before them only the sections they read
+        (`CONFIG_SECTIONS`, `component_config`), so their cache survives
+        changes to the others.
       metadata_connection_config: ML Metadata connection (SQLite locally).
       beam_pipeline_args: passed to every Beam-based component.
       enable_cache: reuse outputs of unchanged components.
@@ -72,6 +131,13 @@ def create_pipeline(
         it changes neither the upstream components' cache keys nor the
         checkpoint directory (a 1-worker and an N-worker run of the same
         config train the same model).
+      accept_drift: the DriftValidator records drift from the latest blessed
+        run but does not stop the run (`deepseek-tfx run --accept-drift`).
+      drift_baseline: resolve the latest blessed run's text profile for the
+        DriftValidator (`latest_blessed_statistics_resolver`). False leaves the
+        resolver out and the DriftValidator without a baseline: for
+        KubeflowV2DagRunner, which compiles only TFX's built-in resolver
+        strategies (`deepseek-tfx compile-kfp`).
 
     Raises:
       ValueError: `until` is not a component id.
@@ -80,8 +146,17 @@ def create_pipeline(
         raise ValueError(f"until={until!r} must be one of {list(COMPONENT_ORDER)}")
     config_json = config.to_json()
 
-    example_gen = TextExampleGen(input_base=input_base, input_pattern=input_pattern, config=config)
-    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
+    example_gen = TextExampleGen(
+        input_base=input_base,
+        input_pattern=input_pattern,
+        config=component_config(config, CONFIG_SECTIONS["TextExampleGen"]),
+    )
+    statistics_gen = tfx.components.StatisticsGen(
+        examples=example_gen.outputs["examples"],
+        # Sketches (Misra-Gries top-k, KMV uniques) instead of exact value counts: the
+        # exact ones group every distinct text, i.e. the whole corpus, in memory.
+        stats_options=tfdv.StatsOptions(use_sketch_based_topk_uniques=True),
+    )
     schema_gen = tfx.components.ImportSchemaGen(schema_file=schema_path)
     example_validator = tfx.components.ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"]
@@ -89,13 +164,30 @@ def create_pipeline(
     cleaner = TextCleaner(
         examples=example_gen.outputs["examples"],
         anomalies=example_validator.outputs["anomalies"],
-        pipeline_config=config_json,
+        pipeline_config=component_config(config, CONFIG_SECTIONS["TextCleaner"]).to_json(),
+    )
+    statistics_resolver = tfx.dsl.Resolver(
+        strategy_class=LatestBlessedRunStatisticsStrategy,
+        statistics=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ExampleStatistics),
+        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+    ).with_id("latest_blessed_statistics_resolver")
+    drift_validator = DriftValidator(
+        examples=cleaner.outputs["cleaned_examples"],
+        baseline_statistics=statistics_resolver.outputs["statistics"] if drift_baseline else None,
+        pipeline_config=component_config(config, CONFIG_SECTIONS["DriftValidator"]).to_json(),
+        accept_drift=accept_drift,
     )
     transform = tfx.components.Transform(
         examples=cleaner.outputs["cleaned_examples"],
         schema=schema_gen.outputs["schema"],
         preprocessing_fn=PREPROCESSING_FN,
-        custom_config={"pipeline_config": config_json},
+        # StatisticsGen (raw text) and DriftValidator (lengths, tokens) hold the
+        # statistics; Transform's own pre/post-transform TFDV passes would double
+        # its time (benchmarks/data_throughput.py).
+        disable_statistics=True,
+        custom_config={
+            "pipeline_config": component_config(config, CONFIG_SECTIONS["Transform"]).to_json()
+        },
     )
     trainer = Trainer(
         run_fn=RUN_FN,
@@ -130,6 +222,8 @@ def create_pipeline(
         schema_gen,
         example_validator,
         cleaner,
+        *([statistics_resolver] if drift_baseline else []),
+        drift_validator,
         transform,
         trainer,
         model_resolver,
@@ -138,6 +232,9 @@ def create_pipeline(
     ]
     if until is not None:
         components = components[: [c.id for c in components].index(until) + 1]
+    if transform in components:
+        # Drift stops the run before Transform and training (unless accepted).
+        transform.add_upstream_node(drift_validator)
     return tfx.dsl.Pipeline(
         pipeline_name=pipeline_name,
         pipeline_root=pipeline_root,

@@ -19,33 +19,6 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-SLICE_BYTES = 60_000
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory, shakespeare):
-    d = tmp_path_factory.mktemp("corpus")
-    path = d / "shakespeare_slice.txt"
-    # Whole paragraphs, plus one exact duplicate and one whitespace-only paragraph.
-    text = shakespeare[:SLICE_BYTES]
-    text = text[: text.rfind("\n\n") + 2]
-    first = text.split("\n\n")[1]
-    path.write_text(text + first + "\n\n \t \n\n", encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, corpus):
-    from pipeline import cli
-
-    out = tmp_path_factory.mktemp("run")
-    code = cli.main(["run", "--data", str(corpus), "--preset", "tiny", "--output", str(out)])
-    assert code == 0
-    from pipeline.local_runner import run_paths
-
-    return run_paths(str(out))
-
-
 def _latest(root: str, component: str, output: str) -> str:
     dirs = sorted(glob.glob(os.path.join(root, component, output, "*")), key=lambda p: int(os.path.basename(p)))
     assert dirs, f"no {component}/{output} under {root}"

@@ -1,0 +1,1 @@
+"""DriftValidator: this run's text profile against the latest blessed run's (TFDV)."""

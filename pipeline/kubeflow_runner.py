@@ -1,0 +1,138 @@
+"""Thin runner: compiles the pipeline for Kubeflow Pipelines v2 (KubeflowV2DagRunner).
+
+`compile_kfp(...)` writes a KFP v2 PipelineSpec YAML of the same
+`create_pipeline(...)`; nothing runs here and no cluster is needed. Every task
+runs in one container image (the repository's `Dockerfile`), which holds the
+project at `CONTAINER_PROJECT_DIR`: the custom components and the
+`preprocessing_fn`/`run_fn` are referenced by dotted path and import from
+there, and the curated schema is read from `CONTAINER_SCHEMA_FILE`.
+
+One difference from the local runners: the DriftValidator gets no baseline (its
+resolver strategy is custom, which KubeflowV2DagRunner cannot compile), so it
+records the text profile of each run but compares it with none.
+
+Submit the YAML with the KFP SDK (`kfp.Client().create_run_from_pipeline_package`)
+or as a Vertex AI `PipelineJob(template_path=...)`.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+from pipeline.configs import PIPELINE_NAME, PipelineConfig
+
+# Where the Dockerfile copies and installs the project (its WORKDIR).
+CONTAINER_PROJECT_DIR = "/opt/deepseek-tfx"
+CONTAINER_SCHEMA_FILE = posixpath.join(CONTAINER_PROJECT_DIR, "data", "schema", "schema.pbtxt")
+# Tiny Shakespeare, downloaded into the image by the Dockerfile.
+CONTAINER_CORPUS = posixpath.join(CONTAINER_PROJECT_DIR, "data", "corpora", "tinyshakespeare.txt")
+DEFAULT_IMAGE = "deepseek-tfx:latest"
+# Left out on KFP (see `compile_kfp`).
+DRIFT_BASELINE_RESOLVER = "latest_blessed_statistics_resolver"
+
+
+def split_remote_path(data: str) -> tuple[str, str]:
+    """`gs://bucket/dir/file.txt` or a path -> (input_base, pattern) for ExampleGen.
+
+    A glob's directory and pattern; `.../dir/` (trailing slash) -> every file
+    in dir; anything else is one file. Nothing is checked: the path must exist
+    where the pipeline runs, not here.
+
+    Raises:
+      ValueError: `data` is empty, or a glob in a directory name.
+    """
+    if not data:
+        raise ValueError("data: empty path")
+    if data.endswith("/"):
+        base, pattern = data.rstrip("/"), "*"
+    else:
+        base, pattern = posixpath.split(data)
+    if any(ch in base for ch in "*?["):
+        raise ValueError(f"data {data!r}: a glob may only be in the file name, not in {base!r}")
+    if not base:
+        raise ValueError(f"data {data!r}: give a directory, e.g. gs://BUCKET/corpus/{pattern}")
+    return base, pattern
+
+
+def compile_kfp(
+    config: PipelineConfig,
+    output_file: str,
+    pipeline_root: str,
+    image: str = DEFAULT_IMAGE,
+    data: str = CONTAINER_CORPUS,
+    serving_model_dir: str | None = None,
+    beam_pipeline_args: list[str] | None = None,
+    until: str | None = None,
+    schema_path: str = CONTAINER_SCHEMA_FILE,
+) -> str:
+    """Writes the KFP v2 PipelineSpec YAML of the pipeline to `output_file`.
+
+    Args:
+      config: the PipelineConfig, compiled into the components' parameters.
+      output_file: the YAML to write (`.yaml` or `.yml`).
+      pipeline_root: where the tasks write artifacts, a location every task's
+        pod can write (e.g. `gs://BUCKET/deepseek-tfx`); recorded as the spec's
+        `defaultPipelineRoot` (a run may override it).
+      image: the container image of every task (built from the Dockerfile).
+      data: the corpus as seen from inside the tasks: a file, a glob or a
+        directory ending in `/` (default: the copy baked into the image).
+      serving_model_dir: Pusher's destination (default `<pipeline_root>/serving`).
+      beam_pipeline_args: for every Beam-based component (default
+        `local_runner.DEFAULT_BEAM_PIPELINE_ARGS`, DirectRunner in the task's pod).
+      until: compile only up to this component id.
+      schema_path: the curated schema inside the image.
+
+    Returns:
+      The path written.
+
+    Raises:
+      ValueError: `output_file` is not YAML, `data` is not a usable path, or
+        `until` names the component left out on KFP.
+    """
+    if not output_file.endswith((".yaml", ".yml")):
+        raise ValueError(f"output {output_file!r}: must end in .yaml or .yml (KFP v2 YAML)")
+    if until == DRIFT_BASELINE_RESOLVER:
+        raise ValueError(f"until={until!r}: that resolver is not compiled for KFP "
+                         "(a custom resolver strategy); stop at TextCleaner or DriftValidator")
+    input_base, input_pattern = split_remote_path(data)
+
+    from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
+    from tfx.v1.orchestration import experimental
+
+    from pipeline.local_runner import DEFAULT_BEAM_PIPELINE_ARGS
+    from pipeline.pipeline import create_pipeline
+
+    pipeline = create_pipeline(
+        pipeline_name=PIPELINE_NAME,
+        pipeline_root=pipeline_root,
+        input_base=input_base,
+        input_pattern=input_pattern,
+        serving_model_dir=serving_model_dir or posixpath.join(pipeline_root, "serving"),
+        config=config,
+        metadata_connection_config=None,  # KFP records ML Metadata itself
+        beam_pipeline_args=list(beam_pipeline_args or DEFAULT_BEAM_PIPELINE_ARGS),
+        schema_path=schema_path,
+        until=until,
+        # KFP v2 compiles only TFX's built-in resolver strategies, not the
+        # DriftValidator's baseline resolver: drift is profiled, not compared.
+        drift_baseline=False,
+    )
+    output_file = os.path.abspath(output_file)
+    runner = experimental.KubeflowV2DagRunner(
+        # Pipeline spec schema 2.1.0, what kfp-pipeline-spec > 0.1.13 and the KFP 2
+        # SDK write (parameters typed by `parameterType`).
+        config=experimental.KubeflowV2DagRunnerConfig(default_image=image,
+                                                      use_pipeline_spec_2_1=True),
+        output_dir=os.path.dirname(output_file),
+        output_filename=os.path.basename(output_file),
+    )
+    job = runner.run(pipeline, write_out=False)
+    # TFX keeps the pipeline root in the PipelineJob's runtime config, which the
+    # YAML form (the PipelineSpec alone) leaves out; KFP reads it from here.
+    job["pipelineSpec"]["defaultPipelineRoot"] = pipeline_root
+    os.makedirs(os.path.dirname(output_file), exist_ok=True)
+    kubeflow_v2_dag_runner._write_pipeline_spec_to_file(  # noqa: SLF001 (TFX's own writer)
+        job, f"{PIPELINE_NAME}: compiled by deepseek-tfx compile-kfp", output_file
+    )
+    return output_file

@@ -1,0 +1,73 @@
+"""The drift check on real text: TFDV statistics of the text profile, compared."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from components.drift_validator import profile
+
+THRESHOLDS = {"num_chars": 0.15, "num_words": 0.15, "tokens": 0.3}
+
+
+def test_text_profile():
+    p = profile.text_profile("To be, or NOT to be:\nthat is")
+    assert p["num_chars"] == [28] and p["num_words"] == [8]
+    assert p["tokens"] == [b"to", b"be", b",", b"or", b"not", b"to", b"be", b":", b"that", b"is"]
+
+
+def _statistics(texts, path):
+    import apache_beam as beam
+    import tensorflow as tf
+    import tensorflow_data_validation as tfdv
+
+    from components.drift_validator.executor import STATS_OPTIONS, _DecodeBatch, _profile_example
+    from components.text_example_gen.documents import Document
+    from components.text_example_gen.executor import document_to_example
+
+    examples = [document_to_example(Document(t, "s", i)).SerializeToString()
+                for i, t in enumerate(texts)]
+    with beam.Pipeline() as p:
+        _ = (p | beam.Create(examples) | beam.Map(_profile_example)
+             | beam.BatchElements(max_batch_size=500) | beam.ParDo(_DecodeBatch())
+             | tfdv.GenerateStatistics(STATS_OPTIONS) | tfdv.WriteStatisticsToBinaryFile(path))
+    del tf
+    return tfdv.load_stats_binary(path)
+
+
+def test_shakespeare_does_not_drift_from_itself_but_code_does(shakespeare, tmp_path):
+    from components.drift_validator.executor import compare
+
+    paragraphs = [p for p in shakespeare.split("\n\n") if p.strip()]
+    half = len(paragraphs) // 2
+    first = _statistics(paragraphs[:half], str(tmp_path / "a.pb"))
+    second = _statistics(paragraphs[half:], str(tmp_path / "b.pb"))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = [p for f in sorted(glob.glob(os.path.join(root, "components", "**", "*.py"),
+                                        recursive=True))
+            for p in open(f, encoding="utf-8").read().split("\n\n") if p.strip()]
+    source = _statistics(code, str(tmp_path / "c.pb"))
+
+    _, measured, drifted = compare(second, first, THRESHOLDS)
+    assert set(measured) == {"num_chars", "num_words", "tokens"}
+    assert drifted == {}, measured
+    assert max(measured["num_chars"], measured["num_words"]) < 0.05 and measured["tokens"] < 0.15
+
+    _, measured, drifted = compare(source, first, THRESHOLDS)
+    # Paragraphs of code are about as long as Shakespeare's; their tokens are not.
+    assert set(drifted) == {"tokens"}, measured
+    assert measured["tokens"] > 0.5
+    assert "Jensen-Shannon" in drifted["tokens"]
+
+
+def test_schema_needs_every_profile_feature():
+    from tensorflow_metadata.proto.v0 import statistics_pb2
+
+    stats = statistics_pb2.DatasetFeatureStatisticsList()
+    dataset = stats.datasets.add(num_examples=1)
+    feature = dataset.features.add(type=statistics_pb2.FeatureNameStatistics.INT)
+    feature.path.step.append("num_chars")
+    with pytest.raises(ValueError, match="num_words"):
+        profile.drift_schema(stats, THRESHOLDS)
