@@ -32,20 +32,31 @@ already trained on (`data.distribute_global_batches`).
 TensorBoard (chief): loss terms, learning rate, grad norm, tokens/s, MFU, per
 MoE layer the expert load max/mean over the logging window, and router-bias
 min/max/mean |b|.
+
+Progress (chief): a log line every `log_every` steps, always; in a terminal, also
+a progress bar (tqdm) with step/total, loss and tokens/s, refreshed at most
+every `PROGRESS_INTERVAL_S` (`progress_enabled`: not when stderr is not a
+terminal, e.g. a log file or a notebook, nor when `CI` is set;
+`DEEPSEEK_TFX_PROGRESS=1`/`0` forces it on/off). It reads the loss at most that
+often, so the steps between refreshes run as without it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
+import os
 import shutil
+import sys
 import tempfile
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
+from tqdm import tqdm
 
 from components.trainer import data
 from components.trainer import strategy as strategy_lib
@@ -56,6 +67,8 @@ from pipeline.configs import PipelineConfig
 log = logging.getLogger(__name__)
 
 LOSS_TERMS = ("loss", "lm_loss", "mtp_loss", "balance_loss")
+PROGRESS_ENV = "DEEPSEEK_TFX_PROGRESS"
+PROGRESS_INTERVAL_S = 1.0
 
 
 @dataclasses.dataclass
@@ -93,6 +106,63 @@ class TrainResult:
 def build_model(config: PipelineConfig, dtype: str = "float32") -> DeepSeekCausalLM:
     """The model with its weights created (the constructor builds them)."""
     return DeepSeekCausalLM(config.model, dtype=dtype)
+
+
+def progress_enabled(stream=None) -> bool:
+    """Whether to draw a progress bar on `stream` (default stderr).
+
+    `DEEPSEEK_TFX_PROGRESS=1` or `0` decides; otherwise only on a terminal and
+    when `CI` is unset or empty (CI logs get the periodic log lines only).
+
+    Raises:
+      ValueError: `DEEPSEEK_TFX_PROGRESS` is set to something else.
+    """
+    forced = os.environ.get(PROGRESS_ENV, "").strip()
+    if forced:
+        if forced not in ("0", "1"):
+            raise ValueError(f"{PROGRESS_ENV}={forced!r}: expected 1 (progress bar) or 0 (none)")
+        return forced == "1"
+    if os.environ.get("CI", "").strip():
+        return False
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+class _Progress:
+    """The terminal progress bar of a training run (a no-op when disabled)."""
+
+    def __init__(self, total: int, initial: int, tokens_per_step: int, enabled: bool):
+        self.tokens_per_step = tokens_per_step
+        self.bar = tqdm(total=total, initial=initial, unit="step", desc="train",
+                        file=sys.stderr, dynamic_ncols=True, mininterval=PROGRESS_INTERVAL_S,
+                        disable=not enabled)
+        self.last_time, self.last_step = time.perf_counter(), initial
+
+    def step(self, step: int, loss: tf.Tensor) -> None:
+        """After optimizer step `step`; reads `loss` only when the postfix is refreshed."""
+        if self.bar.disable:
+            return
+        now = time.perf_counter()
+        if now - self.last_time >= PROGRESS_INTERVAL_S or step == self.bar.total:
+            tps = (step - self.last_step) * self.tokens_per_step / (now - self.last_time)
+            self.bar.set_postfix_str(f"loss {float(loss):.4f}, {tps:,.0f} tok/s", refresh=False)
+            self.last_time, self.last_step = now, step
+        self.bar.update(1)
+
+    def log(self, *args) -> None:
+        """`log.info(*args)`, with the bar cleared while the line is written."""
+        with self.suspended():
+            log.info(*args)
+
+    def suspended(self):
+        """A context in which the bar is cleared (for other writers to stderr)."""
+        if self.bar.disable:
+            return contextlib.nullcontext()
+        return tqdm.external_write_mode(file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def all_finite(tensors) -> tf.Tensor:
@@ -243,56 +313,63 @@ def train(
     last_terms, last_norm = None, None
     saving_s = 0.0  # checkpoint writing, left out of the steady-state throughput
     step = resumed_from
-    while step < tc.train_steps:
-        terms, grad_norm, load = train_step(iterator)
-        step += 1
-        window_steps += 1
-        pending_losses.append((step, terms[0]))
-        window_load = load if window_load is None else window_load + load
-        last_terms, last_norm = terms, grad_norm
-        if first_step_done is None:
-            terms.numpy()  # the first step includes tracing: time it apart
-            first_step_done = time.perf_counter()
-            window_start, window_steps = first_step_done, 0
-        is_log = step % tc.log_every == 0 or step == tc.train_steps
-        is_ckpt = step % tc.checkpoint_every == 0 or step == tc.train_steps
-        if not (is_log or is_ckpt):
-            continue
-        _raise_if_not_finite(pending_losses, manager.latest_checkpoint if chief else latest)
-        pending_losses = []
-        if is_log:
-            now = time.perf_counter()
-            tps = (window_steps * tokens_per_step / (now - window_start)
-                   if window_steps else float("nan"))
-            record = {"step": step,
-                      **dict(zip(LOSS_TERMS, map(float, last_terms.numpy()), strict=True)),
-                      "grad_norm": float(last_norm), "learning_rate": float(schedule(step - 1)),
-                      "tokens_per_second": tps,
-                      "mfu": flops.mfu(tps, fpt, peak_flops) if peak_flops and window_steps
-                      else float("nan")}
-            history.append(record)
-            speed = (f"  {tps:.0f} tok/s  MFU {100 * record['mfu']:.1f}%" if window_steps
-                     else "  (first step: tracing)")
-            log.info("step %5d/%d  loss %.4f  lm_loss %.4f  lr %.2e  grad_norm %.3f%s",
-                     step, tc.train_steps, record["loss"], record["lm_loss"],
-                     record["learning_rate"], record["grad_norm"], speed)
-            with writer.as_default(step=step):
-                for key in (*LOSS_TERMS, "grad_norm", "learning_rate", "tokens_per_second", "mfu"):
-                    if math.isfinite(record[key]):
-                        tf.summary.scalar(f"train/{key}", record[key])
-                _write_moe_summaries(model, moe_names, window_load.numpy())
-            window_start, window_steps, window_load = time.perf_counter(), 0, None
-        if is_ckpt:
-            if not bool(weights_finite()):
-                raise FloatingPointError(
-                    f"a weight is NaN/Inf after step {step}; training stopped (not "
-                    f"checkpointed); last good checkpoint: "
-                    f"{manager.latest_checkpoint if chief else latest}")
-            save_start = time.perf_counter()
-            manager.save(checkpoint_number=step)
-            saving_s += time.perf_counter() - save_start
+    progress = _Progress(tc.train_steps, resumed_from, tokens_per_step,
+                         enabled=chief and progress_enabled())
+    try:
+        while step < tc.train_steps:
+            terms, grad_norm, load = train_step(iterator)
+            step += 1
+            window_steps += 1
+            progress.step(step, terms[0])
+            pending_losses.append((step, terms[0]))
+            window_load = load if window_load is None else window_load + load
+            last_terms, last_norm = terms, grad_norm
+            if first_step_done is None:
+                terms.numpy()  # the first step includes tracing: time it apart
+                first_step_done = time.perf_counter()
+                window_start, window_steps = first_step_done, 0
+            is_log = step % tc.log_every == 0 or step == tc.train_steps
+            is_ckpt = step % tc.checkpoint_every == 0 or step == tc.train_steps
+            if not (is_log or is_ckpt):
+                continue
+            _raise_if_not_finite(pending_losses, manager.latest_checkpoint if chief else latest)
+            pending_losses = []
             if is_log:
-                window_start = time.perf_counter()  # tokens/s of the steps, not of the saving
+                now = time.perf_counter()
+                tps = (window_steps * tokens_per_step / (now - window_start)
+                       if window_steps else float("nan"))
+                record = {"step": step,
+                          **dict(zip(LOSS_TERMS, map(float, last_terms.numpy()), strict=True)),
+                          "grad_norm": float(last_norm), "learning_rate": float(schedule(step - 1)),
+                          "tokens_per_second": tps,
+                          "mfu": flops.mfu(tps, fpt, peak_flops) if peak_flops and window_steps
+                          else float("nan")}
+                history.append(record)
+                speed = (f"  {tps:.0f} tok/s  MFU {100 * record['mfu']:.1f}%" if window_steps
+                         else "  (first step: tracing)")
+                progress.log("step %5d/%d  loss %.4f  lm_loss %.4f  lr %.2e  grad_norm %.3f%s",
+                             step, tc.train_steps, record["loss"], record["lm_loss"],
+                             record["learning_rate"], record["grad_norm"], speed)
+                with writer.as_default(step=step):
+                    for key in (*LOSS_TERMS, "grad_norm", "learning_rate", "tokens_per_second", "mfu"):
+                        if math.isfinite(record[key]):
+                            tf.summary.scalar(f"train/{key}", record[key])
+                    _write_moe_summaries(model, moe_names, window_load.numpy())
+                window_start, window_steps, window_load = time.perf_counter(), 0, None
+            if is_ckpt:
+                if not bool(weights_finite()):
+                    raise FloatingPointError(
+                        f"a weight is NaN/Inf after step {step}; training stopped (not "
+                        f"checkpointed); last good checkpoint: "
+                        f"{manager.latest_checkpoint if chief else latest}")
+                save_start = time.perf_counter()
+                with progress.suspended():  # TensorFlow logs while it saves
+                    manager.save(checkpoint_number=step)
+                saving_s += time.perf_counter() - save_start
+                if is_log:
+                    window_start = time.perf_counter()  # tokens/s of the steps, not of the saving
+    finally:
+        progress.close()
     end = time.perf_counter()
     writer.flush()
     if not chief:

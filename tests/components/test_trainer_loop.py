@@ -171,3 +171,24 @@ def test_mixed_float16_trains_with_dynamic_loss_scaling(train_file, tmp_path):
     assert float32_copy.compute_dtype == "float32"
     for a, b in zip(float32_copy.get_weights(), result.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_progress_bar_only_on_a_terminal_outside_ci(monkeypatch):
+    import io
+
+    from components.trainer.train_loop import PROGRESS_ENV, progress_enabled
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv(PROGRESS_ENV, raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    assert progress_enabled(Tty()) and not progress_enabled(io.StringIO())
+    monkeypatch.setenv("CI", "true")
+    assert not progress_enabled(Tty())
+    monkeypatch.setenv(PROGRESS_ENV, "1")
+    assert progress_enabled(io.StringIO())
+    monkeypatch.setenv(PROGRESS_ENV, "yes")
+    with pytest.raises(ValueError, match=PROGRESS_ENV):
+        progress_enabled(Tty())
