@@ -1,10 +1,11 @@
 """Data path throughput: ingestion + cleaning + Transform, next to the raw tokenizer.
 
-  python benchmarks/data_throughput.py [--data PATH] [--preset cpu_small] [--repeat N]
+  python benchmarks/data_throughput.py [--data PATH | --size-mb N] [--preset cpu_small]
 
 Runs the pipeline up to Transform (LocalDagRunner, Beam DirectRunner, no cache)
-on the corpus (default: Tiny Shakespeare; `--repeat N` concatenates it N times
-with each copy's paragraphs made unique, for a larger corpus), reads each
+on the corpus (default: Tiny Shakespeare; `--size-mb N` generates an N MB JSONL
+corpus of distinct documents with planted duplicates and bad records, as
+`benchmarks/data_memory.py` does), reads each
 component's wall time from ML Metadata, and then times the learned WordPiece
 tokenizer alone (`components/transform/tokenizer.py`, one `tf.function`, batches
 of 1024 documents) on the same documents. Prints one JSON object: MB/s and
@@ -36,15 +37,14 @@ STAGES = ("TextExampleGen", "StatisticsGen", "ExampleValidator", "TextCleaner", 
           "Transform")
 
 
-def make_corpus(source: str, repeat: int, out_dir: str) -> str:
-    """`repeat` copies of the corpus, every paragraph tagged with its copy number."""
-    if repeat <= 1:
+def make_corpus(source: str, size_mb: float, out_dir: str) -> str:
+    """`source` itself, or a generated JSONL corpus of `size_mb` MB made from it."""
+    if not size_mb:
         return source
-    text = open(source, encoding="utf-8").read()
-    path = os.path.join(out_dir, f"corpus_x{repeat}.txt")
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(repeat):
-            f.write(text.replace("\n\n", f"\n({i})\n\n"))
+    from data_memory import generate_jsonl  # benchmarks/data_memory.py, beside this file
+
+    path = os.path.join(out_dir, f"corpus_{size_mb:g}mb.jsonl")
+    generate_jsonl(path, int(size_mb * 1e6), open(source, encoding="utf-8").read())
     return path
 
 
@@ -68,11 +68,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", help="corpus file (default: Tiny Shakespeare)")
     parser.add_argument("--preset", default="cpu_small")
-    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--size-mb", type=float, default=0,
+                        help="generate a JSONL corpus of this size from --data")
     args = parser.parse_args()
     config = get_config(args.preset)
     with tempfile.TemporaryDirectory() as tmp:
-        corpus = make_corpus(args.data or str(default_corpus()), args.repeat, tmp)
+        corpus = make_corpus(args.data or str(default_corpus()), args.size_mb, tmp)
         input_base, pattern = split_data_path(corpus)
         paths = run_local(config, input_base, pattern, os.path.join(tmp, "run"),
                           enable_cache=False, until="Transform")
