@@ -218,16 +218,21 @@ class _ForwardHandler(logging.Handler):
 # ----------------------------------------------------------------------------- commands
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def config_from_args(args: argparse.Namespace):
+    """The PipelineConfig of `--preset`, `--set` and `--train-steps`; exits naming a bad one."""
     from pipeline.configs import get_config
 
     overrides = parse_overrides(args.set or [])
-    if args.train_steps is not None:
+    if getattr(args, "train_steps", None) is not None:
         overrides["train.train_steps"] = args.train_steps
     try:
-        config = get_config(args.preset, overrides)
+        return get_config(args.preset, overrides)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from e
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
     if args.num_workers < 1:
         raise SystemExit(f"error: --num-workers {args.num_workers}: must be >= 1")
     data = args.data or str(default_corpus())
@@ -288,16 +293,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_compile_kfp(args: argparse.Namespace) -> int:
     """Writes the KFP v2 PipelineSpec YAML (KubeflowV2DagRunner); runs nothing."""
-    from pipeline.configs import get_config
     from pipeline.kubeflow_runner import CONTAINER_CORPUS, compile_kfp
 
-    overrides = parse_overrides(args.set or [])
-    if args.train_steps is not None:
-        overrides["train.train_steps"] = args.train_steps
-    try:
-        config = get_config(args.preset, overrides)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from e
+    config = config_from_args(args)
     try:
         path = compile_kfp(config, args.output, args.pipeline_root, image=args.image,
                            data=args.data or CONTAINER_CORPUS, serving_model_dir=args.serving_dir,

@@ -29,3 +29,12 @@ def run(tmp_path_factory, corpus):
     from pipeline.local_runner import run_paths
 
     return run_paths(str(out))
+
+
+@pytest.fixture(scope="session")
+def slice_path(tmp_path_factory, shakespeare):
+    """The first SLICE_BYTES of Tiny Shakespeare, cut at a paragraph."""
+    text = shakespeare[:SLICE_BYTES]
+    path = tmp_path_factory.mktemp("slice") / "slice.txt"
+    path.write_text(text[: text.rfind("\n\n") + 2], encoding="utf-8")
+    return path

@@ -17,16 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-SLICE_BYTES = 60_000
 UNTIL = "Transform"
-
-
-@pytest.fixture(scope="module")
-def slice_path(tmp_path_factory, shakespeare):
-    text = shakespeare[:SLICE_BYTES]
-    path = tmp_path_factory.mktemp("corpus") / "slice.txt"
-    path.write_text(text[: text.rfind("\n\n") + 2], encoding="utf-8")
-    return path
 
 
 def _states(output_dir) -> dict[str, str]:

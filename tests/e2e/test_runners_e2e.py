@@ -17,18 +17,9 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-SLICE_BYTES = 60_000
 MULTI_PROCESSING = ["--beam-arg=--direct_running_mode=multi_processing",
                     "--beam-arg=--direct_num_workers=2"]
 COMPARED = ("TextExampleGen", "TextCleaner", "Transform")
-
-
-@pytest.fixture(scope="module")
-def slice_path(tmp_path_factory, shakespeare):
-    text = shakespeare[:SLICE_BYTES]
-    path = tmp_path_factory.mktemp("corpus") / "slice.txt"
-    path.write_text(text[: text.rfind("\n\n") + 2], encoding="utf-8")
-    return path
 
 
 def _run(out, corpus, *extra) -> float:
