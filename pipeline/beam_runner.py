@@ -15,24 +15,13 @@ from pipeline.configs import PipelineConfig
 from pipeline.local_runner import build_pipeline
 
 
-def run_beam(
-    config: PipelineConfig,
-    input_base: str,
-    input_pattern: str,
-    output_dir: str,
-    beam_pipeline_args: list[str] | None = None,
-    enable_cache: bool = True,
-    schema_path: str | None = None,
-    until: str | None = None,
-    num_workers: int = 1,
-    accept_drift: bool = False,
-) -> dict[str, str]:
+def run_beam(config: PipelineConfig, input_base: str, input_pattern: str, output_dir: str,
+             **options) -> dict[str, str]:
     """Runs the pipeline (up to `until`) with BeamDagRunner; returns the paths it
-    used (root, metadata, serving), as `local_runner.run_local` does."""
+    used (root, metadata, serving), as `local_runner.run_local` does; `options` as
+    in `local_runner.build_pipeline`."""
     from tfx.orchestration.beam.beam_dag_runner import BeamDagRunner
 
-    pipeline, paths = build_pipeline(config, input_base, input_pattern, output_dir,
-                                     beam_pipeline_args, enable_cache, schema_path, until,
-                                     num_workers, accept_drift)
+    pipeline, paths = build_pipeline(config, input_base, input_pattern, output_dir, **options)
     BeamDagRunner().run(pipeline)
     return paths

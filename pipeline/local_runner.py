@@ -21,17 +21,15 @@ def build_pipeline(
     input_pattern: str,
     output_dir: str,
     beam_pipeline_args: list[str] | None = None,
-    enable_cache: bool = True,
     schema_path: str | None = None,
-    until: str | None = None,
-    num_workers: int = 1,
-    accept_drift: bool = False,
+    **options,
 ):
     """The `create_pipeline(...)` of a run on this machine, and the paths it uses.
 
     Outputs go under `output_dir` (`run_paths`), ML Metadata to a SQLite file
     there. `beam_pipeline_args` (default `DEFAULT_BEAM_PIPELINE_ARGS`) go to
-    every Beam-based component.
+    every Beam-based component. `options` are `create_pipeline`'s
+    (`enable_cache`, `until`, `num_workers`, `accept_drift`, ...).
 
     Returns:
       (tfx.dsl.Pipeline, paths dict of `run_paths`).
@@ -53,39 +51,24 @@ def build_pipeline(
             paths["metadata_path"]
         ),
         beam_pipeline_args=list(beam_pipeline_args or DEFAULT_BEAM_PIPELINE_ARGS),
-        enable_cache=enable_cache,
         **({"schema_path": schema_path} if schema_path else {}),
-        until=until,
-        num_workers=num_workers,
-        accept_drift=accept_drift,
+        **options,
     )
     return pipeline, paths
 
 
-def run_local(
-    config: PipelineConfig,
-    input_base: str,
-    input_pattern: str,
-    output_dir: str,
-    beam_pipeline_args: list[str] | None = None,
-    enable_cache: bool = True,
-    schema_path: str | None = None,
-    until: str | None = None,
-    num_workers: int = 1,
-    accept_drift: bool = False,
-) -> dict[str, str]:
+def run_local(config: PipelineConfig, input_base: str, input_pattern: str, output_dir: str,
+              **options) -> dict[str, str]:
     """Runs the pipeline (up to `until`) with LocalDagRunner; returns the paths it
-    used (root, metadata, serving).
+    used (root, metadata, serving). `options` as in `build_pipeline`.
 
     num_workers > 1 runs the Trainer as that many MultiWorkerMirroredStrategy
-    worker processes on this machine, over loopback (`components/trainer/launcher.py`).
+    worker processes on this machine, over loopback (`components/trainer/launcher.py`);
     accept_drift: the DriftValidator records drift but does not stop the run.
     """
     from tfx import v1 as tfx
 
-    pipeline, paths = build_pipeline(config, input_base, input_pattern, output_dir,
-                                     beam_pipeline_args, enable_cache, schema_path, until,
-                                     num_workers, accept_drift)
+    pipeline, paths = build_pipeline(config, input_base, input_pattern, output_dir, **options)
     tfx.orchestration.LocalDagRunner().run(pipeline)
     return paths
 

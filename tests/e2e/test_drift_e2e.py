@@ -23,29 +23,12 @@ pytestmark = pytest.mark.e2e
 
 
 def _run_until_drift(out, data_file, accept_drift=False):
-    from tfx import v1 as tfx
-
     from pipeline.configs import get_config
-    from pipeline.local_runner import run_paths
-    from pipeline.pipeline import create_pipeline
-
-    paths = run_paths(str(out))
-    pipeline = create_pipeline(
-        pipeline_name="deepseek-tfx",
-        pipeline_root=paths["pipeline_root"],
-        input_base=str(data_file.parent),
-        input_pattern=data_file.name,
-        serving_model_dir=paths["serving_model_dir"],
-        config=get_config("tiny"),
-        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
-            paths["metadata_path"]),
-        beam_pipeline_args=["--direct_num_workers=1"],
-        until="DriftValidator",
-        accept_drift=accept_drift,
-    )
-    tfx.orchestration.LocalDagRunner().run(pipeline)
+    from pipeline.local_runner import run_local
     from pipeline.run_summary import latest_run
 
+    paths = run_local(get_config("tiny"), str(data_file.parent), data_file.name, str(out),
+                      until="DriftValidator", accept_drift=accept_drift)
     return {r.component: r for r in latest_run(paths["metadata_path"])}
 
 
