@@ -170,6 +170,7 @@ def create_pipeline(
         strategy_class=LatestBlessedRunStatisticsStrategy,
         statistics=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ExampleStatistics),
         model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+        examples=cleaner.outputs["cleaned_examples"],
     ).with_id("latest_blessed_statistics_resolver")
     drift_validator = DriftValidator(
         examples=cleaner.outputs["cleaned_examples"],

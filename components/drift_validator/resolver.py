@@ -6,6 +6,12 @@ artifact marked with the custom property `text_profile` = 1) are what the
 DriftValidator of this run compares with. TFX records a cached component in a
 run as well, so a run whose DriftValidator was cached still has its statistics.
 Without `pipeline_run` contexts (InteractiveContext) nothing is resolved.
+
+When the baseline profile was computed from the very cleaned Examples artifact
+this run validates (the same data, cached), nothing is resolved either: its
+drift is zero by definition, and without a baseline the DriftValidator's inputs
+are those of the run that made the profile, so TFX reuses that execution and a
+second identical run is cached up to the Trainer.
 """
 
 from __future__ import annotations
@@ -23,8 +29,11 @@ class LatestBlessedRunStatisticsStrategy(resolver.ResolverStrategy):
     """Resolves `statistics` to the text profile of the latest blessed run.
 
     Inputs (channel keys): `statistics` (ExampleStatistics), `model_blessing`
-    (ModelBlessing). Outputs the same keys: one artifact each, or none when no
-    blessed run has a text profile yet (the first run).
+    (ModelBlessing), `examples` (optional: this run's cleaned Examples). Outputs
+    `statistics` and `model_blessing`: one artifact each, or none when no blessed
+    run has a text profile yet (the first run) or when that profile was computed
+    from one of the `examples` given (the same data; see the module docstring).
+    `examples` is passed through.
     """
 
     def resolve_artifacts(self, store: mlmd.MetadataStore,
@@ -36,7 +45,8 @@ class LatestBlessedRunStatisticsStrategy(resolver.ResolverStrategy):
             (b for b in input_dict.get("model_blessing", [])
              if b.has_custom_property(_BLESSED) and b.get_int_custom_property(_BLESSED) == 1),
             key=lambda b: b.id, reverse=True)
-        none = {"statistics": [], "model_blessing": []}
+        examples = list(input_dict.get("examples", []))
+        none = {"statistics": [], "model_blessing": [], "examples": examples}
         try:
             run_type = store.get_context_type(_PIPELINE_RUN)
         except mlmd.errors.NotFoundError:
@@ -55,5 +65,17 @@ class LatestBlessedRunStatisticsStrategy(resolver.ResolverStrategy):
                               if a.id in statistics]
                     if in_run:
                         newest = max(in_run, key=lambda a: a.id)
-                        return {"statistics": [newest], "model_blessing": [blessing]}
+                        if {a.id for a in examples} & _producer_inputs(store, newest.id):
+                            return none
+                        return {"statistics": [newest], "model_blessing": [blessing],
+                                "examples": examples}
         return none
+
+
+def _producer_inputs(store: mlmd.MetadataStore, artifact_id: int) -> set[int]:
+    """Ids of the input artifacts of every execution that output `artifact_id`
+    (the original one and the cached ones, which have the same inputs)."""
+    producers = [e.execution_id for e in store.get_events_by_artifact_ids([artifact_id])
+                 if e.type == mlmd.proto.Event.OUTPUT]
+    return {e.artifact_id for e in store.get_events_by_execution_ids(producers)
+            if e.type == mlmd.proto.Event.INPUT}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 SLICE_BYTES = 60_000
@@ -24,11 +26,12 @@ def run(tmp_path_factory, corpus):
     from pipeline import cli
 
     out = tmp_path_factory.mktemp("run")
+    start = time.perf_counter()
     code = cli.main(["run", "--data", str(corpus), "--preset", "tiny", "--output", str(out)])
     assert code == 0
     from pipeline.local_runner import run_paths
 
-    return run_paths(str(out))
+    return {**run_paths(str(out)), "wall_seconds": time.perf_counter() - start}
 
 
 @pytest.fixture(scope="session")

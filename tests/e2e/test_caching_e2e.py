@@ -7,10 +7,16 @@ Four runs into one output directory (`tiny` preset, a slice of Tiny Shakespeare,
   3. only `train.*` settings changed: still all CACHED (each upstream component
      gets only the config sections it reads);
   4. the corpus edited: TextExampleGen and what depends on its examples run again.
+
+And the whole pipeline (the shared blessed e2e run) run again unchanged: every
+component before the Trainer is CACHED, the DriftValidator included, although a
+blessed run's text profile now exists (its baseline would be this very data).
+Wall times are printed, not asserted (benchmarks check time).
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import pytest
@@ -79,3 +85,28 @@ def test_edited_corpus_reruns_example_gen_onward(runs):
         assert edited[component] == "COMPLETE", edited
     # The curated schema does not depend on the corpus.
     assert edited["ImportSchemaGen"] == "CACHED", edited
+
+
+@pytest.fixture(scope="module")
+def full_rerun(run, corpus, tmp_path_factory):
+    """The main e2e run (whole pipeline, blessed and pushed) run again, unchanged,
+    on a copy of its ML Metadata: now the latest blessed run's text profile
+    exists, and the DriftValidator must still be cached."""
+    from pipeline import cli
+
+    out = tmp_path_factory.mktemp("rerun")
+    shutil.copy(run["metadata_path"], out / "metadata.db")
+    start = time.perf_counter()
+    assert cli.main(["run", "--data", str(corpus), "--preset", "tiny", "--output", str(out)]) == 0
+    seconds = time.perf_counter() - start
+    print(f"\nwhole pipeline: first run {run['wall_seconds']:.1f} s, identical re-run {seconds:.1f} s")
+    return _states(out), seconds
+
+
+def test_identical_full_run_is_cached_before_the_trainer(full_rerun):
+    from pipeline.pipeline import COMPONENT_ORDER
+
+    states, seconds = full_rerun
+    before_trainer = [c for c in COMPONENT_ORDER[: COMPONENT_ORDER.index("Trainer")]
+                      if "resolver" not in c]
+    assert {c: states[c] for c in before_trainer} == dict.fromkeys(before_trainer, "CACHED"), states
