@@ -7,11 +7,14 @@ DriftValidator of this run compares with. TFX records a cached component in a
 run as well, so a run whose DriftValidator was cached still has its statistics.
 Without `pipeline_run` contexts (InteractiveContext) nothing is resolved.
 
-When the baseline profile was computed from the very cleaned Examples artifact
-this run validates (the same data, cached), nothing is resolved either: its
-drift is zero by definition, and without a baseline the DriftValidator's inputs
-are those of the run that made the profile, so TFX reuses that execution and a
-second identical run is cached up to the Trainer.
+When that profile was computed from the very cleaned Examples artifact this
+run validates (the same data, cached), the data has been checked already, by the
+DriftValidator execution that made the profile: the baseline resolved is that
+execution's own baseline (none on a first run), so this run's DriftValidator has
+the same inputs, TFX reuses the execution, and an identical re-run is cached up
+to the Trainer. If that execution found drift (accepted, since its run was
+blessed), nothing is resolved instead: comparing the same data with the same old
+baseline would only find it again, and the accepted data is now the baseline.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ class LatestBlessedRunStatisticsStrategy(resolver.ResolverStrategy):
     Inputs (channel keys): `statistics` (ExampleStatistics), `model_blessing`
     (ModelBlessing), `examples` (optional: this run's cleaned Examples). Outputs
     `statistics` and `model_blessing`: one artifact each, or none when no blessed
-    run has a text profile yet (the first run) or when that profile was computed
-    from one of the `examples` given (the same data; see the module docstring).
-    `examples` is passed through.
+    run has a text profile yet (the first run). When the profile was computed
+    from one of the `examples` given, `statistics` is that computation's own
+    baseline (see the module docstring). `examples` is passed through.
     """
 
     def resolve_artifacts(self, store: mlmd.MetadataStore,
@@ -65,17 +68,41 @@ class LatestBlessedRunStatisticsStrategy(resolver.ResolverStrategy):
                               if a.id in statistics]
                     if in_run:
                         newest = max(in_run, key=lambda a: a.id)
-                        if {a.id for a in examples} & _producer_inputs(store, newest.id):
-                            return none
-                        return {"statistics": [newest], "model_blessing": [blessing],
+                        baseline = [newest]
+                        same_data = _same_data_check(store, newest.id, {a.id for a in examples})
+                        if same_data is not None:
+                            baseline = [statistics[i] for i in same_data if i in statistics]
+                        return {"statistics": baseline, "model_blessing": [blessing],
                                 "examples": examples}
         return none
 
 
-def _producer_inputs(store: mlmd.MetadataStore, artifact_id: int) -> set[int]:
-    """Ids of the input artifacts of every execution that output `artifact_id`
-    (the original one and the cached ones, which have the same inputs)."""
-    producers = [e.execution_id for e in store.get_events_by_artifact_ids([artifact_id])
-                 if e.type == mlmd.proto.Event.OUTPUT]
-    return {e.artifact_id for e in store.get_events_by_execution_ids(producers)
-            if e.type == mlmd.proto.Event.INPUT}
+def _same_data_check(store: mlmd.MetadataStore, profile_id: int,
+                     examples_ids: set[int]) -> list[int] | None:
+    """If a DriftValidator execution that output the profile `profile_id` read
+    one of `examples_ids`: the ids of its baseline statistics (empty when it had
+    none or found drift). Otherwise None.
+
+    The original execution and the cached ones have the same inputs; any will do.
+    """
+    producers = sorted(e.execution_id for e in store.get_events_by_artifact_ids([profile_id])
+                       if e.type == mlmd.proto.Event.OUTPUT)
+    for execution_id in producers:
+        events = store.get_events_by_execution_ids([execution_id])
+        inputs = {e.artifact_id: _key(e) for e in events if e.type == mlmd.proto.Event.INPUT}
+        if not examples_ids & {i for i, key in inputs.items() if key == "examples"}:
+            continue
+        outputs = store.get_artifacts_by_id(
+            [e.artifact_id for e in events if e.type == mlmd.proto.Event.OUTPUT])
+        drifted = any(a.custom_properties["drift_detected"].int_value == 1
+                      for a in outputs if "drift_detected" in a.custom_properties)
+        if drifted:
+            return []
+        return [i for i, key in inputs.items() if key == "baseline_statistics"]
+    return None
+
+
+def _key(event) -> str:
+    """The input/output key of an MLMD event (its first path step)."""
+    steps = event.path.steps
+    return steps[0].key if steps and steps[0].HasField("key") else ""
