@@ -137,7 +137,7 @@ class DataConfig:
 class TokenizerConfig:
     """The subword tokenizer that Transform learns from the training split.
 
-    WordPiece (tensorflow-text's learner and `WordpieceTokenizer`) over a
+    WordPiece (`tokenizers`' WordPieceTrainer, tensorflow-text's `WordpieceTokenizer`) over a
     lossless pre-tokenization; see `components/transform/tokenizer.py`.
 
     Attributes:

@@ -44,8 +44,10 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
     text = tf.reshape(inputs[TEXT_KEY], [-1])  # (B,)
 
     pieces = tokenizer.pretokenize(text)  # (B, pieces)
+    # Count in the graph: the analyzer gets each batch's distinct pieces only.
+    distinct, _, counts = tf.unique_with_counts(pieces.flat_values)  # (U,), (N,), (U,)
     vocabulary_path = tft.experimental.ptransform_analyzer(
-        inputs=[pieces.flat_values],
+        inputs=[distinct, tf.cast(counts, tf.int64)],
         ptransform=LearnWordPieceVocabulary(
             vocab_size=config.tokenizer.vocab_size,
             max_unique_chars=config.tokenizer.max_unique_chars,

@@ -2,7 +2,8 @@
 
 The same functions run in three places: inside tf.Transform's `preprocessing_fn`
 (tokenizing the corpus), inside the pushed SavedModel (so it serves raw text), and
-in tests. Only `tensorflow` and `tensorflow_text` are imported.
+in tests. Only `tensorflow` and `tensorflow_text` are imported (`tokenizers`,
+for learning a vocabulary, only when `learn_vocabulary` is called).
 
 How text becomes ids:
   1. Pre-tokenization (`pretokenize`) cuts text into pieces with one regular
@@ -26,8 +27,8 @@ The joiner is the control character U+001F: the cleaning step removes control
 characters, so no training piece starts with it and continuation entries can
 never be confused with pieces.
 
-Reference: Wu et al. 2016 (WordPiece, arXiv 1609.08144); tensorflow-text
-`tools/wordpiece_vocab/wordpiece_tokenizer_learner_lib.py` (the learner used here).
+Reference: Wu et al. 2016 (WordPiece, arXiv 1609.08144). The vocabulary is
+learned by Hugging Face `tokenizers`' WordPieceTrainer (`learn_vocabulary`).
 """
 
 from __future__ import annotations
@@ -172,46 +173,49 @@ def learn_vocabulary(
 ) -> list[str]:
     """Learns a WordPiece vocabulary of exactly `vocab_size` entries.
 
-    Uses tensorflow-text's WordPiece learner (a binary search on the count
-    threshold), then orders the result as: special tokens, whitespace
-    placeholders, single characters, single characters as continuations, then
-    the learned pieces by count; truncates or pads (`[unusedN]`, unreachable
-    from text) to `vocab_size`. Characters and placeholders always survive, which
-    is what makes encoding lossless.
+    Uses Hugging Face `tokenizers`' `WordPieceTrainer` (Rust; BPE merges turned
+    into a WordPiece vocabulary, as for BERT-style tokenizers), then orders the
+    result as: special tokens, whitespace placeholders, single characters,
+    single characters as continuations, then the learned pieces in the order the
+    trainer made them; truncates or pads (`[unusedN]`, unreachable from text) to
+    `vocab_size`. Characters and placeholders always survive, which is what makes
+    encoding lossless.
+
+    The result is deterministic: the trainer numbers continuation symbols in
+    hash-map order (huggingface/tokenizers#1794, six different vocabularies in
+    six runs on the same counts here), so every continuation character is
+    registered up front, in a fixed order, as a trainer special token.
 
     Args:
-      piece_counts: pre-token -> count (from `pretokenize` over the training text).
+      piece_counts: pre-token -> count (from `pretokenize` over the training
+        text). Pieces never contain a line break (`pretokenize` writes
+        whitespace other than U+0020 as placeholders).
       vocab_size: exact size of the result.
-      max_unique_chars: alphabet size limit passed to the learner.
+      max_unique_chars: alphabet size limit (`limit_alphabet` of the trainer).
 
     Returns:
       The vocabulary, one token per entry; id = index.
 
     Raises:
-      ValueError: `piece_counts` is empty, or the alphabet alone needs more than
-        `vocab_size` entries.
+      ValueError: `piece_counts` is empty, a piece contains a line break, or the
+        alphabet alone needs more than `vocab_size` entries.
     """
-    from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
+    import tokenizers
+    from tokenizers import models, pre_tokenizers, trainers
 
     counts: collections.Counter = collections.Counter()
     for piece, count in piece_counts.items():
         if isinstance(piece, bytes):
             piece = piece.decode("utf-8")
-        counts[piece] += int(count)
+        if "\n" in piece or "\r" in piece:
+            raise ValueError(f"pre-token {piece!r} contains a line break")
+        if piece:
+            counts[piece] += int(count)
     if not counts:
         raise ValueError("cannot learn a vocabulary from no text (the training split is empty)")
 
     placeholders = sorted(p for p in counts if p.startswith("<ws") and p.endswith(">"))
     words = {p: c for p, c in counts.items() if p not in placeholders}
-    learned = learner.learn(
-        words,
-        vocab_size=vocab_size,
-        reserved_tokens=[],
-        lower_thresh=2,
-        max_unique_chars=max_unique_chars,
-        joiner=JOINER,
-    ) if words else []
-
     char_counts: collections.Counter = collections.Counter()
     for word, count in words.items():
         for ch in word:
@@ -224,6 +228,24 @@ def learn_vocabulary(
             f"vocab_size={vocab_size} is too small for {len(chars)} characters and "
             f"{len(placeholders)} whitespace placeholders (needs > {len(head)})"
         )
+
+    learned: list[str] = []
+    if words:
+        model = tokenizers.Tokenizer(models.WordPiece(unk_token=UNK_TOKEN,
+                                                      continuing_subword_prefix=JOINER))
+        # One "sentence" per line, one word per line: the trainer counts in Rust.
+        model.pre_tokenizer = pre_tokenizers.Split("\n", behavior="removed")
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=2,
+            limit_alphabet=max_unique_chars,
+            continuing_subword_prefix=JOINER,
+            special_tokens=[JOINER + c for c in sorted(char_counts)],
+            show_progress=False,
+        )
+        model.train_from_iterator(_repeated_lines(words), trainer)
+        learned = [t for t, _ in sorted(model.get_vocab().items(), key=lambda kv: kv[1])]
+
     seen = set(head)
     vocabulary = list(head)
     for token in learned:
@@ -234,6 +256,14 @@ def learn_vocabulary(
             vocabulary.append(token)
     vocabulary += [f"[unused{i}]" for i in range(vocab_size - len(vocabulary))]
     return vocabulary
+
+
+def _repeated_lines(words: Mapping[str, int], lines_per_chunk: int = 10_000):
+    """Yields each word `count` times, one per line, in chunks (sorted: the
+    trainer then sees the same input whatever order the counts came in)."""
+    for word, count in sorted(words.items()):
+        for start in range(0, count, lines_per_chunk):
+            yield "\n".join([word] * min(lines_per_chunk, count - start))
 
 
 def write_vocabulary(vocabulary: list[str], path: str) -> None:

@@ -2,8 +2,8 @@
 
 `tft.experimental.ptransform_analyzer` runs `LearnWordPieceVocabulary` over the
 whole training split during Transform's analyze phase: Beam counts pre-tokens
-(a combiner, so counting scales out), one worker runs tensorflow-text's WordPiece
-learner on the counts and writes the vocabulary file, and tf.Transform stores
+(a combiner, so counting scales out), one worker runs Hugging Face `tokenizers`'
+WordPieceTrainer on the counts and writes the vocabulary file, and tf.Transform stores
 that file as an asset of the transform graph (recorded in ML Metadata as part of
 the TransformGraph artifact).
 """
@@ -28,8 +28,10 @@ class _CountPieces(beam.CombineFn):
         return collections.Counter()
 
     def add_input(self, accumulator, batch):
-        # `batch` is a tuple with one ndarray of pre-tokens (bytes objects).
-        accumulator.update(batch[0].tolist())
+        # `batch`: (pieces, counts), ndarrays [distinct pieces in a batch of
+        # documents] of bytes and int64 (`tf.unique_with_counts` in the graph).
+        pieces, counts = batch
+        accumulator.update(dict(zip(pieces.tolist(), counts.tolist(), strict=True)))
         return accumulator
 
     def merge_accumulators(self, accumulators):
@@ -45,7 +47,8 @@ class _CountPieces(beam.CombineFn):
 class LearnWordPieceVocabulary(tft_beam_experimental.PTransformAnalyzer):
     """Beam PTransform: batches of pre-tokens -> path of a vocabulary file.
 
-    Input PCollection elements: tuples `(pieces,)`, `pieces` an ndarray of bytes.
+    Input PCollection elements: tuples `(pieces, counts)`: the distinct
+    pre-tokens of a batch (ndarray of bytes) and how often each occurs (int64).
     Output: a PCollection with one element, the vocabulary file path (bytes).
     """
 

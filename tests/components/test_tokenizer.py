@@ -83,3 +83,12 @@ def test_vocab_too_small_for_alphabet():
     counts = {chr(0x4E00 + i): 5 for i in range(400)}
     with pytest.raises(ValueError, match="too small"):
         tokenizer.learn_vocabulary(counts, 500)
+
+
+def test_learned_vocabulary_is_deterministic(shakespeare):
+    # Without registering the continuation symbols up front, tokenizers'
+    # WordPieceTrainer gives a different vocabulary almost every time
+    # (huggingface/tokenizers#1794).
+    counts = tokenizer.count_pieces(shakespeare[:300_000].split("\n\n"))
+    vocabularies = {tuple(tokenizer.learn_vocabulary(counts, 2000)) for _ in range(4)}
+    assert len(vocabularies) == 1
