@@ -152,6 +152,57 @@ def decode_ids(ids: tf.Tensor, surfaces: tf.Tensor) -> tf.Tensor:
     return tf.strings.reduce_join(pieces, axis=-1)
 
 
+def split_at_spaces(texts: tf.Tensor) -> tf.RaggedTensor:
+    """Cuts texts at every U+0020 into units that pre-tokenize independently.
+
+    A pre-token never contains a space except one leading space, which always
+    belongs to what follows it (`PRETOKENIZE_PATTERN`). So cutting the text at
+    each space and keeping the space with the chunk after it loses no pre-token
+    boundary: the pre-tokens of a text are the pre-tokens of its units, counted
+    together. This is how Transform counts pre-tokens cheaply in its analyze
+    pass (`tf.strings.split`, ~50 MB/s here, instead of the regular expression,
+    ~1.5 MB/s); the distinct units are pre-tokenized once each afterwards
+    (`count_unit_pieces`).
+
+    Args:
+      texts: tf.string [batch], UTF-8.
+
+    Returns:
+      tf.string ragged [batch, (units)]: the text before the first space, then
+      " " + each later chunk (a chunk may be empty, or hold other whitespace).
+    """
+    chunks = tf.strings.split(texts, sep=" ")  # (B, chunks)
+    position = tf.ragged.range(chunks.row_lengths()).flat_values  # (chunks,) index in its row
+    prefix = tf.where(position > 0, " ", "")
+    return chunks.with_flat_values(tf.strings.join([prefix, chunks.flat_values]))
+
+
+def count_unit_pieces(unit_counts: Mapping[str | bytes, int],
+                      batch_size: int = 4096) -> collections.Counter:
+    """Pre-token counts from counts of `split_at_spaces` units.
+
+    Args:
+      unit_counts: unit -> how often it occurs.
+      batch_size: units pre-tokenized per call.
+
+    Returns:
+      pre-token (bytes) -> count: what `count_pieces` gives on the texts the
+      units came from.
+    """
+    counts: collections.Counter = collections.Counter()
+    units = [u for u, n in unit_counts.items() if u and n]
+    for start in range(0, len(units), batch_size):
+        batch = units[start:start + batch_size]
+        pieces = pretokenize(tf.constant(batch))  # (batch, pieces)
+        lengths = pieces.row_lengths().numpy().tolist()
+        flat = iter(pieces.flat_values.numpy().tolist())
+        for unit, length in zip(batch, lengths, strict=True):
+            weight = int(unit_counts[unit])
+            for _ in range(length):
+                counts[next(flat)] += weight
+    return counts
+
+
 def count_pieces(texts: Iterable[str | bytes], batch_size: int = 1024) -> collections.Counter:
     """Counts pre-tokens of texts (eagerly), for learning a vocabulary outside Beam."""
     counts: collections.Counter = collections.Counter()

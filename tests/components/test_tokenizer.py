@@ -92,3 +92,17 @@ def test_learned_vocabulary_is_deterministic(shakespeare):
     counts = tokenizer.count_pieces(shakespeare[:300_000].split("\n\n"))
     vocabularies = {tuple(tokenizer.learn_vocabulary(counts, 2000)) for _ in range(4)}
     assert len(vocabularies) == 1
+
+
+def test_unit_counts_give_the_pre_token_counts(shakespeare):
+    # Pre-tokens never cross a space except a leading one: counting units cut at
+    # spaces and pre-tokenizing each distinct unit gives exactly count_pieces.
+    import collections
+
+    docs = shakespeare[:150_000].split("\n\n") + [
+        "", " ", "  lead", "trail  ", "a  b", "x\n y", " \n\tz", "caf\u00e9 \u00fcber 12ab ,b",
+        "tab\there  \u3000wide\u00a0nbsp", "\r\n \r\n", "!!! ?? 3.14 -- end ",
+    ]
+    units = tokenizer.split_at_spaces(tf.constant(docs)).flat_values.numpy().tolist()
+    got = tokenizer.count_unit_pieces(collections.Counter(units), batch_size=100)
+    assert got == tokenizer.count_pieces(docs)
