@@ -11,6 +11,7 @@ Data flows one way: raw text -> examples -> clean examples -> token ids -> model
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 
 import tensorflow_data_validation as tfdv
@@ -25,9 +26,17 @@ from components.trainer.component import Trainer
 from models.deepseek.config import DeepSeekConfig
 from pipeline.configs import PipelineConfig, TokenizerConfig, TrainConfig
 
-SCHEMA_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "schema", "schema.pbtxt")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCHEMA_FILE = os.path.join(_ROOT, "data", "schema", "schema.pbtxt")
 PREPROCESSING_FN = "components.transform.preprocessing.preprocessing_fn"
 RUN_FN = "components.trainer.run_fn.run_fn"
+# The code behind PREPROCESSING_FN and RUN_FN. TFX fingerprints a `module_file`
+# into its cache key but not a function given by its import path, so the
+# fingerprint of these sources goes into each component's custom_config: an
+# edit re-runs Transform (or the Trainer), not a stale cached result.
+TRANSFORM_SOURCES = ("components/transform", "pipeline/configs.py")
+TRAINER_SOURCES = ("components/trainer", "components/transform/tokenizer.py", "models",
+                   "pipeline/configs.py")
 
 COMPONENT_ORDER = (
     "TextExampleGen",
@@ -57,6 +66,24 @@ CONFIG_SECTIONS = {
     "Transform": ("tokenizer",),
 }
 _SECTIONS = ("model", "data", "tokenizer", "train", "eval", "validation", "generation")
+
+
+def source_fingerprint(paths: tuple[str, ...]) -> str:
+    """SHA-256 (hex) over the `.py` files under `paths` (relative to the project
+    root), their relative paths included, in sorted order."""
+    digest = hashlib.sha256()
+    files = []
+    for path in paths:
+        full = os.path.join(_ROOT, path)
+        if os.path.isfile(full):
+            files.append(full)
+        for folder, _, names in os.walk(full):
+            files += [os.path.join(folder, n) for n in names if n.endswith(".py")]
+    for file in sorted(set(files)):
+        digest.update(os.path.relpath(file, _ROOT).encode("utf-8") + b"\0")
+        with open(file, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
 
 
 def component_config(config: PipelineConfig, sections: tuple[str, ...]) -> PipelineConfig:
@@ -187,7 +214,8 @@ def create_pipeline(
         # repeat them.
         disable_statistics=True,
         custom_config={
-            "pipeline_config": component_config(config, CONFIG_SECTIONS["Transform"]).to_json()
+            "pipeline_config": component_config(config, CONFIG_SECTIONS["Transform"]).to_json(),
+            "code_fingerprint": source_fingerprint(TRANSFORM_SOURCES),
         },
     )
     trainer = Trainer(
@@ -197,7 +225,8 @@ def create_pipeline(
         schema=schema_gen.outputs["schema"],
         train_args=tfx.proto.TrainArgs(num_steps=config.train.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=config.train.eval_batches),
-        custom_config={"pipeline_config": config_json, "num_workers": num_workers},
+        custom_config={"pipeline_config": config_json, "num_workers": num_workers,
+                       "code_fingerprint": source_fingerprint(TRAINER_SOURCES)},
     )
     model_resolver = tfx.dsl.Resolver(
         strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
