@@ -14,7 +14,7 @@ records/s per stage, and the tokenizer's MB/s.
 Transform's time includes both of its passes (analyze: counting space-delimited
 units and learning the vocabulary; transform: tokenizing and writing TFRecords)
 and its start-up (tracing the preprocessing_fn several times, writing the
-transform graph: about 15-20 s here), so its MB/s grows with the corpus; compare
+transform graph: about 14 s here), so its MB/s grows with the corpus; compare
 with the tokenizer at 100 MB or more (`--size-mb 100`).
 """
 
