@@ -26,7 +26,7 @@ from tfx.types import artifact_utils
 from tfx_bsl.coders import example_coder
 
 from components.drift_validator import profile
-from components.drift_validator.resolver import TEXT_PROFILE_PROPERTY
+from components.drift_validator.resolver import DRIFT_DETECTED_PROPERTY, TEXT_PROFILE_PROPERTY
 from components.text_cleaner.executor import DataValidationError
 from pipeline.configs import PipelineConfig
 
@@ -140,7 +140,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         with tf.io.gfile.GFile(os.path.join(anomalies_out.uri, REPORT_FILE), "w") as f:
             json.dump(report, f, indent=2, sort_keys=True)
         anomalies_out.set_string_custom_property("baseline_statistics", report["baseline"] or "")
-        anomalies_out.set_int_custom_property("drift_detected", int(bool(report["drift"])))
+        anomalies_out.set_int_custom_property(DRIFT_DETECTED_PROPERTY, int(bool(report["drift"])))
         anomalies_out.set_int_custom_property("drift_accepted", int(report["accepted"]))
         anomalies_out.set_json_value_custom_property("drift_report", report)
         if report["drift"] and not accept:

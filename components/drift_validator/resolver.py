@@ -24,6 +24,7 @@ from tfx import types
 from tfx.dsl.components.common import resolver
 
 TEXT_PROFILE_PROPERTY = "text_profile"
+DRIFT_DETECTED_PROPERTY = "drift_detected"
 _BLESSED = "blessed"
 _PIPELINE_RUN = "pipeline_run"
 
@@ -94,8 +95,8 @@ def _same_data_check(store: mlmd.MetadataStore, profile_id: int,
             continue
         outputs = store.get_artifacts_by_id(
             [e.artifact_id for e in events if e.type == mlmd.proto.Event.OUTPUT])
-        drifted = any(a.custom_properties["drift_detected"].int_value == 1
-                      for a in outputs if "drift_detected" in a.custom_properties)
+        drifted = any(a.custom_properties[DRIFT_DETECTED_PROPERTY].int_value == 1
+                      for a in outputs if DRIFT_DETECTED_PROPERTY in a.custom_properties)
         if drifted:
             return []
         return [i for i, key in inputs.items() if key == "baseline_statistics"]

@@ -47,9 +47,9 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
     # regular expression is most of the tokenizer's cost); the analyzer gets each
     # batch's distinct units and pre-tokenizes each distinct unit once.
     units = tokenizer.split_at_spaces(text)  # (B, units)
-    distinct, _, counts = tf.unique_with_counts(units.flat_values)  # (U,), (N,), (U,)
+    distinct, _, counts = tf.unique_with_counts(units.flat_values, out_idx=tf.int64)  # (U,), (N,), (U,)
     vocabulary_path = tft.experimental.ptransform_analyzer(
-        inputs=[distinct, tf.cast(counts, tf.int64)],
+        inputs=[distinct, counts],
         ptransform=LearnWordPieceVocabulary(
             vocab_size=config.tokenizer.vocab_size,
             max_unique_chars=config.tokenizer.max_unique_chars,

@@ -194,12 +194,12 @@ def count_unit_pieces(unit_counts: Mapping[str | bytes, int],
     for start in range(0, len(units), batch_size):
         batch = units[start:start + batch_size]
         pieces = pretokenize(tf.constant(batch))  # (batch, pieces)
-        lengths = pieces.row_lengths().numpy().tolist()
-        flat = iter(pieces.flat_values.numpy().tolist())
-        for unit, length in zip(batch, lengths, strict=True):
-            weight = int(unit_counts[unit])
-            for _ in range(length):
-                counts[next(flat)] += weight
+        # Each piece weighs as much as the unit it came from.
+        weights = tf.repeat(tf.constant([int(unit_counts[u]) for u in batch], tf.int64),
+                            pieces.row_lengths())  # (pieces,)
+        for piece, weight in zip(pieces.flat_values.numpy().tolist(),
+                                 weights.numpy().tolist(), strict=True):
+            counts[piece] += weight
     return counts
 
 
