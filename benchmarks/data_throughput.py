@@ -6,13 +6,13 @@ Runs the pipeline up to Transform (LocalDagRunner, Beam DirectRunner, no cache)
 on the corpus (default: Tiny Shakespeare; `--size-mb N` generates an N MB JSONL
 corpus of distinct documents with planted duplicates and bad records, as
 `benchmarks/data_memory.py` does), reads each
-component's wall time from ML Metadata, and then times the learned WordPiece
-tokenizer alone (`components/transform/tokenizer.py`, one `tf.function`, batches
-of 1024 documents) on the same documents. Prints one JSON object: MB/s and
+component's wall time from ML Metadata, and then times the learned byte-level
+BPE alone (the in-graph `BytePairEncoder` over the transform graph's tables, one
+`tf.function`, batches of 1024 documents) on the same documents. Prints one JSON object: MB/s and
 records/s per stage, and the tokenizer's MB/s.
 
 Transform's time includes both of its passes (analyze: counting space-delimited
-units and learning the vocabulary; transform: tokenizing and writing TFRecords)
+units and learning the tokenizer; transform: tokenizing and writing TFRecords)
 and its start-up (tracing the preprocessing_fn several times, writing the
 transform graph: about 14 s here), so its MB/s grows with the corpus; compare
 with the tokenizer at 100 MB or more (`--size-mb 100`).
@@ -30,11 +30,11 @@ import tensorflow as tf
 
 from components.text_example_gen.documents import read_documents
 from components.transform import tokenizer
+from components.transform.byte_pair_encoder import BytePairEncoder
 from pipeline.cli import default_corpus, split_data_path
 from pipeline.configs import get_config
 from pipeline.local_runner import run_local
 from pipeline.run_summary import latest_run
-from serving.export import find_vocabulary_file
 
 STAGES = ("TextExampleGen", "StatisticsGen", "ExampleValidator", "TextCleaner", "DriftValidator",
           "Transform")
@@ -51,9 +51,9 @@ def make_corpus(source: str, size_mb: float, out_dir: str) -> str:
     return path
 
 
-def tokenizer_throughput(texts: list[str], vocabulary_file: str,
+def tokenizer_throughput(texts: list[str], transform_graph: str,
                          max_bytes: int = 20_000_000) -> float:
-    """MB/s of pre-tokenization + WordPiece on `texts` (best of 3 passes over
+    """MB/s of the transform graph's tokenizer on `texts` (best of 3 passes over
     the first `max_bytes` of them: the tokenizer alone has no start-up cost to
     amortize, so a 20 MB sample measures it as well as the whole corpus)."""
     sample, size = [], 0
@@ -63,8 +63,11 @@ def tokenizer_throughput(texts: list[str], vocabulary_file: str,
         sample.append(text)
         size += len(text.encode("utf-8"))
     texts = sample
-    wordpiece = tokenizer.make_wordpiece_tokenizer(vocabulary_file)
-    encode = tf.function(lambda t: tokenizer.encode(t, wordpiece).flat_values)
+    spec = tokenizer.load_tokenizer(transform_graph)
+    encoder = BytePairEncoder(spec.pre_tokenizer_config, spec.added_tokens,
+                              tokenizer.find_asset(transform_graph, tokenizer.TABLES_ASSET_PREFIX))
+    encode = tf.function(lambda t: encoder.encode(t).flat_values,
+                         input_signature=[tf.TensorSpec([None], tf.string)])
     batches = [tf.constant(texts[i:i + 1024]) for i in range(0, len(texts), 1024)]
     encode(batches[0])  # trace
     total_bytes = sum(len(t.encode("utf-8")) for t in texts)
@@ -100,7 +103,7 @@ def main() -> None:
                             "records_per_s": round(len(texts) / seconds, 1)}
         data_path_s = sum(runs[name].duration_s for name in STAGES)
         graph = runs["Transform"].outputs["TransformGraph"]["uri"]
-        raw = tokenizer_throughput(texts, find_vocabulary_file(graph))
+        raw = tokenizer_throughput(texts, graph)
     print(json.dumps({
         "corpus_mb": round(size_mb, 3),
         "records": len(texts),

@@ -27,6 +27,8 @@ PIPELINE_NAME = "deepseek-tfx"
 
 DOCUMENT_BOUNDARIES = ("blank_line", "line", "file", "jsonl")
 NORMALIZATION_FORMS = ("NFC", "NFKC", "none")
+# The names of `components.transform.pre_tokenizer.PRE_TOKENIZERS` (this module stays light).
+PRE_TOKENIZER_NAMES = ("deepseek_v3",)
 INVALID_UTF8_POLICIES = ("replace", "reject")
 
 
@@ -135,25 +137,33 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerConfig:
-    """The subword tokenizer that Transform learns from the training split.
+    """The tokenizer: a byte-level BPE (Hugging Face tokenizer.json, DeepSeek-V3 family).
 
-    WordPiece (`tokenizers`' WordPieceTrainer, tensorflow-text's `WordpieceTokenizer`) over a
-    lossless pre-tokenization; see `components/transform/tokenizer.py`.
+    Learned by Transform from the training split with `tokenizers`' BpeTrainer, or
+    given as a file; see `components/transform/tokenizer.py`.
 
     Attributes:
-      vocab_size: exact vocabulary size, special tokens included. The model's
-        `vocab_size` must equal it.
-      max_unique_chars: the alphabet: characters beyond the most frequent ones
-        become `[UNK]`.
+      vocab_size: the size to learn (added tokens, 256 byte tokens, merges). The
+        model's `vocab_size` must equal it. Ignored with `path`, where the model's
+        `vocab_size` must cover the given tokenizer instead.
+      path: a tokenizer.json, or a directory holding one (and tokenizer_config.json),
+        used as it is; empty to learn one.
+      pre_tokenizer: the pre-tokenizer to learn with (`pre_tokenizer.PRE_TOKENIZERS`).
+      min_frequency: the least count of a pair that the learner merges.
     """
 
     vocab_size: int = 8192
-    max_unique_chars: int = 1000
+    path: str = ""
+    pre_tokenizer: str = "deepseek_v3"
+    min_frequency: int = 2
 
     def __post_init__(self) -> None:
         if self.vocab_size < 300:
             raise ValueError(f"tokenizer.vocab_size={self.vocab_size} must be >= 300")
-        _check_positive("tokenizer.max_unique_chars", self.max_unique_chars)
+        if self.pre_tokenizer not in PRE_TOKENIZER_NAMES:
+            raise ValueError(f"tokenizer.pre_tokenizer={self.pre_tokenizer!r} must be one of "
+                             f"{list(PRE_TOKENIZER_NAMES)}")
+        _check_positive("tokenizer.min_frequency", self.min_frequency)
 
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
@@ -339,7 +349,7 @@ class PipelineConfig:
     generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
 
     def __post_init__(self) -> None:
-        if self.model.vocab_size != self.tokenizer.vocab_size:
+        if not self.tokenizer.path and self.model.vocab_size != self.tokenizer.vocab_size:
             raise ValueError(
                 f"model.vocab_size={self.model.vocab_size} must equal "
                 f"tokenizer.vocab_size={self.tokenizer.vocab_size}"

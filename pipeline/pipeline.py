@@ -35,7 +35,7 @@ RUN_FN = "components.trainer.run_fn.run_fn"
 # fingerprint of these sources goes into each component's custom_config: an
 # edit re-runs Transform (or the Trainer), not a stale cached result.
 TRANSFORM_SOURCES = ("components/transform", "pipeline/configs.py")
-TRAINER_SOURCES = ("components/trainer", "components/transform/tokenizer.py", "models",
+TRAINER_SOURCES = ("components/trainer", "components/transform", "models", "serving",
                    "pipeline/configs.py")
 
 COMPONENT_ORDER = (
@@ -84,6 +84,31 @@ def source_fingerprint(paths: tuple[str, ...]) -> str:
         with open(file, "rb") as f:
             digest.update(f.read())
     return digest.hexdigest()
+
+
+def check_given_tokenizer(config: PipelineConfig) -> tuple[PipelineConfig, str]:
+    """(config with an absolute `tokenizer.path`, SHA-256 of its tokenizer.json) when a
+    tokenizer is given; (config, "") when Transform learns one.
+
+    Raises:
+      ValueError: the model's `vocab_size` does not cover the tokenizer's ids.
+      FileNotFoundError, pre_tokenizer.UnsupportedTokenizerError: see `ByteLevelBpe.from_file`.
+    """
+    if not config.tokenizer.path:
+        return config, ""
+    from components.transform.byte_level_bpe import ByteLevelBpe
+
+    path = os.path.abspath(config.tokenizer.path)
+    given = ByteLevelBpe.from_file(path)
+    if given.vocab_size > config.model.vocab_size:
+        raise ValueError(
+            f"tokenizer.path={path} has ids up to {given.vocab_size - 1} (vocabulary size "
+            f"{given.vocab_size}), but model.vocab_size={config.model.vocab_size}: set "
+            f"--set model.vocab_size={given.vocab_size} (or more)")
+    with open(given.source, "rb") as f:
+        fingerprint = hashlib.sha256(f.read()).hexdigest()
+    tokenizer = dataclasses.replace(config.tokenizer, path=path)
+    return dataclasses.replace(config, tokenizer=tokenizer), fingerprint
 
 
 def component_config(config: PipelineConfig, sections: tuple[str, ...]) -> PipelineConfig:
@@ -167,10 +192,14 @@ def create_pipeline(
         strategies (`deepseek-tfx compile-kfp`).
 
     Raises:
-      ValueError: `until` is not a component id.
+      ValueError: `until` is not a component id; `tokenizer.path` is given and the
+        model's vocabulary does not cover it.
+      FileNotFoundError, pre_tokenizer.UnsupportedTokenizerError: `tokenizer.path`
+        holds no tokenizer.json of the family (`ByteLevelBpe.from_file`).
     """
     if until is not None and until not in COMPONENT_ORDER:
         raise ValueError(f"until={until!r} must be one of {list(COMPONENT_ORDER)}")
+    config, tokenizer_fingerprint = check_given_tokenizer(config)
     config_json = config.to_json()
 
     example_gen = TextExampleGen(
@@ -216,6 +245,8 @@ def create_pipeline(
         custom_config={
             "pipeline_config": component_config(config, CONFIG_SECTIONS["Transform"]).to_json(),
             "code_fingerprint": source_fingerprint(TRANSFORM_SOURCES),
+            # An edited tokenizer.json at the same path re-runs Transform.
+            "tokenizer_fingerprint": tokenizer_fingerprint,
         },
     )
     trainer = Trainer(

@@ -22,7 +22,7 @@ import tensorflow_text  # noqa: F401
 from components.lm_evaluator import scoring
 from components.text_example_gen.documents import file_format, read_documents
 from pipeline.configs import PipelineConfig
-from serving.export import CONFIG_ASSET
+from serving.export import CONFIG_ASSET, savedmodel_tokenizer
 
 
 def load_config(model_dir: str) -> PipelineConfig:
@@ -51,6 +51,10 @@ def evaluate_text_files(model_dir: str, pattern: str, batch_size: int = 64) -> d
     if not files:
         raise FileNotFoundError(f"no files match {pattern}")
     config = load_config(model_dir)
+    tokenizer = savedmodel_tokenizer(model_dir)
+    if tokenizer is None:
+        raise ValueError(f"{model_dir} has no tokenizer (assets/tokenizer.json): it serves "
+                         "logits only, so it cannot score text")
     loaded = tf.saved_model.load(model_dir)
     tokenize, logits = loaded.signatures["tokenize"], loaded.signatures["logits"]
 
@@ -70,10 +74,10 @@ def evaluate_text_files(model_dir: str, pattern: str, batch_size: int = 64) -> d
             out = tokenize(text=tf.constant(texts[i : i + batch_size]))
             ids, lengths = out["input_ids"].numpy(), out["lengths"].numpy()
             docs.extend(row[:n].tolist() for row, n in zip(ids, lengths, strict=True))
-    stream = scoring.token_stream(docs)
+    stream = scoring.token_stream(docs, eos_id=tokenizer.eos_id)
     result = scoring.score_stream(
-        lambda x: logits(input_ids=x)["logits"], stream, config.train.seq_len, batch_size=16
-    )
+        lambda x: logits(input_ids=x)["logits"], stream, config.train.seq_len, batch_size=16,
+        pad_id=tokenizer.pad_id)
     metrics = scoring.summarize(result["nll"], result["tokens"], num_bytes)
     metrics.update(documents=len(docs), files=len(files))
     return metrics

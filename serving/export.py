@@ -1,7 +1,7 @@
 """The servable SavedModel: raw text in, generated text out.
 
-`export_serving_model` writes a SavedModel holding the trained model and the
-tokenization graph, with signatures:
+`export_serving_model` writes a SavedModel holding the trained model and its
+tokenizer, with signatures:
 
   serving_default  prompt tf.string [batch] -> completion, text tf.string [batch]
                    (sampling with the config's generation defaults)
@@ -9,63 +9,71 @@ tokenization graph, with signatures:
                    -> completion, text, num_generated int32 [batch]
   logits           input_ids int32 [batch, seq] -> logits float32 [batch, seq, vocab]
   tokenize         text tf.string [batch] -> input_ids int32 [batch, max_len] (padded
-                   with 0), lengths int32 [batch]
-  detokenize       input_ids int32 [batch, seq] -> text tf.string [batch]
+                   with the pad id), lengths int32 [batch]
+  detokenize       input_ids int32 [batch, seq] -> text tf.string [batch] (special
+                   tokens, padding included, decode to nothing)
 
-It loads with only `tensorflow` and `tensorflow_text` imported (the WordPiece op
-lives in tensorflow_text), which is what TensorFlow Serving needs too.
+It loads with only `tensorflow` and `tensorflow_text` imported (the regex ops live
+in tensorflow_text), which is what TensorFlow Serving needs too.
 
-Tokenization is the graph tf.Transform produced (`transform_fn`, loaded with
-`TFTransformOutput.transform_features_layer()`), so training and serving cannot
-drift apart.
+The tokenizer is the Hugging Face tokenizer.json that Transform learned or copied
+(`components/transform/tokenizer.py`), run by the same in-graph `BytePairEncoder`
+as Transform, so training and serving tokenize alike. The file travels with the
+model: `assets/tokenizer.json` and `assets/tokenizer_config.json` (what `hf-export`
+writes beside the weights).
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
+import tempfile
 
 import tensorflow as tf
-import tensorflow_text  # noqa: F401  (registers the WordPiece ops the graph uses)
+import tensorflow_text  # noqa: F401  (registers the regex ops the graph uses)
 
-from components.transform import tokenizer
-from components.transform.preprocessing import INPUT_IDS_KEY, TEXT_KEY
+from components.transform.byte_level_bpe import (
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    ByteLevelBpe,
+)
+from components.transform.byte_pair_encoder import BytePairEncoder
+from components.transform.tokenizer import load_tokenizer
 from models.deepseek.generation import generate
-from pipeline.configs import PipelineConfig
+from pipeline.configs import GenerationConfig, PipelineConfig
 from serving.hf_interop import PIPELINE_CONFIG_ASSET as CONFIG_ASSET
 
 
-def find_vocabulary_file(transform_output_dir: str) -> str:
-    """The WordPiece vocabulary asset written by Transform's analyzer."""
-    pattern = os.path.join(transform_output_dir, "transform_fn", "assets", "wordpiece_vocab_*.txt")
-    matches = glob.glob(pattern)
-    if len(matches) != 1:
-        raise FileNotFoundError(f"expected one vocabulary matching {pattern}, found {matches}")
-    return matches[0]
-
-
 class ServingModule(tf.Module):
-    """Wraps the trained model and the transform graph into serving signatures."""
+    """Wraps a trained model and its tokenizer into serving signatures.
 
-    def __init__(self, model, transform_layer, surfaces: list[str], config: PipelineConfig):
+    Args:
+      model: a `DeepSeekCausalLM`.
+      tokenizer: its `ByteLevelBpe` (tokenizer.json).
+      generation: defaults of `serving_default`.
+      asset_dir: a directory holding tokenizer.json and tokenizer_config.json, which
+        the SavedModel carries as assets.
+    """
+
+    def __init__(self, model, tokenizer: ByteLevelBpe, generation: GenerationConfig,
+                 asset_dir: str):
         super().__init__(name="deepseek_tfx")
         self.model = model
-        self.transform_layer = transform_layer
-        self.surfaces = tf.constant(surfaces, dtype=tf.string)
-        self.max_context = config.model.max_position_embeddings
-        self.generation = config.generation
+        self.encoder = BytePairEncoder(tokenizer.pre_tokenizer_config, tokenizer.added_tokens,
+                                       tokenizer, tokenizer.surfaces())
+        self.tokenizer_file = tf.saved_model.Asset(os.path.join(asset_dir, TOKENIZER_FILE))
+        self.tokenizer_config_file = tf.saved_model.Asset(
+            os.path.join(asset_dir, TOKENIZER_CONFIG_FILE))
+        self.eos_id = tokenizer.eos_id
+        self.pad_id = tokenizer.pad_id
+        self.max_context = model.config.max_position_embeddings
+        self.generation = generation
 
     # -- tokenization -------------------------------------------------------------
     def _encode(self, text):
-        features = self.transform_layer({TEXT_KEY: tf.reshape(text, [-1, 1])})
-        ids = tf.cast(tf.sparse.to_dense(features[INPUT_IDS_KEY]), tf.int32)  # (B, T)
-        row_lengths = tf.math.bincount(
-            tf.cast(features[INPUT_IDS_KEY].indices[:, 0], tf.int32),
-            minlength=tf.shape(text)[0],
-            maxlength=tf.shape(text)[0],
-        )
-        return ids, row_lengths
+        ids = self.encoder.encode(tf.reshape(text, [-1]))  # (B, (T))
+        lengths = tf.cast(ids.row_lengths(), tf.int32)
+        return tf.cast(ids.to_tensor(default_value=self.pad_id), tf.int32), lengths
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
     def tokenize(self, text):
@@ -74,7 +82,7 @@ class ServingModule(tf.Module):
 
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="input_ids")])
     def detokenize(self, input_ids):
-        return {"text": tokenizer.decode_ids(input_ids, self.surfaces)}
+        return {"text": self.encoder.decode(input_ids)}
 
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="input_ids")])
     def logits(self, input_ids):
@@ -85,7 +93,7 @@ class ServingModule(tf.Module):
         ids, lengths = self._encode(tf.reshape(prompt, [1]))
         ids = ids[:, : lengths[0]]  # (1, T0)
         # An empty prompt starts from [EOS], the document separator.
-        ids = tf.concat([tf.fill([1, 1], tokenizer.EOS_ID), ids], axis=1)
+        ids = tf.concat([tf.fill([1, 1], self.eos_id), ids], axis=1)
         keep = tf.maximum(self.max_context - max_new_tokens, 1)
         ids = ids[:, -keep:]  # crop the prompt to leave room for the new tokens
         prompt_len = tf.shape(ids)[1]
@@ -97,14 +105,14 @@ class ServingModule(tf.Module):
             top_k=top_k,
             top_p=top_p,
             seed=seed,
-            stop_token_id=tokenizer.EOS_ID,
+            stop_token_id=self.eos_id,
         )
         new_tokens = tokens[:, prompt_len:]  # (1, max_new_tokens)
         # Tokens after the first [EOS] are not part of the completion.
-        is_eos = tf.cast(tf.equal(new_tokens, tokenizer.EOS_ID), tf.int32)
+        is_eos = tf.cast(tf.equal(new_tokens, self.eos_id), tf.int32)
         alive = tf.equal(tf.cumsum(is_eos, axis=1), 0)
-        new_tokens = tf.where(alive, new_tokens, tokenizer.PAD_ID)
-        completion = tokenizer.decode_ids(new_tokens, self.surfaces)[0]
+        new_tokens = tf.where(alive, new_tokens, self.pad_id)
+        completion = self.encoder.decode(new_tokens)[0]
         return completion, tf.reduce_sum(tf.cast(alive, tf.int32))
 
     def _generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
@@ -147,31 +155,45 @@ class ServingModule(tf.Module):
         return self._generate(prompt, max_new_tokens, temperature, top_k, top_p, seed)
 
 
+def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig,
+                    export_dir: str) -> str:
+    """Writes `model` with its tokenizer and text signatures as a SavedModel; returns it.
+
+    Raises:
+      pre_tokenizer.UnsupportedTokenizerError: a tokenizer outside the family.
+    """
+    with tempfile.TemporaryDirectory() as asset_dir:
+        tokenizer.write(asset_dir)
+        module = ServingModule(model, tokenizer, generation, asset_dir)
+        signatures = {
+            "serving_default": module.serving_default,
+            "generate": module.generate,
+            "logits": module.logits,
+            "tokenize": module.tokenize,
+            "detokenize": module.detokenize,
+        }
+        tf.saved_model.save(module, export_dir, signatures=signatures)
+    return export_dir
+
+
 def export_serving_model(model, transform_output_dir: str, config: PipelineConfig, export_dir: str) -> str:
     """Writes the servable SavedModel to `export_dir` and returns it.
 
     Args:
       model: the trained `DeepSeekCausalLM`.
-      transform_output_dir: Transform's `transform_graph` artifact directory.
-      config: the pipeline config (stored as an asset, and generation defaults).
+      transform_output_dir: Transform's `transform_graph` artifact directory (its
+        tokenizer.json asset is the model's tokenizer).
+      config: the pipeline config (stored beside the model, and generation defaults).
       export_dir: destination (TFX: `fn_args.serving_model_dir`).
     """
-    import tensorflow_transform as tft  # only the exporting process needs it
-
-    tft_output = tft.TFTransformOutput(transform_output_dir)
-    vocabulary = tokenizer.read_vocabulary(find_vocabulary_file(transform_output_dir))
-    module = ServingModule(
-        model, tft_output.transform_features_layer(), tokenizer.surface_forms(vocabulary), config
-    )
-    signatures = {
-        "serving_default": module.serving_default,
-        "generate": module.generate,
-        "logits": module.logits,
-        "tokenize": module.tokenize,
-        "detokenize": module.detokenize,
-    }
-    tf.saved_model.save(module, export_dir, signatures=signatures)
+    save_text_model(model, load_tokenizer(transform_output_dir), config.generation, export_dir)
     tf.io.gfile.makedirs(os.path.join(export_dir, "assets.extra"))
     with tf.io.gfile.GFile(os.path.join(export_dir, "assets.extra", CONFIG_ASSET), "w") as f:
         f.write(json.dumps(config.to_dict(), indent=2, sort_keys=True))
     return export_dir
+
+
+def savedmodel_tokenizer(model_dir: str) -> ByteLevelBpe | None:
+    """The tokenizer a SavedModel carries (`assets/tokenizer.json`), or None (logits only)."""
+    path = os.path.join(model_dir, "assets", TOKENIZER_FILE)
+    return ByteLevelBpe.from_file(path) if tf.io.gfile.exists(path) else None

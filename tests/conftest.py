@@ -19,3 +19,17 @@ def shakespeare() -> str:
     if not CORPUS.is_file():
         pytest.skip(f"corpus not found at {CORPUS}")
     return CORPUS.read_text(encoding="utf-8")
+
+
+POEMS = PROJECT_ROOT.parent / "shared" / "corpora" / "tang_song_poems.txt"
+
+
+@pytest.fixture(scope="session")
+def chinese_poems() -> list[str]:
+    """Tang and Song poems (real Chinese text), one per entry, ANSI colour codes removed."""
+    import re
+
+    if not POEMS.is_file():
+        pytest.skip(f"corpus not found at {POEMS}")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", POEMS.read_text(encoding="utf-8"))
+    return [p.strip("\n") for p in text.split("\n%\n") if p.strip()]

@@ -3,7 +3,12 @@
 Uses the candidate's pushed-to-be SavedModel (`logits` signature) on the eval
 split of Transform's output, so what is blessed is exactly what would serve.
 Bytes scored = the documents' UTF-8 bytes + one byte per `[EOS]` separator
-(the blank line it stands for).
+(the blank line it stands for): every byte of the text, in any language (the
+byte-level tokenizer has no `[UNK]` to hide bytes in).
+
+A baseline model whose tokenizer differs from the candidate's (another run that
+learned another tokenizer) scores the same text: the candidate's ids are decoded
+(lossless) and encoded again with the baseline's own `tokenize` signature.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import json
 import os
 
 import tensorflow as tf
-import tensorflow_text  # noqa: F401  (WordPiece ops in the SavedModel)
+import tensorflow_text  # noqa: F401  (regex ops of the SavedModel's tokenizer)
 from tfx.components.evaluator import constants
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
@@ -21,6 +26,7 @@ from tfx.utils import io_utils, path_utils
 from components.lm_evaluator import scoring
 from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY
 from pipeline.configs import PipelineConfig
+from serving.export import savedmodel_tokenizer
 
 METRICS_FILE = "metrics.json"
 
@@ -41,12 +47,14 @@ def read_eval_documents(transformed_examples, split: str = "eval") -> tuple[list
 
 
 def evaluate_saved_model(model_dir: str, docs, num_bytes: int, config: PipelineConfig) -> dict:
+    """Perplexity and bits per byte of the SavedModel on `docs` (its own token ids)."""
     loaded = tf.saved_model.load(model_dir)
     logits_fn = loaded.signatures["logits"]
-    stream = scoring.token_stream(docs, config.eval.max_eval_tokens)
+    tokenizer = savedmodel_tokenizer(model_dir)
+    stream = scoring.token_stream(docs, config.eval.max_eval_tokens, eos_id=tokenizer.eos_id)
     result = scoring.score_stream(
-        lambda x: logits_fn(input_ids=x)["logits"], stream, config.train.seq_len, config.eval.batch_size
-    )
+        lambda x: logits_fn(input_ids=x)["logits"], stream, config.train.seq_len,
+        config.eval.batch_size, pad_id=tokenizer.pad_id)
     if config.eval.max_eval_tokens and result["tokens"] < sum(len(d) for d in docs) + len(docs) - 1:
         # Scored a prefix: scale bytes by the fraction of tokens scored.
         total_tokens = sum(len(d) for d in docs) + len(docs) - 1
@@ -70,9 +78,10 @@ class Executor(base_executor.BaseExecutor):
         baseline_metrics = None
         if baselines:
             baseline = baselines[0]
-            baseline_metrics = evaluate_saved_model(
-                path_utils.serving_model_path(baseline.uri), docs, num_bytes, config
-            )
+            baseline_dir = path_utils.serving_model_path(baseline.uri)
+            baseline_docs = retokenize(docs, path_utils.serving_model_path(model.uri),
+                                       baseline_dir)
+            baseline_metrics = evaluate_saved_model(baseline_dir, baseline_docs, num_bytes, config)
         blessed, message = decide_blessing(metrics, baseline_metrics, config)
 
         report = {"candidate": metrics, "baseline": baseline_metrics, "blessed": blessed,
@@ -109,6 +118,28 @@ class Executor(base_executor.BaseExecutor):
             )
         blessing.set_string_custom_property(constants.ARTIFACT_PROPERTY_BLESSING_MESSAGE_KEY, message)
         blessing.set_float_custom_property("bits_per_byte", metrics["bits_per_byte"])
+
+
+def retokenize(docs: list[list[int]], from_dir: str, to_dir: str,
+               batch_size: int = 64) -> list[list[int]]:
+    """`docs` (ids of `from_dir`'s tokenizer) as ids of `to_dir`'s tokenizer.
+
+    The same list when both SavedModels carry the same tokenizer.json; otherwise
+    decoded with one model's `detokenize` and encoded with the other's `tokenize`.
+    """
+    source, target = savedmodel_tokenizer(from_dir), savedmodel_tokenizer(to_dir)
+    if source.json == target.json:
+        return docs
+    detokenize = tf.saved_model.load(from_dir).signatures["detokenize"]
+    tokenize = tf.saved_model.load(to_dir).signatures["tokenize"]
+    out: list[list[int]] = []
+    for start in range(0, len(docs), batch_size):
+        batch = tf.ragged.constant(docs[start:start + batch_size], dtype=tf.int32)
+        texts = detokenize(input_ids=batch.to_tensor(default_value=source.pad_id))["text"]
+        encoded = tokenize(text=texts)
+        out.extend(row[:n].tolist() for row, n in zip(encoded["input_ids"].numpy(),
+                                                       encoded["lengths"].numpy(), strict=True))
+    return out
 
 
 def decide_blessing(metrics: dict, baseline: dict | None, config: PipelineConfig) -> tuple[bool, str]:

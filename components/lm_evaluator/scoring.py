@@ -1,7 +1,7 @@
 """Language-model scoring: perplexity and bits per byte over a token stream.
 
 Documents are joined into one stream `[EOS] d1 [EOS] d2 ... [EOS] dN` (the
-Trainer's packing), cut into non-overlapping windows of `seq_len`, and every
+Trainer's packing; `[EOS]` is the tokenizer's end-of-sequence id), cut into non-overlapping windows of `seq_len`, and every
 token after the leading `[EOS]` is scored given the tokens before it in its
 window (0 to seq_len - 1 tokens of context, as in training).
 
@@ -26,20 +26,22 @@ from components.transform.tokenizer import EOS_ID, PAD_ID
 LogitsFn = Callable[[tf.Tensor], tf.Tensor]
 
 
-def token_stream(documents: Iterable[Iterable[int]], max_tokens: int = 0) -> np.ndarray:
+def token_stream(documents: Iterable[Iterable[int]], max_tokens: int = 0,
+                 eos_id: int = EOS_ID) -> np.ndarray:
     """`[EOS] d1 [EOS] d2 ... dN` as int32; cut at `max_tokens` + 1 if > 0."""
     parts = []
     for i, doc in enumerate(documents):
         if i:
-            parts.append([EOS_ID])
+            parts.append([eos_id])
         parts.append(list(doc))
-    stream = np.concatenate([[EOS_ID]] + [np.asarray(p, np.int32) for p in parts]).astype(np.int32)
+    stream = np.concatenate([[eos_id]] + [np.asarray(p, np.int32) for p in parts]).astype(np.int32)
     if max_tokens > 0:
         stream = stream[: max_tokens + 1]
     return stream
 
 
-def score_stream(logits_fn: LogitsFn, stream: np.ndarray, seq_len: int, batch_size: int) -> dict:
+def score_stream(logits_fn: LogitsFn, stream: np.ndarray, seq_len: int, batch_size: int,
+                 pad_id: int = PAD_ID) -> dict:
     """Scores every token of `stream` but the first.
 
     Args:
@@ -47,12 +49,13 @@ def score_stream(logits_fn: LogitsFn, stream: np.ndarray, seq_len: int, batch_si
       stream: int32 [N] token ids.
       seq_len: window length T.
       batch_size: windows per call.
+      pad_id: the id that fills the last window (its positions are not scored).
 
     Returns:
       {"nll": nats (float), "tokens": N - 1 (int)}.
     """
     n_windows = max(math.ceil((len(stream) - 1) / seq_len), 0)
-    inputs = np.full([n_windows, seq_len], PAD_ID, np.int32)
+    inputs = np.full([n_windows, seq_len], pad_id, np.int32)
     labels = np.full([n_windows, seq_len], -1, np.int32)
     for w in range(n_windows):
         chunk = stream[w * seq_len : w * seq_len + seq_len + 1]

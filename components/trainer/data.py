@@ -47,13 +47,14 @@ def read_documents(file_pattern: str | list[str]) -> tf.data.Dataset:
     return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def pack(documents: tf.data.Dataset, seq_len: int) -> tf.data.Dataset:
+def pack(documents: tf.data.Dataset, seq_len: int, eos_id: int = EOS_ID) -> tf.data.Dataset:
     """Documents -> {"input_ids": int32 [seq_len], "labels": int32 [seq_len]}.
 
     The stream starts with `[EOS]` (so the first document's first token is
-    predicted too) and every document is followed by `[EOS]`.
+    predicted too) and every document is followed by `[EOS]` (`eos_id`, the
+    tokenizer's end-of-sequence token).
     """
-    eos = tf.constant([EOS_ID], tf.int32)
+    eos = tf.constant([eos_id], tf.int32)
     stream = tf.data.Dataset.from_tensors(eos).concatenate(
         documents.map(lambda ids: tf.concat([ids, eos], axis=0))
     )
@@ -62,7 +63,8 @@ def pack(documents: tf.data.Dataset, seq_len: int) -> tf.data.Dataset:
 
 
 def make_train_dataset(
-    file_pattern, seq_len: int, batch_size: int, shuffle_buffer: int, seed: int
+    file_pattern, seq_len: int, batch_size: int, shuffle_buffer: int, seed: int,
+    eos_id: int = EOS_ID,
 ) -> tf.data.Dataset:
     """Infinite, shuffled, packed training batches of [batch_size, seq_len].
 
@@ -71,14 +73,15 @@ def make_train_dataset(
     """
     docs = read_documents(file_pattern).cache()
     docs = docs.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = pack(docs, seq_len)
+    ds = pack(docs, seq_len, eos_id)
     ds = ds.shuffle(max(4 * batch_size, 64), seed=seed + 1)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def make_eval_dataset(file_pattern, seq_len: int, batch_size: int) -> tf.data.Dataset:
+def make_eval_dataset(file_pattern, seq_len: int, batch_size: int,
+                      eos_id: int = EOS_ID) -> tf.data.Dataset:
     """One pass over the eval documents, in file order, packed the same way."""
-    return pack(read_documents(file_pattern), seq_len).batch(batch_size).prefetch(2)
+    return pack(read_documents(file_pattern), seq_len, eos_id).batch(batch_size).prefetch(2)
 
 
 def split_for_replicas(

@@ -34,6 +34,7 @@ class TrainingJob:
       peak_flops_source: how it was obtained ("probe:float32 matmul", "table:...").
       intra_op_threads: TensorFlow intra-op threads (0 = TensorFlow's default);
         set by the launcher so that N workers on one CPU share its cores.
+      eos_id: the tokenizer's end-of-sequence id, which separates packed documents.
     """
 
     pipeline_config: str
@@ -45,6 +46,7 @@ class TrainingJob:
     peak_flops_per_device: float = 0.0
     peak_flops_source: str = ""
     intra_op_threads: int = 0
+    eos_id: int = 1
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
@@ -97,7 +99,7 @@ def run(job: TrainingJob):
 
     def dataset_fn():
         return data.make_train_dataset(job.train_files, tc.seq_len, tc.batch_size,
-                                       tc.shuffle_buffer, tc.seed)
+                                       tc.shuffle_buffer, tc.seed, job.eos_id)
 
     result = train_loop.train(config, dataset_fn, job.checkpoint_dir, job.log_dir, strategy=dist,
                               precision=policy, peak_flops=total_peak)

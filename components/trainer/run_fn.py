@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from components.trainer import checkpointing, data, hardware, precision, train_loop
 from components.trainer import job as job_lib
+from components.transform.tokenizer import load_tokenizer
 from pipeline.configs import PipelineConfig
 from serving.export import export_serving_model
 
@@ -50,6 +51,7 @@ def run_fn(fn_args) -> None:
         fn_args.model_run_dir, config, fn_args.train_files, custom.get("checkpoint_root"))
     checkpointing.link_from_model_run(fn_args.model_run_dir, checkpoint_dir)
     logging.info("checkpoints: %s", checkpoint_dir)
+    eos_id = load_tokenizer(fn_args.transform_output).eos_id
     job = job_lib.TrainingJob(
         pipeline_config=config.to_json(),
         train_files=list(fn_args.train_files),
@@ -57,12 +59,13 @@ def run_fn(fn_args) -> None:
         log_dir=fn_args.model_run_dir,
         result_path=os.path.join(fn_args.model_run_dir, TRAIN_RESULT),
         num_workers=num_workers,
+        eos_id=eos_id,
     )
     model = train_model(job, config)
     with open(job.result_path) as f:
         figures = json.load(f)
 
-    eval_ds = data.make_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size)
+    eval_ds = data.make_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size, eos_id)
     eval_loss, eval_tokens = train_loop.evaluate(model, eval_ds, tc.eval_batches)
     logging.info("trainer eval loss %.4f nats/token (%d tokens)", eval_loss, eval_tokens)
     with tf.summary.create_file_writer(fn_args.model_run_dir).as_default(step=tc.train_steps):

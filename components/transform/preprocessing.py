@@ -1,9 +1,12 @@
 """Transform's module: `preprocessing_fn`, the entry point TFX calls.
 
-Text -> token ids, with the WordPiece vocabulary learned from the training split
-during this very run (see `vocabulary_analyzer.py`). Outputs per document:
+Text -> token ids with a byte-level BPE (`tokenizer.py`): learned from the
+training split during this very run (the default), or given by `tokenizer.path`
+and copied. Either way the tokenizer.json and its tables become assets of the
+transform graph (`tokenizer_analyzer.py`), and the ids come from the in-graph
+`BytePairEncoder`, the same code the pushed model runs. Outputs per document:
 
-  input_ids  int64 [tokens]  (VarLen) WordPiece ids, no special tokens.
+  input_ids  int64 [tokens]  (VarLen) token ids, no special tokens.
   num_bytes  int64 scalar    UTF-8 bytes of the document, for bits per byte.
 
 Packing documents into fixed-length sequences happens in the Trainer's input
@@ -18,13 +21,17 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from components.transform import tokenizer
-from components.transform.vocabulary_analyzer import LearnWordPieceVocabulary
+from components.transform.byte_level_bpe import ByteLevelBpe
+from components.transform.byte_pair_encoder import BytePairEncoder
+from components.transform.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer
+from components.transform.tokenizer_analyzer import CopyTokenizer, LearnByteLevelBpe
 
 TEXT_KEY = "text"
 INPUT_IDS_KEY = "input_ids"
 NUM_BYTES_KEY = "num_bytes"
-VOCABULARY_ASSET_NAME = "wordpiece_vocabulary"
-_DEFAULT_VOCABULARY = "\n".join(tokenizer.SPECIAL_TOKENS).encode("utf-8")
+TOKENIZER_ANALYZER_NAME = "tokenizer"
+# Placeholder asset contents while the analyzer has not run (tf.Transform needs them).
+_DEFAULT_ASSETS = [b"{}", b"-1\t-1\n"]
 
 
 def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> dict[str, Any]:
@@ -40,37 +47,39 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
     """
     from pipeline.configs import PipelineConfig
 
-    config = PipelineConfig.from_json(custom_config["pipeline_config"])
+    config = PipelineConfig.from_json(custom_config["pipeline_config"]).tokenizer
     text = tf.reshape(inputs[TEXT_KEY], [-1])  # (B,)
-
-    # Analyze pass: count space-delimited units (cheap), not pre-tokens (the
-    # regular expression is most of the tokenizer's cost); the analyzer gets each
-    # batch's distinct units and pre-tokenizes each distinct unit once.
-    units = tokenizer.split_at_spaces(text)  # (B, units)
-    distinct, _, counts = tf.unique_with_counts(units.flat_values, out_idx=tf.int64)  # (U,), (N,), (U,)
-    vocabulary_path = tft.experimental.ptransform_analyzer(
-        inputs=[distinct, counts],
-        ptransform=LearnWordPieceVocabulary(
-            vocab_size=config.tokenizer.vocab_size,
-            max_unique_chars=config.tokenizer.max_unique_chars,
-        ),
-        output_dtypes=[tf.string],
-        output_shapes=[[]],
-        output_asset_default_values=[_DEFAULT_VOCABULARY],
-        name=VOCABULARY_ASSET_NAME,
-    )[0]
     num_bytes = tf.cast(tf.strings.length(text, unit="BYTE"), tf.int64)  # (B,)
+
+    if config.path:
+        given = ByteLevelBpe.from_file(config.path)
+        pre_tokenizer, added_tokens = given.pre_tokenizer_config, given.added_tokens
+        analyzer_inputs = [tf.zeros([0], tf.string)]
+        ptransform = CopyTokenizer(config.path)
+    else:
+        pre_tokenizer, added_tokens = PRE_TOKENIZERS[config.pre_tokenizer], \
+            tokenizer.LEARNED_ADDED_TOKENS
+        # Analyze pass: count the units of the text (cheap), not the pre-tokens;
+        # the analyzer gets each batch's distinct units and their counts.
+        units = tokenizer.units(text, PreTokenizer(pre_tokenizer))  # (B, units)
+        distinct, _, counts = tf.unique_with_counts(units.flat_values, out_idx=tf.int64)
+        analyzer_inputs = [distinct, counts]  # (U,), (U,)
+        ptransform = LearnByteLevelBpe(config.vocab_size, config.pre_tokenizer,
+                                       config.min_frequency)
+    _, tables_path = tft.experimental.ptransform_analyzer(
+        inputs=analyzer_inputs, ptransform=ptransform, output_dtypes=[tf.string, tf.string],
+        output_shapes=[[], []], output_asset_default_values=_DEFAULT_ASSETS,
+        name=TOKENIZER_ANALYZER_NAME)
     if _analyze_phase():
         # Only the analyzer's inputs are computed in this trace, but the
-        # tokenizer's table lookups are stateful ops, which a tf.function runs
-        # even when nothing reads them: left in, they would tokenize the whole
-        # corpus once more (16 s of 45 s on 10 MB). No ids in this phase.
+        # encoder's table lookups are stateful ops, which a tf.function runs even
+        # when nothing reads them: left in, they would tokenize the whole corpus
+        # once more. No ids in this phase.
         ids = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int64),
                                                tf.zeros_like(num_bytes))  # (B, 0)
     else:
-        wordpiece = tokenizer.make_wordpiece_tokenizer(vocabulary_path)
-        pieces = tokenizer.pretokenize(text)  # (B, pieces)
-        ids = wordpiece.tokenize(pieces).merge_dims(1, 2)  # (B, tokens)
+        encoder = BytePairEncoder(pre_tokenizer, added_tokens, tables_path)
+        ids = encoder.encode(text)  # (B, tokens)
     return {INPUT_IDS_KEY: ids.to_sparse(), NUM_BYTES_KEY: num_bytes}
 
 

@@ -1,14 +1,14 @@
 """Transform's preprocessing_fn under tf.Transform's Beam implementation (no TFX).
 
-The vocabulary the Beam analyzer learns (in-graph per-batch counts, summed by a
-combiner over many batches) must be the one `learn_vocabulary` learns from the
-same documents counted in one go, and the transformed `input_ids` must be what
-the tokenizer gives with that vocabulary.
+The tokenizer the Beam analyzer learns (in-graph per-batch unit counts, summed by
+a combiner over many batches) must be the one `tokenizer.learn` learns from the
+same documents given to BpeTrainer whole, and the transformed `input_ids` must be
+what Hugging Face `tokenizers` gives with it: the corpus path (the transform
+graph) and the Rust library agree id for id.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 
 import numpy as np
@@ -19,21 +19,16 @@ from components.transform import preprocessing, tokenizer
 from pipeline.configs import get_config
 
 
-@pytest.fixture(scope="module")
-def transformed(shakespeare, tmp_path_factory):
+def run_transform(config, docs, temp):
     import apache_beam as beam
     import tensorflow_transform as tft
     import tensorflow_transform.beam as tft_beam
 
-    config = get_config("tiny")
-    docs = [d for d in shakespeare[:80_000].split("\n\n") if d.strip()]
     metadata = tft.DatasetMetadata.from_feature_spec(
         {preprocessing.TEXT_KEY: tf.io.FixedLenFeature([1], tf.string)})
-    temp = tmp_path_factory.mktemp("tft")
 
     def preprocessing_fn(inputs):
-        return preprocessing.preprocessing_fn(
-            inputs, {"pipeline_config": config.to_json()})
+        return preprocessing.preprocessing_fn(inputs, {"pipeline_config": config.to_json()})
 
     # desired_batch_size well below the number of documents: many batches, so the
     # per-batch counts must be summed across batches to match one global count.
@@ -46,24 +41,57 @@ def transformed(shakespeare, tmp_path_factory):
                               allow_pickle=True))
         _ = transform_fn | tft_beam.WriteTransformFn(str(temp / "transform_fn"))
     rows = list(np.load(os.path.join(str(temp), "rows.npy"), allow_pickle=True))
-    (vocab_file,) = glob.glob(str(temp / "transform_fn" / "transform_fn" / "assets" / "*"))
-    return config, docs, rows, vocab_file
+    return rows, str(temp / "transform_fn")
 
 
-def test_beam_vocabulary_equals_one_pass_vocabulary(transformed):
-    config, docs, _, vocab_file = transformed
-    expected = tokenizer.learn_vocabulary(tokenizer.count_pieces(docs),
-                                          config.tokenizer.vocab_size,
-                                          config.tokenizer.max_unique_chars)
-    assert tokenizer.read_vocabulary(vocab_file) == expected
+@pytest.fixture(scope="module")
+def transformed(shakespeare, chinese_poems, tmp_path_factory):
+    config = get_config("tiny")
+    docs = [d for d in shakespeare[:60_000].split("\n\n") if d.strip()]
+    docs += chinese_poems[:40] + ["Ünïcödé naïve café — “quotes” 😀; 日本語のテキスト 12345"]
+    rows, transform_dir = run_transform(config, docs, tmp_path_factory.mktemp("tft"))
+    return config, docs, rows, transform_dir
 
 
-def test_input_ids_are_the_tokenizers_ids(transformed):
-    _, docs, rows, vocab_file = transformed
-    wordpiece = tokenizer.make_wordpiece_tokenizer(vocab_file)
-    expected = tokenizer.encode(tf.constant(docs), wordpiece).to_list()
+def test_beam_tokenizer_equals_one_pass_tokenizer(transformed):
+    config, docs, _, transform_dir = transformed
+    learned = tokenizer.load_tokenizer(transform_dir)
+    units = tokenizer.units(tf.constant(docs), _pre_tokenizer(config))
+    counts: dict = {}
+    for u in units.flat_values.numpy().tolist():
+        counts[u] = counts.get(u, 0) + 1
+    expected = tokenizer.learn(counts, config.tokenizer.vocab_size)
+    assert learned.json == expected.json
+    assert learned.vocab_size == config.tokenizer.vocab_size
+
+
+def test_units_give_the_pre_tokens_of_the_whole_text(transformed):
+    """The analyze pass's units pre-tokenize to exactly the text's pre-tokens."""
+    config, docs, _, _ = transformed
+    pre = _pre_tokenizer(config)
+    texts = docs + ["  Two  spaces\tand tabs \t x 12 a\u3000b", "a  1  b", "end  "]
+    whole = pre(tf.constant(texts)).to_list()
+    units = tokenizer.units(tf.constant(texts), pre)
+    by_unit = pre(units.flat_values)
+    per_text = units.with_flat_values(by_unit).merge_dims(1, 2).to_list()
+    assert per_text == whole
+
+
+def test_input_ids_are_hugging_face_ids(transformed):
+    import tokenizers
+
+    _, docs, rows, transform_dir = transformed
+    hf = tokenizers.Tokenizer.from_file(tokenizer.find_asset(
+        transform_dir, tokenizer.TOKENIZER_ASSET_PREFIX))
+    expected = [e.ids for e in hf.encode_batch(docs, add_special_tokens=False)]
     got = sorted((list(r[preprocessing.INPUT_IDS_KEY]), int(r[preprocessing.NUM_BYTES_KEY]))
                  for r in rows)
     want = sorted((ids, len(d.encode("utf-8"))) for ids, d in zip(expected, docs, strict=True))
     assert got == want
     assert len(rows) == len(docs)
+
+
+def _pre_tokenizer(config):
+    from components.transform.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer
+
+    return PreTokenizer(PRE_TOKENIZERS[config.tokenizer.pre_tokenizer])

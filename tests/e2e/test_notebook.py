@@ -5,7 +5,7 @@ The notebook is executed with nbclient in a fresh kernel of this venv's interpre
 picked up), from a temporary working directory, with TMPDIR pointing there so its
 outputs are written there too. Any cell that raises fails the test. Then the outputs
 are checked: the kernel's interpreter, the cleaning report's counts reconcile with
-the examples read, no anomalies, the learned vocabulary round-trips a sentence, the
+the examples read, no anomalies, the learned tokenizer round-trips a sentence, the
 loss falls and is plotted, a finite perplexity and bits per byte, a generation, and
 the ML Metadata lineage of the pushed model reaches the input file with its SHA-256.
 The committed notebook must carry no outputs.
@@ -134,7 +134,7 @@ def test_tokenizer_round_trip(executed):
     from pipeline.configs import get_config
 
     out = _stdout(executed[0])
-    vocab = int(_match(r"^vocabulary: (\d+) tokens", out).group(1))
+    vocab = int(_match(r"^byte-level BPE: (\d+) tokens", out).group(1))
     assert vocab == get_config("tiny").tokenizer.vocab_size
     assert "decoded == sentence: True" in out
 

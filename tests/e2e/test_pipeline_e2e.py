@@ -63,16 +63,78 @@ def test_validation_and_cleaning_records(run):
         assert split["read"] == split["kept"] + split["dropped"]
 
 
-def test_transform_learned_vocabulary(run):
+def test_transform_learned_tokenizer(run):
     from components.transform import tokenizer
     from pipeline.configs import get_config
-    from serving.export import find_vocabulary_file
 
     graph = _latest(run["pipeline_root"], "Transform", "transform_graph")
-    vocab = tokenizer.read_vocabulary(find_vocabulary_file(graph))
-    assert len(vocab) == get_config("tiny").tokenizer.vocab_size
-    assert vocab[:3] == list(tokenizer.SPECIAL_TOKENS)
-    assert "<ws10>" in vocab
+    learned = tokenizer.load_tokenizer(graph)
+    assert learned.vocab_size == get_config("tiny").tokenizer.vocab_size
+    assert [t.content for t in learned.added_tokens] == list(tokenizer.SPECIAL_TOKENS)
+    assert len(learned.merges) == learned.vocab_size - 256 - 3
+    assert tokenizer.find_asset(graph, tokenizer.TABLES_ASSET_PREFIX)
+
+
+def test_corpus_ids_equal_the_pushed_models_ids_and_hugging_faces(run, corpus):
+    """The transform graph (corpus path), the pushed `tokenize` signature and
+    Hugging Face `tokenizers` on the same tokenizer.json give the same ids."""
+    import tensorflow as tf
+    import tokenizers
+
+    (version,) = os.listdir(run["serving_model_dir"])
+    pushed = os.path.join(run["serving_model_dir"], version)
+    hf = tokenizers.Tokenizer.from_file(os.path.join(pushed, "assets", "tokenizer.json"))
+    transformed = _latest(run["pipeline_root"], "Transform", "transformed_examples")
+    cleaned = _latest(run["pipeline_root"], "TextCleaner", "cleaned_examples")
+
+    def records(uri, key):
+        files = sorted(glob.glob(os.path.join(uri, "Split-eval", "*")))
+        out = []
+        for r in tf.data.TFRecordDataset(files, compression_type="GZIP"):
+            f = tf.train.Example.FromString(r.numpy()).features.feature[key]
+            out.append(list(f.int64_list.value) if key == "input_ids" else f.bytes_list.value[0])
+        return out
+
+    texts = [t.decode("utf-8") for t in records(cleaned, "text")]
+    corpus_ids = records(transformed, "input_ids")
+    assert len(texts) == len(corpus_ids) > 10
+    tokenize = tf.saved_model.load(pushed).signatures["tokenize"]
+    out = tokenize(text=tf.constant(texts))
+    served = [row[:n].tolist() for row, n in zip(out["input_ids"].numpy(),
+                                                 out["lengths"].numpy(), strict=True)]
+    expected = [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)]
+    assert sorted(corpus_ids) == sorted(served) == sorted(expected)
+
+
+MULTILINGUAL = ("English, 中文（简体）, 日本語のテキスト, 한국어, Ελληνικά, русский, العربية, "
+                "code:\r\n\tif x:  return 1\r\n, emoji 👨‍👩‍👧‍👦 🏳️‍🌈, digits 12345678, "
+                "runs   of    spaces\u3000\u3000, Ünïcödé naïve café — “quotes” 😀")
+
+
+def test_pushed_model_round_trips_any_text(run):
+    """Trained on Tiny Shakespeare alone: any valid UTF-8 round-trips through the
+    pushed model's `tokenize` and `detokenize` signatures (property test)."""
+    import tensorflow as tf
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    (version,) = os.listdir(run["serving_model_dir"])
+    model = tf.saved_model.load(os.path.join(run["serving_model_dir"], version))
+    tokenize, detokenize = model.signatures["tokenize"], model.signatures["detokenize"]
+
+    def round_trip(texts):
+        ids = tokenize(text=tf.constant(texts, tf.string))
+        back = detokenize(input_ids=ids["input_ids"])["text"].numpy()
+        return [b.decode("utf-8") for b in back]
+
+    assert round_trip([MULTILINGUAL, "", "\x00\x01"]) == [MULTILINGUAL, "", "\x00\x01"]
+
+    @settings(max_examples=100, deadline=None)
+    @given(st.lists(st.text(max_size=60), min_size=1, max_size=6))
+    def check(texts):
+        assert round_trip(texts) == texts
+
+    check()
 
 
 def test_trainer_outputs(run):
@@ -115,7 +177,7 @@ assert texts[0].startswith("ROMEO:"), texts
 ids = m.signatures["tokenize"](text=tf.constant(["To be, or not"]))
 back = m.signatures["detokenize"](input_ids=ids["input_ids"])["text"].numpy()[0].decode()
 assert back == "To be, or not", back
-logits = m.signatures["logits"](input_ids=tf.constant([[2, 5, 6]]))["logits"]
+logits = m.signatures["logits"](input_ids=tf.constant([[1, 5, 6]]))["logits"]
 assert logits.shape == (1, 3, 512), logits.shape
 # (keras is left out: `import tensorflow` itself imports it when it is installed.)
 banned = [n for n in ("tfx", "tensorflow_transform", "apache_beam", "models", "components", "serving") if n in sys.modules]
@@ -190,7 +252,7 @@ def test_pushed_model_exports_to_hf_and_back(run, tmp_path):
     assert cli.main(["hf-export", run["serving_model_dir"], str(tmp_path / "hf")]) == 0
     assert os.path.isfile(tmp_path / "hf" / "model.safetensors")
     assert cli.main(["hf-import", str(tmp_path / "hf"), str(tmp_path / "saved")]) == 0
-    ids = tf.constant([[2, 5, 6, 7, 100, 3]], tf.int32)
+    ids = tf.constant([[1, 5, 6, 7, 100, 3]], tf.int32)
     before = tf.saved_model.load(pushed).signatures["logits"](input_ids=ids)["logits"].numpy()
     after = tf.saved_model.load(str(tmp_path / "saved")).signatures["logits"](
         input_ids=ids)["logits"].numpy()

@@ -3,13 +3,14 @@ processes) gives the same ingestion, cleaning and Transform outputs as LocalDagR
 
 Both runs use the `tiny` preset on the same slice of Tiny Shakespeare and stop after
 Transform (`--until Transform`). Compared: records per split of TextExampleGen,
-TextCleaner and Transform, and the vocabulary file in the transform graph's assets.
-Run with `-s` to see the figures (record counts, vocabulary size, wall times).
+TextCleaner and Transform, and the tokenizer.json in the transform graph's assets.
+Run with `-s` to see the figures (record counts, tokenizer size, wall times).
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import time
 
@@ -45,17 +46,18 @@ def _count_records(examples_uri: str) -> dict[str, int]:
 
 
 def _outputs(out) -> dict:
+    from components.transform import tokenizer
     from pipeline.local_runner import run_paths
     from pipeline.run_summary import latest_run
-    from serving.export import find_vocabulary_file
 
     runs = {r.component: r for r in latest_run(run_paths(str(out))["metadata_path"])}
     assert all(runs[c].state == "COMPLETE" for c in COMPARED), {c: r.state for c, r in runs.items()}
     assert "Trainer" not in runs
     counts = {c: _count_records(runs[c].outputs["Examples"]["uri"]) for c in COMPARED}
-    with open(find_vocabulary_file(runs["Transform"].outputs["TransformGraph"]["uri"]), "rb") as f:
-        vocabulary = f.read()
-    return {"counts": counts, "vocabulary": vocabulary}
+    graph = runs["Transform"].outputs["TransformGraph"]["uri"]
+    with open(tokenizer.find_asset(graph, tokenizer.TOKENIZER_ASSET_PREFIX), "rb") as f:
+        tokenizer_json = f.read()
+    return {"counts": counts, "tokenizer": tokenizer_json}
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +66,8 @@ def runs(tmp_path_factory, slice_path):
     local_s = _run(local_dir, slice_path)
     beam_s = _run(beam_dir, slice_path, "--runner", "beam", *MULTI_PROCESSING)
     local, beam = _outputs(local_dir), _outputs(beam_dir)
-    vocab_size = len(local["vocabulary"].decode("utf-8").splitlines())
-    print(f"\nrecords per split: {local['counts']}\nvocabulary: {vocab_size} tokens\n"
+    vocab_size = len(json.loads(local["tokenizer"])["model"]["vocab"])
+    print(f"\nrecords per split: {local['counts']}\ntokenizer: {vocab_size} tokens\n"
           f"wall time: LocalDagRunner {local_s:.1f} s, BeamDagRunner + DirectRunner "
           f"multi_processing x2 {beam_s:.1f} s")
     return local, beam
@@ -80,10 +82,10 @@ def test_beam_multi_processing_gives_the_same_record_counts(runs):
     assert local["counts"]["Transform"] == cleaned
 
 
-def test_beam_multi_processing_gives_the_same_vocabulary(runs):
+def test_beam_multi_processing_gives_the_same_tokenizer(runs):
     from pipeline.configs import get_config
 
     local, beam = runs
-    assert beam["vocabulary"] == local["vocabulary"]
-    assert len(local["vocabulary"].decode("utf-8").splitlines()) == get_config(
+    assert beam["tokenizer"] == local["tokenizer"]  # byte for byte
+    assert len(json.loads(local["tokenizer"])["model"]["vocab"]) == get_config(
         "tiny").tokenizer.vocab_size
