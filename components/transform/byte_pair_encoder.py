@@ -140,24 +140,20 @@ class BytePairEncoder(tf.Module):
         num_words = symbols.nrows()
         empty = tf.zeros([0], tf.int64)
 
-        def merge_step(flat, splits, word, done_flat, done_lengths, done_word):
-            # Words with no merge left leave the loop; the others merge once.
-            flat, splits, finished = _merge_best_pairs(self._table, flat, splits)
-            rows = tf.RaggedTensor.from_row_splits(flat, splits, validate=False)
-            done = tf.ragged.boolean_mask(rows, finished)
-            active = tf.ragged.boolean_mask(rows, ~finished)
-            return (active.flat_values, active.row_splits, tf.boolean_mask(word, ~finished),
-                    tf.concat([done_flat, done.flat_values], 0),
-                    tf.concat([done_lengths, done.row_lengths()], 0),
+        def merge_step(flat, word, done_flat, done_word):
+            # Symbols of words with no merge left leave the loop; the others merge once.
+            flat, word, finished = _merge_best_pairs(self._table, flat, word, num_words)
+            return (tf.boolean_mask(flat, ~finished), tf.boolean_mask(word, ~finished),
+                    tf.concat([done_flat, tf.boolean_mask(flat, finished)], 0),
                     tf.concat([done_word, tf.boolean_mask(word, finished)], 0))
 
-        loop = tf.while_loop(
-            lambda flat, splits, *_: tf.size(splits) > 1, merge_step,
-            (symbols.flat_values, symbols.row_splits, tf.range(num_words), empty, empty, empty),
-            shape_invariants=(tf.TensorShape([None]),) * 6)
-        _, _, _, done_flat, done_lengths, done_word = loop
-        done = tf.RaggedTensor.from_row_lengths(done_flat, done_lengths, validate=False)
-        return tf.gather(done, tf.math.invert_permutation(done_word))  # (U, (ids))
+        _, _, done_flat, done_word = tf.while_loop(
+            lambda flat, *_: tf.size(flat) > 0, merge_step,
+            (symbols.flat_values, symbols.value_rowids(), empty, empty),
+            shape_invariants=(tf.TensorShape([None]),) * 4)
+        order = tf.argsort(done_word, stable=True)  # words in order, symbols in order
+        return tf.RaggedTensor.from_value_rowids(tf.gather(done_flat, order),
+                                                 tf.gather(done_word, order), nrows=num_words)
 
     # -- decoding ---------------------------------------------------------------
     def decode(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
@@ -196,41 +192,37 @@ def _keep_whole(flat: tf.Tensor, split: tf.RaggedTensor, is_added: tf.Tensor) ->
     return tf.gather(stacked, rows)
 
 
-def _merge_best_pairs(table, flat, splits):
+def _merge_best_pairs(table, flat, word, num_words):
     """One BPE step in every word: merge its lowest-ranked pair wherever it occurs.
 
     Args:
       table: the merge table (key `left << 21 | right` -> `rank << 21 | merged id`).
-      flat: tf.int64 [S], the symbols of all words; splits: tf.int64 [U+1].
+      flat: tf.int64 [S], the symbols of the words still merging, word after word.
+      word: tf.int64 [S], the word of each symbol (ascending).
+      num_words: all words (a bound on `word`).
 
     Returns:
-      (flat [S'], splits [U+1]) after the step, and finished: bool [U], the words
-      in which no merge applied (they are unchanged).
+      (flat [S'], word [S']) after the step, and finished: bool [S'], the symbols
+      of words in which no merge applied (they are unchanged).
     """
     n = tf.shape(flat, out_type=tf.int64)[0]
-    num_words = tf.shape(splits, out_type=tf.int64)[0] - 1
-    word_of = tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)  # (S,)
-    # Pairs (i, i+1) inside one word.
-    same_word = tf.equal(word_of[:-1], word_of[1:])  # (S-1,)
+    same_word = tf.equal(word[:-1], word[1:])  # (S-1,) pair (i, i+1) inside one word
     packed = table.lookup(tf.bitwise.left_shift(flat[:-1], ID_BITS) | flat[1:])  # (S-1,)
     rank = tf.where(same_word & (packed >= 0), tf.bitwise.right_shift(packed, ID_BITS),
                     _NO_MERGE)  # (S-1,)
-    best = tf.math.unsorted_segment_min(rank, word_of[:-1], num_words)  # (U,)
-    finished = tf.equal(best, _NO_MERGE)  # (U,)
-    selected = (rank == tf.gather(best, word_of[:-1])) & (rank != _NO_MERGE)  # (S-1,)
+    best = tf.gather(tf.math.unsorted_segment_min(rank, word[:-1], num_words), word)  # (S,)
+    finished = tf.equal(best, _NO_MERGE)  # (S,) no merge applies in this symbol's word
+    selected = tf.equal(rank, best[:-1]) & ~finished[:-1]  # (S-1,)
     # Overlaps (a pair (x, x) in "x x x") merge left to right: in a run of adjacent
     # selected positions keep every other one, starting at the run's first.
-    previous = tf.concat([[False], selected[:-1]], 0)
-    run_start = selected & ~previous
+    run_start = selected & ~tf.concat([[False], selected[:-1]], 0)
     position = tf.range(n - 1)
     starts = tf.concat([tf.boolean_mask(position, run_start), [0]], 0)  # [0]: none may start
     start_of_run = tf.gather(starts, tf.maximum(tf.cumsum(tf.cast(run_start, tf.int64)) - 1, 0))
     chosen = selected & (tf.math.floormod(position - start_of_run, 2) == 0)  # (S-1,)
-    merged_id = tf.bitwise.bitwise_and(packed, _ID_MASK)
-    new_flat = tf.where(tf.concat([chosen, [False]], 0),
-                        tf.concat([merged_id, [0]], 0), flat)  # (S,)
-    keep = ~tf.concat([[False], chosen], 0)  # (S,) merged into the left neighbour: gone
-    new_word_of = tf.boolean_mask(word_of, keep)
-    counts = tf.math.unsorted_segment_sum(tf.ones_like(new_word_of), new_word_of, num_words)
-    new_splits = tf.concat([[0], tf.cumsum(counts)], 0)  # (U+1,)
-    return tf.boolean_mask(new_flat, keep), new_splits, finished
+    chosen = tf.concat([chosen, [False]], 0)  # (S,) a merge starts here
+    merged_id = tf.concat([tf.bitwise.bitwise_and(packed, _ID_MASK), [0]], 0)  # (S,)
+    keep = ~tf.concat([[False], chosen[:-1]], 0)  # (S,) merged into the left neighbour: gone
+    new_flat = tf.where(chosen, merged_id, flat)
+    return (tf.boolean_mask(new_flat, keep), tf.boolean_mask(word, keep),
+            tf.boolean_mask(finished, keep))

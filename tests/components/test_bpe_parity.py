@@ -149,7 +149,8 @@ def test_random_text_deepseek(deepseek_pair, texts):
 @_SETTINGS
 @given(st.lists(st.one_of(_TEXT, _SCRIPTS), min_size=1, max_size=8))
 def test_random_text_learned(learned_pair, texts):
-    _check(learned_pair, texts)
+    # Special tokens written in the text encode to their ids and decode to nothing.
+    _check(learned_pair, texts, round_trip="<｜" not in "".join(texts))
 
 
 def test_unicode_classes_match_the_installed_tokenizers():
