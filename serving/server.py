@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_text  # noqa: F401  (registers the WordPiece ops of the graph)
+import tensorflow_text  # noqa: F401  (registers the regex ops of the tokenizer)
 
 log = logging.getLogger(__name__)
 

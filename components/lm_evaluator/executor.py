@@ -79,7 +79,7 @@ class Executor(base_executor.BaseExecutor):
         if baselines:
             baseline = baselines[0]
             baseline_dir = path_utils.serving_model_path(baseline.uri)
-            baseline_docs = retokenize(docs, path_utils.serving_model_path(model.uri),
+            baseline_docs = scoring.retokenize(docs, path_utils.serving_model_path(model.uri),
                                        baseline_dir)
             baseline_metrics = evaluate_saved_model(baseline_dir, baseline_docs, num_bytes, config)
         blessed, message = decide_blessing(metrics, baseline_metrics, config)
@@ -118,28 +118,6 @@ class Executor(base_executor.BaseExecutor):
             )
         blessing.set_string_custom_property(constants.ARTIFACT_PROPERTY_BLESSING_MESSAGE_KEY, message)
         blessing.set_float_custom_property("bits_per_byte", metrics["bits_per_byte"])
-
-
-def retokenize(docs: list[list[int]], from_dir: str, to_dir: str,
-               batch_size: int = 64) -> list[list[int]]:
-    """`docs` (ids of `from_dir`'s tokenizer) as ids of `to_dir`'s tokenizer.
-
-    The same list when both SavedModels carry the same tokenizer.json; otherwise
-    decoded with one model's `detokenize` and encoded with the other's `tokenize`.
-    """
-    source, target = savedmodel_tokenizer(from_dir), savedmodel_tokenizer(to_dir)
-    if source.json == target.json:
-        return docs
-    detokenize = tf.saved_model.load(from_dir).signatures["detokenize"]
-    tokenize = tf.saved_model.load(to_dir).signatures["tokenize"]
-    out: list[list[int]] = []
-    for start in range(0, len(docs), batch_size):
-        batch = tf.ragged.constant(docs[start:start + batch_size], dtype=tf.int32)
-        texts = detokenize(input_ids=batch.to_tensor(default_value=source.pad_id))["text"]
-        encoded = tokenize(text=texts)
-        out.extend(row[:n].tolist() for row, n in zip(encoded["input_ids"].numpy(),
-                                                       encoded["lengths"].numpy(), strict=True))
-    return out
 
 
 def decide_blessing(metrics: dict, baseline: dict | None, config: PipelineConfig) -> tuple[bool, str]:

@@ -86,3 +86,27 @@ def summarize(nll: float, tokens: int, num_bytes: int) -> dict:
         "tokens": tokens,
         "bytes": num_bytes,
     }
+
+
+def retokenize(docs: list[list[int]], from_dir: str, to_dir: str,
+               batch_size: int = 64) -> list[list[int]]:
+    """`docs` (ids of `from_dir`'s tokenizer) as ids of `to_dir`'s tokenizer.
+
+    The same list when both SavedModels carry the same tokenizer.json; otherwise
+    decoded with one model's `detokenize` and encoded with the other's `tokenize`.
+    """
+    from serving.export import savedmodel_tokenizer
+
+    source, target = savedmodel_tokenizer(from_dir), savedmodel_tokenizer(to_dir)
+    if source.json == target.json:
+        return docs
+    detokenize = tf.saved_model.load(from_dir).signatures["detokenize"]
+    tokenize = tf.saved_model.load(to_dir).signatures["tokenize"]
+    out: list[list[int]] = []
+    for start in range(0, len(docs), batch_size):
+        batch = tf.ragged.constant(docs[start:start + batch_size], dtype=tf.int32)
+        texts = detokenize(input_ids=batch.to_tensor(default_value=source.pad_id))["text"]
+        encoded = tokenize(text=texts)
+        out.extend(row[:n].tolist() for row, n in zip(encoded["input_ids"].numpy(),
+                                                       encoded["lengths"].numpy(), strict=True))
+    return out

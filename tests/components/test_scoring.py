@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from components.lm_evaluator import scoring
@@ -44,3 +45,44 @@ def test_perfect_model_scores_zero():
     result = scoring.score_stream(oracle, stream, seq_len=3, batch_size=8)
     assert result["tokens"] == 6
     assert result["nll"] < 1e-6
+
+
+@pytest.mark.slow
+def test_a_baseline_with_another_tokenizer_scores_the_same_text(shakespeare, tmp_path):
+    """The LmEvaluator gives a baseline model the eval text in its own ids: the
+    candidate's ids decoded (lossless) and encoded by the baseline's tokenizer."""
+    import dataclasses
+
+    from components.transform import tokenizer
+    from models.deepseek import DeepSeekCausalLM
+    from pipeline.configs import GenerationConfig, get_config
+    from serving.export import save_text_model
+
+    docs = [d for d in shakespeare[:40_000].split("\n\n") if d]
+    dirs = []
+    for name, part, size in (("a", docs[:100], 400), ("b", docs[100:], 450)):
+        counts: dict = {}
+        for unit in tokenizer.units(tf.constant(part), _pre()).flat_values.numpy().tolist():
+            counts[unit] = counts.get(unit, 0) + 1
+        spec = tokenizer.learn(counts, size)
+        model = DeepSeekCausalLM(dataclasses.replace(get_config("tiny").model, vocab_size=size))
+        model(tf.zeros([1, 4], tf.int32))
+        dirs.append(save_text_model(model, spec, GenerationConfig(), str(tmp_path / name)))
+    texts = docs[200:210] + ["你好，世界 😀"]
+    a, b = (tf.saved_model.load(d).signatures["tokenize"] for d in dirs)
+
+    def ids(tokenize):
+        out = tokenize(text=tf.constant(texts))
+        return [r[:n].tolist() for r, n in zip(out["input_ids"].numpy(), out["lengths"].numpy(),
+                                               strict=True)]
+
+    ids_a, ids_b = ids(a), ids(b)
+    assert ids_a != ids_b
+    assert scoring.retokenize(ids_a, dirs[0], dirs[1]) == ids_b
+    assert scoring.retokenize(ids_a, dirs[0], dirs[0]) is ids_a
+
+
+def _pre():
+    from components.transform.pre_tokenizer import DEEPSEEK_V3_PRE_TOKENIZER, PreTokenizer
+
+    return PreTokenizer(DEEPSEEK_V3_PRE_TOKENIZER)
