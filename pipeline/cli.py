@@ -13,7 +13,7 @@ the logic lives in the modules it calls.
   deepseek-tfx evaluate  --model DIR --data PATH
   deepseek-tfx serve     --model SERVING_DIR [--port P] [--host H] [--model-name NAME]
   deepseek-tfx mlmd      --output DIR {runs|artifacts|lineage MODEL_DIR} [--json]
-  deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR
+  deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer]
   deepseek-tfx hf-export MODEL_DIR OUT_DIR [--max-shard-size BYTES] [--config-form 4.x|5.x]
                          [--dtype float32|bfloat16]
 """
@@ -480,14 +480,26 @@ def cmd_mlmd(args: argparse.Namespace) -> int:
 
 
 def cmd_hf_import(args: argparse.Namespace) -> int:
-    from models.deepseek.hf_checkpoint import CheckpointError
     from serving.hf_interop import hf_import
 
     try:
-        out = hf_import(args.checkpoint_dir, args.out_dir)
-    except (FileNotFoundError, CheckpointError) as e:
+        imported = hf_import(args.checkpoint_dir, args.out_dir,
+                             use_tokenizer=not args.no_tokenizer)
+    except (FileNotFoundError, ValueError) as e:  # CheckpointError, UnsupportedTokenizerError
         raise SystemExit(f"error: {e}") from e
-    print(f"SavedModel with signatures logits, serving_default: {os.path.abspath(out)}")
+    print(f"SavedModel with signatures {', '.join(imported.signatures)}: "
+          f"{os.path.abspath(imported.path)}")
+    if imported.tokenizer is None:
+        why = "--no-tokenizer" if args.no_tokenizer else f"no tokenizer.json in {args.checkpoint_dir}"
+        print(f"  logits only ({why}): generate, evaluate and text requests to serve need a "
+              "tokenizer")
+    else:
+        g = imported.generation
+        sampling = ("greedy" if g.temperature == 0 else
+                    f"temperature {g.temperature}, top_k {g.top_k}, top_p {g.top_p}")
+        print(f"  tokenizer: {imported.tokenizer}")
+        print(f"  serving_default: {sampling}, max_new_tokens {g.max_new_tokens} "
+              f"(from {imported.generation_source})")
     return 0
 
 
@@ -500,7 +512,12 @@ def cmd_hf_export(args: argparse.Namespace) -> int:
                           config_form=args.config_form, dtype=args.dtype)
     except FileNotFoundError as e:
         raise SystemExit(f"error: {e}") from e
-    print(f"HF checkpoint ({len(files)} safetensors file(s)): {os.path.abspath(args.out_dir)}")
+    shards = [f for f in files if f.endswith(".safetensors")]
+    names = sorted({os.path.basename(f) for f in files} - {os.path.basename(f) for f in shards})
+    print(f"HF checkpoint ({len(shards)} safetensors file(s), {', '.join(['config.json'] + names)})"
+          f": {os.path.abspath(args.out_dir)}")
+    if "tokenizer.json" not in names:
+        print(f"  no tokenizer: {model_dir} carries none (logits only)")
     return 0
 
 
@@ -599,15 +616,21 @@ def build_parser() -> argparse.ArgumentParser:
     md.add_argument("--json", action="store_true", help="JSON for machines")
     md.set_defaults(fn=cmd_mlmd)
 
-    hf_in = sub.add_parser("hf-import", help="HF DeepSeek-V3 checkpoint -> SavedModel (logits)")
-    hf_in.add_argument("checkpoint_dir", help="config.json + *.safetensors (sharded or not)")
+    hf_in = sub.add_parser("hf-import", help="HF DeepSeek-V3 checkpoint -> SavedModel (text "
+                           "signatures with tokenizer.json, else logits only)")
+    hf_in.add_argument("checkpoint_dir", help="config.json + *.safetensors (sharded or not), "
+                       "optionally tokenizer.json, tokenizer_config.json, generation_config.json")
     hf_in.add_argument("out_dir", help="where the SavedModel is written")
+    hf_in.add_argument("--no-tokenizer", action="store_true",
+                       help="import the weights only (logits), ignoring tokenizer.json")
     hf_in.set_defaults(fn=cmd_hf_import)
 
     hf_out = sub.add_parser("hf-export", help="SavedModel -> HF DeepSeek-V3 checkpoint")
     hf_out.add_argument("model_dir", help="a SavedModel from hf-import or the pipeline "
                         "(a serving dir: the newest version)")
-    hf_out.add_argument("out_dir", help="where config.json and *.safetensors are written")
+    hf_out.add_argument("out_dir", help="where config.json and *.safetensors are written (and "
+                        "tokenizer.json, tokenizer_config.json, generation_config.json when "
+                        "the SavedModel carries a tokenizer)")
     hf_out.add_argument("--max-shard-size", type=int, default=5 * 1024**3,
                         help="bytes per safetensors shard (default 5 GiB)")
     hf_out.add_argument("--config-form", choices=("4.x", "5.x"), default="5.x",
