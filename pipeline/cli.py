@@ -10,7 +10,7 @@ the logic lives in the modules it calls.
                          [--data PATH] [--preset NAME] [--set ...] [--beam-arg=ARG ...]
   deepseek-tfx generate  --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
                          [--top-k K] [--top-p P] [--seed S]
-  deepseek-tfx evaluate  --model DIR --data PATH
+  deepseek-tfx evaluate  --model DIR --data PATH [--seq-len N]
   deepseek-tfx serve     --model SERVING_DIR [--port P] [--host H] [--model-name NAME]
   deepseek-tfx mlmd      --output DIR {runs|artifacts|lineage MODEL_DIR} [--json]
   deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer]
@@ -417,11 +417,21 @@ def resolve_model_dir(model: str) -> str:
     return os.path.join(model, max(versions, key=int))
 
 
+def require_text_model(model_dir: str, command: str, what: str) -> None:
+    """Exits with one line when the SavedModel has no tokenizer (logits only)."""
+    from serving.export import NoTokenizerError, has_tokenizer
+
+    if not has_tokenizer(model_dir):
+        raise SystemExit(f"error: {command}: {NoTokenizerError(model_dir, what)}")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
+    model_dir = resolve_model_dir(args.model)
+    require_text_model(model_dir, "generate", "generate text")
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
-    loaded = tf.saved_model.load(resolve_model_dir(args.model))
+    loaded = tf.saved_model.load(model_dir)
     out = loaded.signatures["generate"](
         prompt=tf.constant([args.prompt]),
         max_new_tokens=tf.constant(args.max_new_tokens, tf.int32),
@@ -435,11 +445,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    model_dir = resolve_model_dir(args.model)
+    require_text_model(model_dir, "evaluate", "score text")
     from serving.evaluate import evaluate_text_files
 
-    model_dir = resolve_model_dir(args.model)
     input_base, pattern = split_data_path(args.data)
-    metrics = evaluate_text_files(model_dir, os.path.join(input_base, pattern))
+    try:
+        metrics = evaluate_text_files(model_dir, os.path.join(input_base, pattern),
+                                      seq_len=args.seq_len)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: evaluate: {e}") from e
+    if metrics["config"] == "defaults":
+        print(f"note: {model_dir} has no pipeline config (assets.extra/deepseek_tfx_config.json): "
+              f"documents read with the default data config, windows of {metrics['seq_len']} "
+              "tokens (--seq-len changes it)", file=sys.stderr)
     print(json.dumps(metrics, indent=2))
     return 0
 
@@ -454,8 +473,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {e}") from e
     server = httpd.model_server
     host, port = httpd.server_address[:2]
+    kind = "" if server.has_tokenizer else " (no tokenizer: logits only, token ids in)"
     print(f"serving {server.path} (version {server.version}) as '{server.name}' on "
           f"http://{host}:{port}/v1/models/{server.name}  (Ctrl-C stops)", flush=True)
+    print(f"  signatures: {', '.join(sorted(server.signatures))}{kind}", flush=True)
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
@@ -598,11 +619,16 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("evaluate", help="bits per byte and perplexity of a pushed model on text")
     ev.add_argument("--model", required=True, help="serving dir (newest version) or SavedModel")
     ev.add_argument("--data", required=True, help="text/JSONL file, directory or glob")
+    ev.add_argument("--seq-len", type=int, metavar="N",
+                    help="scoring window in tokens (default: the pipeline's train.seq_len; "
+                    "min(max_position_embeddings, 1024) for a model without a pipeline config, "
+                    "e.g. from hf-import)")
     ev.set_defaults(fn=cmd_evaluate)
 
     srv = sub.add_parser("serve", help="serve the newest pushed version over HTTP on the "
                          "TensorFlow Serving REST API")
-    srv.add_argument("--model", required=True, help="serving dir (its newest version is served)")
+    srv.add_argument("--model", required=True, help="serving dir (its newest version is "
+                     "served) or a SavedModel dir (served as version 1)")
     srv.add_argument("--port", type=int, default=8501, help="default 8501, as TF Serving's REST")
     srv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
     srv.add_argument("--model-name", default="deepseek", help="the <name> of /v1/models/<name>")

@@ -217,7 +217,22 @@ def export_serving_model(model, transform_output_dir: str, config: PipelineConfi
     return export_dir
 
 
+def has_tokenizer(model_dir: str) -> bool:
+    """Whether a SavedModel carries a tokenizer (`assets/tokenizer.json`): text signatures."""
+    return tf.io.gfile.exists(os.path.join(model_dir, "assets", TOKENIZER_FILE))
+
+
 def savedmodel_tokenizer(model_dir: str) -> ByteLevelBpe | None:
     """The tokenizer a SavedModel carries (`assets/tokenizer.json`), or None (logits only)."""
     path = os.path.join(model_dir, "assets", TOKENIZER_FILE)
-    return ByteLevelBpe.from_file(path) if tf.io.gfile.exists(path) else None
+    return ByteLevelBpe.from_file(path) if has_tokenizer(model_dir) else None
+
+
+class NoTokenizerError(ValueError):
+    """Text was asked of a SavedModel without a tokenizer (it serves logits only)."""
+
+    def __init__(self, model_dir: str, what: str):
+        super().__init__(
+            f"{model_dir} has no tokenizer (no assets/{TOKENIZER_FILE}): it serves logits "
+            f"only, so it cannot {what}; hf-import a checkpoint directory that holds "
+            f"{TOKENIZER_FILE} to get the text signatures")

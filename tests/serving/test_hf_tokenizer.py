@@ -95,9 +95,11 @@ def imported(checkpoint, tmp_path_factory) -> tuple[pathlib.Path, str]:
 
 
 @pytest.fixture(scope="module")
-def signatures(imported):
-    """The imported SavedModel's signatures."""
-    return tf.saved_model.load(str(imported[0])).signatures
+def served(imported):
+    """The imported SavedModel loaded by `serve`'s ModelServer (a SavedModel dir: version 1)."""
+    from serving.server import ModelServer
+
+    return ModelServer(str(imported[0]))
 
 
 # ----------------------------------------------------------------------------- import
@@ -116,21 +118,25 @@ def test_hf_import_with_a_tokenizer_writes_the_pushed_models_signatures(imported
                           "pad_token_id": 1}  # DeepSeek pads with its eos token
 
 
-def test_imported_model_tokenizes_as_tokenizers_does(signatures, deepseek_files):
+def test_imported_model_tokenizes_as_tokenizers_does(served, deepseek_files):
+    assert served.version == 1 and served.has_tokenizer
     reference = tokenizers.Tokenizer.from_file(str(deepseek_files / "tokenizer.json"))
     expected = [reference.encode(t, add_special_tokens=False).ids for t in TEXTS]
-    assert _ids(signatures["tokenize"], TEXTS) == expected
-    text = signatures["detokenize"](input_ids=tf.ragged.constant(expected).to_tensor(
+    assert _ids(served.signatures["tokenize"], TEXTS) == expected
+    text = served.signatures["detokenize"](input_ids=tf.ragged.constant(expected).to_tensor(
         default_value=1))["text"].numpy()
     assert [t.decode("utf-8") for t in text] == TEXTS
+    # serve answers text requests on it
+    predictions = served.predict({"signature_name": "tokenize", "instances": [TEXTS[1]]})
+    assert predictions["predictions"][0]["input_ids"] == expected[1]
 
 
-def test_imported_model_has_the_checkpoints_logits(signatures, checkpoint):
+def test_imported_model_has_the_checkpoints_logits(served, checkpoint):
     from models.deepseek.hf_checkpoint import load_hf_checkpoint
 
     ids = tf.constant(np.random.default_rng(0).integers(0, DEEPSEEK_VOCAB, (2, 9)), tf.int32)
     expected = load_hf_checkpoint(str(checkpoint))(ids).numpy()
-    np.testing.assert_allclose(signatures["logits"](input_ids=ids)["logits"].numpy(),
+    np.testing.assert_allclose(served.signatures["logits"](input_ids=ids)["logits"].numpy(),
                                expected, rtol=0, atol=1e-6)
 
 
@@ -142,10 +148,37 @@ def test_generate_on_the_imported_model(imported, capsys):
     assert text.startswith(PROMPT) and len(text.rstrip("\n")) > len(PROMPT)
 
 
+def test_evaluate_on_the_imported_model_uses_stated_defaults(imported, deepseek_files, tmp_path,
+                                                             capsys):
+    out, _ = imported
+    docs = ["First document, in English.\nIts second line.", "第二个文档：中文。",
+            "third 123456 😀"]
+    data = tmp_path / "eval.txt"
+    data.write_text("\n\n".join(docs), encoding="utf-8")
+    assert cli.main(["evaluate", "--model", str(out), "--data", str(data)]) == 0
+    captured = capsys.readouterr()
+    metrics = json.loads(captured.out)
+    # No pipeline config: DataConfig() (documents at blank lines), windows of
+    # min(max_position_embeddings = 64, 1024) = 64 tokens.
+    assert metrics["config"] == "defaults" and metrics["seq_len"] == 64
+    assert "no pipeline config" in captured.err and "64 tokens" in captured.err
+    reference = tokenizers.Tokenizer.from_file(str(deepseek_files / "tokenizer.json"))
+    lengths = [len(reference.encode(d, add_special_tokens=False).ids) for d in docs]
+    # [EOS] d1 [EOS] d2 [EOS] d3: every token after the first is scored.
+    assert metrics["documents"] == 3 and metrics["tokens"] == sum(lengths) + 2
+    assert metrics["bytes"] == len(data.read_bytes())
+    assert 0 < metrics["bits_per_byte"] < 100
+
+    with pytest.raises(SystemExit, match=r"seq_len=65 must be in \[1, max_position_embeddings=64"):
+        cli.main(["evaluate", "--model", str(out), "--data", str(data), "--seq-len", "65"])
+
+
 # ----------------------------------------------------------------------------- logits only
 
 
 def test_without_tokenizer_json_the_import_is_logits_only(checkpoint, tmp_path, capsys):
+    from serving.server import BadRequest, ModelServer
+
     bare = tmp_path / "bare"
     _link(["config.json", "model.safetensors", "generation_config.json"], checkpoint, bare)
     out = tmp_path / "logits_only"
@@ -154,6 +187,26 @@ def test_without_tokenizer_json_the_import_is_logits_only(checkpoint, tmp_path, 
     assert f"SavedModel with signatures logits, serving_default: {out}" in stdout
     assert f"logits only (no tokenizer.json in {bare})" in stdout
     assert not (out / "assets" / "tokenizer.json").exists()
+
+    for command in (["generate", "--model", str(out), "--prompt", PROMPT],
+                    ["evaluate", "--model", str(out), "--data", str(bare / "config.json")]):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(command)
+        message = str(exit_info.value.code)
+        assert message.startswith(f"error: {command[0]}: {out} has no tokenizer")
+        assert "\n" not in message
+
+    server = ModelServer(str(out))  # serves logits; text requests say why not
+    assert not server.has_tokenizer and sorted(server.signatures) == ["logits", "serving_default"]
+    logits = server.predict({"instances": [[1, 2, 3]]})["predictions"]
+    assert np.asarray(logits).shape == (1, 3, DEEPSEEK_VOCAB)
+    with pytest.raises(BadRequest, match="unknown signature_name 'generate'.*no tokenizer"):
+        server.predict({"signature_name": "generate", "instances": [PROMPT]})
+    with pytest.raises(BadRequest, match="no tokenizer: it takes token ids, not text"):
+        server.predict({"instances": [PROMPT]})
+    with pytest.raises(BadRequest) as bad_ids:  # a wrong shape of ids is only that
+        server.predict({"inputs": {"input_ids": [1, 2]}})
+    assert "tokenizer" not in str(bad_ids.value)
 
 
 def test_no_tokenizer_flag_imports_the_weights_only(checkpoint, tmp_path, capsys):
