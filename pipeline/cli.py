@@ -10,10 +10,10 @@ the logic lives in the modules it calls.
                          [--data PATH] [--preset NAME] [--set ...] [--beam-arg=ARG ...]
   deepseek-tfx generate  --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
                          [--top-k K] [--top-p P] [--seed S]
-  deepseek-tfx evaluate  --model DIR --data PATH
+  deepseek-tfx evaluate  --model DIR --data PATH [--seq-len N]
   deepseek-tfx serve     --model SERVING_DIR [--port P] [--host H] [--model-name NAME]
   deepseek-tfx mlmd      --output DIR {runs|artifacts|lineage MODEL_DIR} [--json]
-  deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR
+  deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer]
   deepseek-tfx hf-export MODEL_DIR OUT_DIR [--max-shard-size BYTES] [--config-form 4.x|5.x]
                          [--dtype float32|bfloat16]
 """
@@ -422,11 +422,21 @@ def resolve_model_dir(model: str) -> str:
     return os.path.join(model, max(versions, key=int))
 
 
+def require_text_model(model_dir: str, command: str, what: str) -> None:
+    """Exits with one line when the SavedModel has no tokenizer (logits only)."""
+    from serving.export import NoTokenizerError, has_tokenizer
+
+    if not has_tokenizer(model_dir):
+        raise SystemExit(f"error: {command}: {NoTokenizerError(model_dir, what)}")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
+    model_dir = resolve_model_dir(args.model)
+    require_text_model(model_dir, "generate", "generate text")
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
-    loaded = tf.saved_model.load(resolve_model_dir(args.model))
+    loaded = tf.saved_model.load(model_dir)
     out = loaded.signatures["generate"](
         prompt=tf.constant([args.prompt]),
         max_new_tokens=tf.constant(args.max_new_tokens, tf.int32),
@@ -440,11 +450,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    model_dir = resolve_model_dir(args.model)
+    require_text_model(model_dir, "evaluate", "score text")
     from serving.evaluate import evaluate_text_files
 
-    model_dir = resolve_model_dir(args.model)
     input_base, pattern = split_data_path(args.data)
-    metrics = evaluate_text_files(model_dir, os.path.join(input_base, pattern))
+    try:
+        metrics = evaluate_text_files(model_dir, os.path.join(input_base, pattern),
+                                      seq_len=args.seq_len)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: evaluate: {e}") from e
+    if metrics["config"] == "defaults":
+        print(f"note: {model_dir} has no pipeline config (assets.extra/deepseek_tfx_config.json): "
+              f"documents read with the default data config, windows of {metrics['seq_len']} "
+              "tokens (--seq-len changes it)", file=sys.stderr)
     print(json.dumps(metrics, indent=2))
     return 0
 
@@ -459,8 +478,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {e}") from e
     server = httpd.model_server
     host, port = httpd.server_address[:2]
+    kind = "" if server.has_tokenizer else " (no tokenizer: logits only, token ids in)"
     print(f"serving {server.path} (version {server.version}) as '{server.name}' on "
           f"http://{host}:{port}/v1/models/{server.name}  (Ctrl-C stops)", flush=True)
+    print(f"  signatures: {', '.join(sorted(server.signatures))}{kind}", flush=True)
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
@@ -485,14 +506,26 @@ def cmd_mlmd(args: argparse.Namespace) -> int:
 
 
 def cmd_hf_import(args: argparse.Namespace) -> int:
-    from models.deepseek.hf_checkpoint import CheckpointError
     from serving.hf_interop import hf_import
 
     try:
-        out = hf_import(args.checkpoint_dir, args.out_dir)
-    except (FileNotFoundError, CheckpointError) as e:
+        imported = hf_import(args.checkpoint_dir, args.out_dir,
+                             use_tokenizer=not args.no_tokenizer)
+    except (FileNotFoundError, ValueError) as e:  # CheckpointError, UnsupportedTokenizerError
         raise SystemExit(f"error: {e}") from e
-    print(f"SavedModel with signatures logits, serving_default: {os.path.abspath(out)}")
+    print(f"SavedModel with signatures {', '.join(imported.signatures)}: "
+          f"{os.path.abspath(imported.path)}")
+    if imported.tokenizer is None:
+        why = "--no-tokenizer" if args.no_tokenizer else f"no tokenizer.json in {args.checkpoint_dir}"
+        print(f"  logits only ({why}): generate, evaluate and text requests to serve need a "
+              "tokenizer")
+    else:
+        g = imported.generation
+        sampling = ("greedy" if g.temperature == 0 else
+                    f"temperature {g.temperature}, top_k {g.top_k}, top_p {g.top_p}")
+        print(f"  tokenizer: {imported.tokenizer}")
+        print(f"  serving_default: {sampling}, max_new_tokens {g.max_new_tokens} "
+              f"(from {imported.generation_source})")
     return 0
 
 
@@ -505,7 +538,12 @@ def cmd_hf_export(args: argparse.Namespace) -> int:
                           config_form=args.config_form, dtype=args.dtype)
     except FileNotFoundError as e:
         raise SystemExit(f"error: {e}") from e
-    print(f"HF checkpoint ({len(files)} safetensors file(s)): {os.path.abspath(args.out_dir)}")
+    shards = [f for f in files if f.endswith(".safetensors")]
+    names = sorted({os.path.basename(f) for f in files} - {os.path.basename(f) for f in shards})
+    print(f"HF checkpoint ({len(shards)} safetensors file(s), {', '.join(['config.json'] + names)})"
+          f": {os.path.abspath(args.out_dir)}")
+    if "tokenizer.json" not in names:
+        print(f"  no tokenizer: {model_dir} carries none (logits only)")
     return 0
 
 
@@ -586,11 +624,16 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("evaluate", help="bits per byte and perplexity of a pushed model on text")
     ev.add_argument("--model", required=True, help="serving dir (newest version) or SavedModel")
     ev.add_argument("--data", required=True, help="text/JSONL file, directory or glob")
+    ev.add_argument("--seq-len", type=int, metavar="N",
+                    help="scoring window in tokens (default: the pipeline's train.seq_len; "
+                    "min(max_position_embeddings, 1024) for a model without a pipeline config, "
+                    "e.g. from hf-import)")
     ev.set_defaults(fn=cmd_evaluate)
 
     srv = sub.add_parser("serve", help="serve the newest pushed version over HTTP on the "
                          "TensorFlow Serving REST API")
-    srv.add_argument("--model", required=True, help="serving dir (its newest version is served)")
+    srv.add_argument("--model", required=True, help="serving dir (its newest version is "
+                     "served) or a SavedModel dir (served as version 1)")
     srv.add_argument("--port", type=int, default=8501, help="default 8501, as TF Serving's REST")
     srv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
     srv.add_argument("--model-name", default="deepseek", help="the <name> of /v1/models/<name>")
@@ -604,15 +647,21 @@ def build_parser() -> argparse.ArgumentParser:
     md.add_argument("--json", action="store_true", help="JSON for machines")
     md.set_defaults(fn=cmd_mlmd)
 
-    hf_in = sub.add_parser("hf-import", help="HF DeepSeek-V3 checkpoint -> SavedModel (logits)")
-    hf_in.add_argument("checkpoint_dir", help="config.json + *.safetensors (sharded or not)")
+    hf_in = sub.add_parser("hf-import", help="HF DeepSeek-V3 checkpoint -> SavedModel (text "
+                           "signatures with tokenizer.json, else logits only)")
+    hf_in.add_argument("checkpoint_dir", help="config.json + *.safetensors (sharded or not), "
+                       "optionally tokenizer.json, tokenizer_config.json, generation_config.json")
     hf_in.add_argument("out_dir", help="where the SavedModel is written")
+    hf_in.add_argument("--no-tokenizer", action="store_true",
+                       help="import the weights only (logits), ignoring tokenizer.json")
     hf_in.set_defaults(fn=cmd_hf_import)
 
     hf_out = sub.add_parser("hf-export", help="SavedModel -> HF DeepSeek-V3 checkpoint")
     hf_out.add_argument("model_dir", help="a SavedModel from hf-import or the pipeline "
                         "(a serving dir: the newest version)")
-    hf_out.add_argument("out_dir", help="where config.json and *.safetensors are written")
+    hf_out.add_argument("out_dir", help="where config.json and *.safetensors are written (and "
+                        "tokenizer.json, tokenizer_config.json, generation_config.json when "
+                        "the SavedModel carries a tokenizer)")
     hf_out.add_argument("--max-shard-size", type=int, default=5 * 1024**3,
                         help="bytes per safetensors shard (default 5 GiB)")
     hf_out.add_argument("--config-form", choices=("4.x", "5.x"), default="5.x",

@@ -5,6 +5,12 @@ config stored beside it, so text the pipeline never saw is scored exactly as
 the pipeline's Evaluator scores its eval split (see `components/lm_evaluator/
 scoring.py`). Files are cut into documents with the run's document boundary.
 
+A model without the pipeline's config (`assets.extra/deepseek_tfx_config.json`), such
+as one from `hf-import`, is read with the default `DataConfig()` (documents cut at
+blank lines, NFC) and scored in windows of `min(max_position_embeddings, 1024)`
+tokens (`DEFAULT_SEQ_LEN`; 1024 is the window of the usual Hugging Face perplexity
+recipe); `seq_len` overrides the window for any model.
+
 Bytes: for plain text files, the file's size in bytes (uncompressed) — every byte
 of the file counts, blank-line separators included; for JSONL, CSV and Parquet, the
 UTF-8 bytes of the texts plus one per separator.
@@ -21,12 +27,20 @@ import tensorflow_text  # noqa: F401
 
 from components.lm_evaluator import scoring
 from components.text_example_gen.documents import file_format, read_documents
-from pipeline.configs import PipelineConfig
-from serving.export import CONFIG_ASSET, savedmodel_tokenizer
+from pipeline.configs import DataConfig, PipelineConfig
+from serving.export import CONFIG_ASSET, NoTokenizerError, savedmodel_tokenizer
+from serving.hf_interop import model_config_of_savedmodel
+
+DEFAULT_SEQ_LEN = 1024  # window of a model without a pipeline config (capped by its context)
+LOGITS_BUDGET_BYTES = 256 * 1024**2  # float32 logits per scoring call (at least one window)
 
 
-def load_config(model_dir: str) -> PipelineConfig:
-    with tf.io.gfile.GFile(os.path.join(model_dir, "assets.extra", CONFIG_ASSET)) as f:
+def load_config(model_dir: str) -> PipelineConfig | None:
+    """The pipeline config beside a pushed model, or None (e.g. an hf-imported model)."""
+    path = os.path.join(model_dir, "assets.extra", CONFIG_ASSET)
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as f:
         return PipelineConfig.from_dict(json.load(f))
 
 
@@ -37,24 +51,42 @@ def _file_bytes(path: str) -> int:
     return tf.io.gfile.stat(path).length
 
 
-def evaluate_text_files(model_dir: str, pattern: str, batch_size: int = 64) -> dict:
+def evaluate_text_files(model_dir: str, pattern: str, batch_size: int = 64,
+                        seq_len: int | None = None) -> dict:
     """Scores the files matching `pattern` with the SavedModel in `model_dir`.
+
+    Args:
+      model_dir: a SavedModel with `tokenize` and `logits` signatures.
+      pattern: a file glob.
+      batch_size: documents per `tokenize` call.
+      seq_len: the scoring window in tokens; default: the pipeline's train.seq_len,
+        or `min(max_position_embeddings, DEFAULT_SEQ_LEN)` without a pipeline config.
 
     Returns:
       {"bits_per_byte", "perplexity", "loss" (nats/token), "bits_per_token",
-       "bytes_per_token", "tokens", "bytes", "documents", "files"}.
+       "bytes_per_token", "tokens", "bytes", "documents", "files", "seq_len",
+       "config" ("pipeline", or "defaults" without a pipeline config)}.
 
     Raises:
       FileNotFoundError: nothing matches `pattern`.
+      NoTokenizerError: the SavedModel has no tokenizer (logits only).
+      ValueError: seq_len beyond the model's max_position_embeddings.
     """
+    tokenizer = savedmodel_tokenizer(model_dir)
+    if tokenizer is None:
+        raise NoTokenizerError(model_dir, "score text")
     files = sorted(p for p in tf.io.gfile.glob(pattern) if not tf.io.gfile.isdir(p))
     if not files:
         raise FileNotFoundError(f"no files match {pattern}")
     config = load_config(model_dir)
-    tokenizer = savedmodel_tokenizer(model_dir)
-    if tokenizer is None:
-        raise ValueError(f"{model_dir} has no tokenizer (assets/tokenizer.json): it serves "
-                         "logits only, so it cannot score text")
+    model_config = config.model if config else model_config_of_savedmodel(model_dir)
+    max_positions = model_config.max_position_embeddings
+    if seq_len is None:
+        seq_len = config.train.seq_len if config else min(max_positions, DEFAULT_SEQ_LEN)
+    if not 0 < seq_len <= max_positions:
+        raise ValueError(f"seq_len={seq_len} must be in [1, max_position_embeddings="
+                         f"{max_positions}] of {model_dir}")
+    data_config = config.data if config else DataConfig()
     loaded = tf.saved_model.load(model_dir)
     tokenize, logits = loaded.signatures["tokenize"], loaded.signatures["logits"]
 
@@ -63,7 +95,7 @@ def evaluate_text_files(model_dir: str, pattern: str, batch_size: int = 64) -> d
     for path in files:
         texts = [
             d.text
-            for d in read_documents(path, path, config.data)
+            for d in read_documents(path, path, data_config)
             if not d.reject_reason and d.text
         ]
         if file_format(path) != "text":
@@ -75,9 +107,12 @@ def evaluate_text_files(model_dir: str, pattern: str, batch_size: int = 64) -> d
             ids, lengths = out["input_ids"].numpy(), out["lengths"].numpy()
             docs.extend(row[:n].tolist() for row, n in zip(ids, lengths, strict=True))
     stream = scoring.token_stream(docs, eos_id=tokenizer.eos_id)
+    # Windows per call: 16, fewer when their logits would pass the budget (large vocabularies).
+    windows = max(1, min(16, LOGITS_BUDGET_BYTES // (seq_len * model_config.vocab_size * 4)))
     result = scoring.score_stream(
-        lambda x: logits(input_ids=x)["logits"], stream, config.train.seq_len, batch_size=16,
+        lambda x: logits(input_ids=x)["logits"], stream, seq_len, batch_size=windows,
         pad_id=tokenizer.pad_id)
     metrics = scoring.summarize(result["nll"], result["tokens"], num_bytes)
-    metrics.update(documents=len(docs), files=len(files))
+    metrics.update(documents=len(docs), files=len(files), seq_len=seq_len,
+                   config="pipeline" if config else "defaults")
     return metrics

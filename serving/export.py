@@ -17,10 +17,13 @@ It loads with only `tensorflow` and `tensorflow_text` imported (the regex ops li
 in tensorflow_text), which is what TensorFlow Serving needs too.
 
 The tokenizer is the Hugging Face tokenizer.json that Transform learned or copied
-(`components/transform/tokenizer.py`), run by the same in-graph `BytePairEncoder`
-as Transform, so training and serving tokenize alike. The file travels with the
-model: `assets/tokenizer.json` and `assets/tokenizer_config.json` (what `hf-export`
-writes beside the weights).
+(`components/transform/tokenizer.py`), or that `hf-import` found beside the weights,
+run by the same in-graph `BytePairEncoder` as Transform, so training and serving
+tokenize alike. The file travels with the model: `assets/tokenizer.json` and
+`assets/tokenizer_config.json`; `assets.extra/` holds the model's `config.json` and a
+`generation_config.json` (the defaults of `serving_default`), and a pushed model also
+the pipeline config (`deepseek_tfx_config.json`). `hf-export` writes these beside the
+weights in transformers' layout (`serving/hf_interop.py`).
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ from components.transform.byte_level_bpe import (
 )
 from components.transform.byte_pair_encoder import BytePairEncoder
 from components.transform.tokenizer import load_tokenizer
+from models.deepseek import hf_checkpoint
 from models.deepseek.generation import generate
 from pipeline.configs import GenerationConfig, PipelineConfig
+from serving.hf_interop import GENERATION_CONFIG_NAME, generation_config_to_hf
 from serving.hf_interop import PIPELINE_CONFIG_ASSET as CONFIG_ASSET
 
 
@@ -159,8 +164,21 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
                     export_dir: str) -> str:
     """Writes `model` with its tokenizer and text signatures as a SavedModel; returns it.
 
+    Besides the SavedModel (signatures above; tokenizer.json and tokenizer_config.json
+    as assets), writes in `assets.extra/`, in transformers' forms, what `hf-export`
+    passes on: `config.json` (the model's config, `hf_checkpoint.config_to_hf`) and
+    `generation_config.json` (the defaults of `serving_default` and the tokenizer's
+    bos/eos/pad ids, `hf_interop.generation_config_to_hf`).
+
+    Args:
+      model: a `DeepSeekCausalLM` whose vocab_size covers the tokenizer's ids.
+      tokenizer: its `ByteLevelBpe`.
+      generation: the defaults of `serving_default`.
+      export_dir: the SavedModel directory to write.
+
     Raises:
-      pre_tokenizer.UnsupportedTokenizerError: a tokenizer outside the family.
+      pre_tokenizer.UnsupportedTokenizerError: a tokenizer outside the family, or
+        one without an end-of-sequence token.
     """
     with tempfile.TemporaryDirectory() as asset_dir:
         tokenizer.write(asset_dir)
@@ -173,6 +191,12 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
             "detokenize": module.detokenize,
         }
         tf.saved_model.save(module, export_dir, signatures=signatures)
+    extra = os.path.join(export_dir, "assets.extra")
+    tf.io.gfile.makedirs(extra)
+    for name, value in ((hf_checkpoint.CONFIG_NAME, hf_checkpoint.config_to_hf(model.config)),
+                        (GENERATION_CONFIG_NAME, generation_config_to_hf(generation, tokenizer))):
+        with tf.io.gfile.GFile(os.path.join(extra, name), "w") as f:
+            f.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
     return export_dir
 
 
@@ -193,7 +217,22 @@ def export_serving_model(model, transform_output_dir: str, config: PipelineConfi
     return export_dir
 
 
+def has_tokenizer(model_dir: str) -> bool:
+    """Whether a SavedModel carries a tokenizer (`assets/tokenizer.json`): text signatures."""
+    return tf.io.gfile.exists(os.path.join(model_dir, "assets", TOKENIZER_FILE))
+
+
 def savedmodel_tokenizer(model_dir: str) -> ByteLevelBpe | None:
     """The tokenizer a SavedModel carries (`assets/tokenizer.json`), or None (logits only)."""
     path = os.path.join(model_dir, "assets", TOKENIZER_FILE)
-    return ByteLevelBpe.from_file(path) if tf.io.gfile.exists(path) else None
+    return ByteLevelBpe.from_file(path) if has_tokenizer(model_dir) else None
+
+
+class NoTokenizerError(ValueError):
+    """Text was asked of a SavedModel without a tokenizer (it serves logits only)."""
+
+    def __init__(self, model_dir: str, what: str):
+        super().__init__(
+            f"{model_dir} has no tokenizer (no assets/{TOKENIZER_FILE}): it serves logits "
+            f"only, so it cannot {what}; hf-import a checkpoint directory that holds "
+            f"{TOKENIZER_FILE} to get the text signatures")

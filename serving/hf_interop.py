@@ -1,12 +1,27 @@
 """`deepseek-tfx hf-import` / `hf-export`: HF DeepSeek-V3 checkpoints <-> SavedModels.
 
-  hf_import(CHECKPOINT_DIR, OUT_DIR)  config.json + safetensors -> SavedModel with a
-                                      `logits` signature (input_ids int32 [batch, seq]
-                                      -> logits float32 [batch, seq, vocab]), also
-                                      `serving_default`; the HF config.json is kept in
-                                      `assets.extra/config.json`.
-  hf_export(MODEL_DIR, OUT_DIR)       a SavedModel written by hf-import or by the
-                                      pipeline's Trainer/Pusher -> config.json + safetensors
+  hf_import(CHECKPOINT_DIR, OUT_DIR)  config.json + safetensors (+ tokenizer.json,
+                                      tokenizer_config.json, generation_config.json
+                                      when present) -> SavedModel.
+  hf_export(MODEL_DIR, OUT_DIR)       a SavedModel written by hf-import, by the pipeline's
+                                      Trainer/Pusher or by `save_text_model` ->
+                                      config.json + safetensors (+ tokenizer.json,
+                                      tokenizer_config.json, generation_config.json when
+                                      the SavedModel carries a tokenizer).
+
+A checkpoint directory with a `tokenizer.json` (byte-level BPE of the DeepSeek-V3
+family, see `components/transform/byte_level_bpe.py`) imports as a text model with the
+signatures of a pushed model (`serving_default`, `generate`, `logits`, `tokenize`,
+`detokenize`; `serving/export.py`). Without one it imports as a logits-only
+SavedModel: `logits` (input_ids int32 [batch, seq] -> logits float32 [batch, seq,
+vocab]) and `serving_default` (the same). Either way the HF config.json is kept in
+`assets.extra/config.json`; a text model also carries `assets.extra/
+generation_config.json` (the defaults of its `serving_default`, in transformers' form).
+
+What hf-export writes is what `transformers.AutoModelForCausalLM` /
+`AutoTokenizer.from_pretrained(OUT_DIR)` read (`PreTrainedTokenizerFast` from
+tokenizer.json + tokenizer_config.json; `GenerationConfig` from generation_config.json);
+`tokenizers.Tokenizer.from_file(OUT_DIR/tokenizer.json)` gives the SavedModel's ids.
 
 The weights travel through `models/deepseek/hf_checkpoint.py`; the SavedModel's
 variables are read back into a freshly built model with `tf.train.Checkpoint`
@@ -16,14 +31,27 @@ Needs only TensorFlow (and safetensors); no torch, no TFX.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import tensorflow as tf
 
+from components.transform.byte_level_bpe import (
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    ByteLevelBpe,
+)
 from models.deepseek import hf_checkpoint
+from pipeline.configs import GenerationConfig
 
 PIPELINE_CONFIG_ASSET = "deepseek_tfx_config.json"  # the PipelineConfig beside a pushed model
+GENERATION_CONFIG_NAME = "generation_config.json"  # transformers' GenerationConfig file
+TEXT_SIGNATURES = ("serving_default", "generate", "logits", "tokenize", "detokenize")
+LOGITS_SIGNATURES = ("logits", "serving_default")
+# transformers' GenerationConfig defaults, for keys a generation_config.json leaves out.
+_HF_GENERATION_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
+_SAMPLING_KEYS = (*_HF_GENERATION_DEFAULTS, "max_new_tokens")
 
 
 class LogitsModule(tf.Module):
@@ -38,25 +66,169 @@ class LogitsModule(tf.Module):
         return {"logits": tf.cast(self.model(input_ids, training=False), tf.float32)}
 
 
-def hf_import(checkpoint_dir: str, out_dir: str) -> str:
-    """Reads a HF DeepSeek-V3 checkpoint and writes a SavedModel; returns out_dir.
+# ----------------------------------------------------------------------------- generation
+
+
+def generation_config_from_hf(hf: dict) -> GenerationConfig:
+    """The sampling defaults of a transformers `generation_config.json` dict.
+
+    Keys it leaves out take transformers' defaults (`do_sample` false, temperature
+    1.0, top_k 50, top_p 1.0), so the result decodes as `model.generate()` would:
+    `do_sample` false becomes greedy (temperature 0). `max_new_tokens` defaults to
+    the pipeline's (`GenerationConfig().max_new_tokens`; transformers' `max_length`
+    counts the prompt too and is not used). Beam search and penalties are not used.
+    """
+    # A key set to null is "off" in transformers (no top-k / nucleus filter, no scaling).
+    off = {"do_sample": False, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    get = {k: (off[k] if hf[k] is None else hf[k]) if k in hf else default
+           for k, default in _HF_GENERATION_DEFAULTS.items()}
+    greedy = not get["do_sample"] or float(get["temperature"]) <= 0
+    return GenerationConfig(
+        max_new_tokens=int(hf.get("max_new_tokens") or GenerationConfig().max_new_tokens),
+        temperature=0.0 if greedy else float(get["temperature"]),
+        top_k=int(get["top_k"]),
+        top_p=float(get["top_p"]),
+    )
+
+
+def generation_config_to_hf(generation: GenerationConfig,
+                            tokenizer: ByteLevelBpe | None = None) -> dict:
+    """`generation` as a transformers `generation_config.json` dict.
+
+    Temperature 0 (greedy) is `do_sample: false` without sampling keys (transformers
+    warns about sampling keys that greedy decoding ignores, and refuses to save them);
+    top_k 0 and top_p 1.0 mean "off" in both. With a tokenizer, also `bos_token_id` (when it has a
+    beginning token), `eos_token_id` and `pad_token_id`.
+    """
+    hf: dict = {"do_sample": generation.temperature > 0,
+                "max_new_tokens": generation.max_new_tokens}
+    if generation.temperature > 0:
+        hf.update(temperature=generation.temperature, top_k=generation.top_k,
+                  top_p=generation.top_p)
+    if tokenizer is not None:
+        hf.update(token_ids(tokenizer))
+    return hf
+
+
+def token_ids(tokenizer: ByteLevelBpe) -> dict[str, int]:
+    """`bos_token_id` (if any), `eos_token_id` and `pad_token_id`, as transformers names them."""
+    ids = {"eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
+    if tokenizer.bos_token is not None:
+        ids["bos_token_id"] = tokenizer.token_id(tokenizer.bos_token)
+    return ids
+
+
+def _read_json(path: str) -> dict:
+    with tf.io.gfile.GFile(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise hf_checkpoint.CheckpointError(f"{path}: not valid JSON ({e})") from e
+
+
+def _write_json(path: str, value: dict) -> None:
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write(json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------- import
+
+
+@dataclasses.dataclass(frozen=True)
+class ImportedModel:
+    """What `hf_import` wrote.
+
+    Attributes:
+      path: the SavedModel directory.
+      signatures: its signature names.
+      tokenizer: the tokenizer.json it was made with, or None (logits only).
+      generation: the defaults of its `serving_default` (text models), else None.
+      generation_source: where they came from: the checkpoint's
+        generation_config.json, or the pipeline's defaults.
+    """
+
+    path: str
+    signatures: tuple[str, ...]
+    tokenizer: str | None = None
+    generation: GenerationConfig | None = None
+    generation_source: str | None = None
+
+
+def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True) -> ImportedModel:
+    """Reads a HF DeepSeek-V3 checkpoint directory and writes a SavedModel.
+
+    With a `tokenizer.json` in `checkpoint_dir` (and `use_tokenizer`), the SavedModel
+    is a text model with the pushed model's signatures (`serving_default`,
+    `generate`, `logits`, `tokenize`, `detokenize`; see `serving/export.py`) and
+    carries the tokenizer (with `tokenizer_config.json` when present: eos/pad/bos
+    tokens, chat_template). The defaults of `serving_default` come from the
+    checkpoint's `generation_config.json` when it has one (`generation_config_from_hf`),
+    else from the pipeline's `GenerationConfig()`. Without a tokenizer.json it is
+    logits only (`logits`, `serving_default`: input_ids int32 [batch, seq] -> logits
+    float32 [batch, seq, vocab]).
+
+    Args:
+      checkpoint_dir: config.json and safetensors (sharded or not), optionally
+        tokenizer.json, tokenizer_config.json and generation_config.json.
+      out_dir: where the SavedModel is written.
+      use_tokenizer: False imports the weights only (logits), ignoring tokenizer.json.
+
+    Returns:
+      An `ImportedModel` naming the signatures written.
 
     Raises:
-      FileNotFoundError, hf_checkpoint.CheckpointError: see `load_hf_checkpoint`.
+      FileNotFoundError: no config.json or no safetensors files.
+      hf_checkpoint.CheckpointError: the weights do not match config.json (see
+        `load_hf_checkpoint`), or the tokenizer has ids beyond config.json's
+        vocab_size (naming both).
+      UnsupportedTokenizerError: a tokenizer.json outside the DeepSeek-V3 family,
+        or one without an end-of-sequence token (naming the field).
+      ValueError: tokenizer.json or tokenizer_config.json is not JSON.
     """
+    from serving.export import save_text_model
+
+    config = hf_checkpoint.read_config_json(checkpoint_dir)  # fails fast on a bad config
+    tokenizer = None
+    if use_tokenizer and tf.io.gfile.exists(os.path.join(checkpoint_dir, TOKENIZER_FILE)):
+        tokenizer = ByteLevelBpe.from_file(checkpoint_dir)
+        if tokenizer.vocab_size > config.vocab_size:
+            raise hf_checkpoint.CheckpointError(
+                f"{tokenizer.source} has ids up to {tokenizer.vocab_size - 1} "
+                f"({tokenizer.vocab_size} ids), but config.json's vocab_size is "
+                f"{config.vocab_size}: the model's vocabulary must cover the tokenizer's ids")
+        _ = tokenizer.eos_id  # raises now, before the weights load, if it has none
+    if tokenizer is None:
+        model = hf_checkpoint.load_hf_checkpoint(checkpoint_dir)
+        module = LogitsModule(model)
+        tf.saved_model.save(module, out_dir,
+                            signatures={"serving_default": module.logits, "logits": module.logits})
+        _write_json(os.path.join(out_dir, "assets.extra", hf_checkpoint.CONFIG_NAME),
+                    hf_checkpoint.config_to_hf(model.config))
+        return ImportedModel(out_dir, LOGITS_SIGNATURES)
+
+    hf_generation_path = os.path.join(checkpoint_dir, GENERATION_CONFIG_NAME)
+    hf_generation = None
+    if tf.io.gfile.exists(hf_generation_path):
+        hf_generation = _read_json(hf_generation_path)
+        generation, source = generation_config_from_hf(hf_generation), hf_generation_path
+    else:
+        generation, source = GenerationConfig(), "the pipeline's GenerationConfig() defaults"
     model = hf_checkpoint.load_hf_checkpoint(checkpoint_dir)
-    module = LogitsModule(model)
-    tf.saved_model.save(module, out_dir,
-                        signatures={"serving_default": module.logits, "logits": module.logits})
-    extra = os.path.join(out_dir, "assets.extra")
-    tf.io.gfile.makedirs(extra)
-    with tf.io.gfile.GFile(os.path.join(extra, hf_checkpoint.CONFIG_NAME), "w") as f:
-        json.dump(hf_checkpoint.config_to_hf(model.config), f, indent=2, sort_keys=True)
-    return out_dir
+    save_text_model(model, tokenizer, generation, out_dir)  # also assets.extra/config.json
+    if hf_generation is not None:  # keep the checkpoint's other keys for hf-export
+        _write_json(os.path.join(out_dir, "assets.extra", GENERATION_CONFIG_NAME),
+                    {**hf_generation, **generation_config_to_hf(generation, tokenizer)})
+    return ImportedModel(out_dir, TEXT_SIGNATURES, tokenizer.source, generation, source)
+
+
+# ----------------------------------------------------------------------------- export
 
 
 def model_config_of_savedmodel(model_dir: str):
-    """The DeepSeekConfig stored beside a SavedModel (hf-import's or the pipeline's).
+    """The DeepSeekConfig stored beside a SavedModel (`assets.extra/config.json`, written by
+    hf-import and `save_text_model`; or the pipeline config of a model pushed before
+    SavedModels carried config.json).
 
     Raises:
       FileNotFoundError: neither `assets.extra/config.json` nor the pipeline's config.
@@ -94,9 +266,56 @@ def load_model_from_savedmodel(model_dir: str):
     return model
 
 
-def hf_export(model_dir: str, out_dir: str, max_shard_bytes: int = hf_checkpoint.DEFAULT_MAX_SHARD_BYTES,
+def hf_export(model_dir: str, out_dir: str,
+              max_shard_bytes: int = hf_checkpoint.DEFAULT_MAX_SHARD_BYTES,
               config_form: str = "5.x", dtype: str = "float32") -> list[str]:
-    """Writes the model of a SavedModel as a HF checkpoint; returns the safetensors files."""
+    """Writes the model of a SavedModel as a HF checkpoint; returns the files written.
+
+    Always config.json and the safetensors (see `save_hf_checkpoint`). When the
+    SavedModel carries a tokenizer (`assets/tokenizer.json`), also:
+      - tokenizer.json, as the SavedModel tokenizes (`tokenizers.Tokenizer.from_file`
+        gives the same ids as its `tokenize` signature);
+      - tokenizer_config.json: `PreTrainedTokenizerFast`, eos/pad/bos tokens, the
+        chat_template if the tokenizer has one, and `model_max_length` (the model's
+        max_position_embeddings) unless the tokenizer names one;
+      - generation_config.json: bos/eos/pad token ids and the sampling defaults of
+        the SavedModel's `serving_default` (do_sample, temperature, top_k, top_p,
+        max_new_tokens), from the pipeline config's `generation` section when the
+        SavedModel carries `assets.extra/deepseek_tfx_config.json`, else from its
+        `assets.extra/generation_config.json` (models written by `save_text_model`
+        and hf-import), else token ids only;
+      - config.json gets the same bos/eos/pad token ids.
+
+    Raises:
+      FileNotFoundError: no config beside the SavedModel.
+      AssertionError: the SavedModel's variables do not cover the model.
+    """
+    from pipeline.configs import PipelineConfig
+    from serving.export import savedmodel_tokenizer
+
     model = load_model_from_savedmodel(model_dir)
-    return hf_checkpoint.save_hf_checkpoint(model, out_dir, max_shard_bytes=max_shard_bytes,
-                                            config_form=config_form, dtype=dtype)
+    files = hf_checkpoint.save_hf_checkpoint(model, out_dir, max_shard_bytes=max_shard_bytes,
+                                             config_form=config_form, dtype=dtype)
+    tokenizer = savedmodel_tokenizer(model_dir)
+    if tokenizer is None:
+        return files
+    extra_config = {}
+    if "model_max_length" not in tokenizer.tokenizer_config:
+        extra_config["model_max_length"] = model.config.max_position_embeddings
+    tokenizer.write(out_dir, extra_config=extra_config)
+
+    extra = os.path.join(model_dir, "assets.extra")
+    generation_path = os.path.join(extra, GENERATION_CONFIG_NAME)
+    pipeline_path = os.path.join(extra, PIPELINE_CONFIG_ASSET)
+    generation = _read_json(generation_path) if tf.io.gfile.exists(generation_path) else {}
+    if tf.io.gfile.exists(pipeline_path):
+        pipeline = PipelineConfig.from_dict(_read_json(pipeline_path))
+        generation = {k: v for k, v in generation.items() if k not in _SAMPLING_KEYS}
+        generation.update(generation_config_to_hf(pipeline.generation))
+    generation.update(token_ids(tokenizer))
+    _write_json(os.path.join(out_dir, GENERATION_CONFIG_NAME), generation)
+
+    config_path = os.path.join(out_dir, hf_checkpoint.CONFIG_NAME)
+    _write_json(config_path, {**_read_json(config_path), **token_ids(tokenizer)})
+    names = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, GENERATION_CONFIG_NAME)
+    return files + [os.path.join(out_dir, name) for name in names]

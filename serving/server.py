@@ -11,7 +11,10 @@ unchanged: row format (`instances`: a list of prompts or of objects with the
 signature's inputs) answers `{"predictions": [...]}`, columnar format (`inputs`)
 answers `{"outputs": ...}`. Bad requests get a 4xx with `{"error": "..."}`
 naming what is wrong; the server keeps serving. The newest numbered version
-under the serving directory is loaded (as TF Serving's default version policy).
+under the serving directory is loaded (as TF Serving's default version policy); a
+SavedModel directory itself (e.g. what `hf-import` wrote) is served as version 1.
+A SavedModel without a tokenizer (logits only) serves `logits` and `serving_default`
+(token ids in, logits out); asking it for text says that it has no tokenizer.
 
 Needs only TensorFlow and tensorflow_text (and the standard library's HTTP server,
 threaded; model calls are serialized by TensorFlow itself).
@@ -37,6 +40,7 @@ _PREDICT = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+
 _STATUS = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?"
                      r"(?P<metadata>/metadata)?$")
 MAX_BODY_BYTES = 10 * 1024 * 1024
+_TEXT_SIGNATURES = ("generate", "tokenize", "detokenize")
 
 
 class BadRequest(ValueError):
@@ -46,13 +50,18 @@ class BadRequest(ValueError):
 def newest_version(serving_dir: str) -> tuple[str, int]:
     """(path, version) of the highest numbered SavedModel under `serving_dir`.
 
+    A directory that is itself a SavedModel is version 1.
+
     Raises:
-      FileNotFoundError: no numbered version with a saved_model.pb.
+      FileNotFoundError: no saved_model.pb in it and no numbered version with one.
     """
+    if os.path.isfile(os.path.join(serving_dir, "saved_model.pb")):
+        return serving_dir, 1
     versions = [int(d) for d in os.listdir(serving_dir) if d.isdigit()
                 and os.path.isfile(os.path.join(serving_dir, d, "saved_model.pb"))]
     if not versions:
-        raise FileNotFoundError(f"{serving_dir}: no numbered SavedModel versions")
+        raise FileNotFoundError(f"{serving_dir}: no saved_model.pb and no numbered SavedModel "
+                                "versions")
     version = max(versions)
     return os.path.join(serving_dir, str(version)), version
 
@@ -65,6 +74,7 @@ class ModelServer:
         self.name = model_name
         self.model = tf.saved_model.load(self.path)
         self.signatures = dict(self.model.signatures)
+        self.has_tokenizer = os.path.isfile(os.path.join(self.path, "assets", "tokenizer.json"))
         self._lock = threading.Lock()
 
     def status(self) -> dict:
@@ -91,8 +101,10 @@ class ModelServer:
             raise BadRequest("the request body must be a JSON object")
         name = body.get("signature_name", "serving_default")
         if name not in self.signatures:
+            why = "" if self.has_tokenizer or name not in _TEXT_SIGNATURES else (
+                " (it has no tokenizer: logits only, token ids in)")
             raise BadRequest(f"unknown signature_name '{name}'; the model has "
-                             f"{sorted(self.signatures)}")
+                             f"{sorted(self.signatures)}{why}")
         fn = self.signatures[name]
         specs = fn.structured_input_signature[1]
         if ("instances" in body) == ("inputs" in body):
@@ -106,7 +118,13 @@ class ModelServer:
                 if len(specs) != 1:
                     raise BadRequest(f'"inputs" must be an object with keys {sorted(specs)}')
                 columns = {next(iter(specs)): columns}
-        tensors = self._to_tensors(columns, specs)
+        try:
+            tensors = self._to_tensors(columns, specs)
+        except BadRequest as e:
+            if self.has_tokenizer or not _has_text(columns):
+                raise
+            raise BadRequest(f"{e} (the model has no tokenizer: it takes token ids, "
+                             "not text)") from e
         with self._lock:
             try:
                 outputs = fn(**tensors)
@@ -168,6 +186,14 @@ class ModelServer:
                                  f"expected {spec.shape.as_list()}")
             tensors[key] = tensor
         return tensors
+
+
+def _has_text(value) -> bool:
+    if isinstance(value, str):
+        return True
+    if isinstance(value, dict):
+        return any(_has_text(v) for v in value.values())
+    return isinstance(value, list) and any(_has_text(v) for v in value)
 
 
 def _to_json(value):

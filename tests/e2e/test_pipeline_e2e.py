@@ -241,7 +241,8 @@ def test_anomalies_stop_before_training(tmp_path, corpus):
 
 
 def test_pushed_model_exports_to_hf_and_back(run, tmp_path):
-    """hf-export of the pushed model, then hf-import: the logits do not change."""
+    """hf-export of the pushed model (weights, tokenizer, generation defaults), then
+    hf-import: the logits and the token ids do not change."""
     import numpy as np
     import tensorflow as tf
 
@@ -250,13 +251,18 @@ def test_pushed_model_exports_to_hf_and_back(run, tmp_path):
     (version,) = os.listdir(run["serving_model_dir"])
     pushed = os.path.join(run["serving_model_dir"], version)
     assert cli.main(["hf-export", run["serving_model_dir"], str(tmp_path / "hf")]) == 0
-    assert os.path.isfile(tmp_path / "hf" / "model.safetensors")
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
+                 "generation_config.json"):
+        assert os.path.isfile(tmp_path / "hf" / name), name
     assert cli.main(["hf-import", str(tmp_path / "hf"), str(tmp_path / "saved")]) == 0
     ids = tf.constant([[1, 5, 6, 7, 100, 3]], tf.int32)
-    before = tf.saved_model.load(pushed).signatures["logits"](input_ids=ids)["logits"].numpy()
-    after = tf.saved_model.load(str(tmp_path / "saved")).signatures["logits"](
-        input_ids=ids)["logits"].numpy()
-    np.testing.assert_array_equal(after, before)
+    before = tf.saved_model.load(pushed).signatures
+    after = tf.saved_model.load(str(tmp_path / "saved")).signatures
+    np.testing.assert_array_equal(after["logits"](input_ids=ids)["logits"].numpy(),
+                                  before["logits"](input_ids=ids)["logits"].numpy())
+    text = tf.constant([MULTILINGUAL])
+    np.testing.assert_array_equal(after["tokenize"](text=text)["input_ids"].numpy(),
+                                  before["tokenize"](text=text)["input_ids"].numpy())
 
 
 def test_serve_on_tf_serving_rest_shapes(run):

@@ -79,14 +79,14 @@ def test_hf_import_export_round_trip(tmp_path):
     from serving.hf_interop import hf_export, hf_import
 
     d, input_ids, expected = _fixture("q_lora")
-    first = hf_import(str(d), str(tmp_path / "saved"))
+    first = hf_import(str(d), str(tmp_path / "saved")).path
     loaded = tf.saved_model.load(first)
     served = loaded.signatures["logits"](input_ids=tf.constant(input_ids))["logits"].numpy()
     assert float(np.abs(served - expected).max()) <= TOLERANCE
 
     files = hf_export(first, str(tmp_path / "hf"), max_shard_bytes=300_000, config_form="4.x")
     assert len(files) > 1
-    again = hf_import(str(tmp_path / "hf"), str(tmp_path / "saved2"))
+    again = hf_import(str(tmp_path / "hf"), str(tmp_path / "saved2")).path
     served2 = tf.saved_model.load(again).signatures["logits"](
         input_ids=tf.constant(input_ids))["logits"].numpy()
     np.testing.assert_array_equal(served2, served)
