@@ -3,12 +3,13 @@
 Each kept document becomes one profile record (a tf.Example) with:
 
   num_chars  int64         Unicode characters of the cleaned text
-  num_words  int64         whitespace-separated words
-  tokens     bytes list    lower-cased word and punctuation tokens (`\\w+|[^\\w\\s]`)
+  num_words  int64         words (`text_cleaner.words.word_units`: whitespace-separated,
+                           and each character of a script written without spaces)
+  tokens     bytes list    lower-cased word and punctuation tokens; in Chinese,
+                           Japanese, Thai, ... single characters (`token_units`)
 
-`tokens` is a pre-tokenization, not the learned WordPiece vocabulary: the
-vocabulary is learned again by every run, so its ids are not comparable between
-runs, while these tokens are.
+`tokens` is a pre-tokenization, not the learned tokenizer: a tokenizer learned by
+another run has other ids, while these tokens compare between runs in any language.
 
 TFDV computes statistics of the profile (histograms and quantiles of the
 lengths; value counts of the tokens). Drift is the Jensen-Shannon divergence
@@ -21,21 +22,20 @@ detection"; JSD(P‖Q) = ½ KL(P‖M) + ½ KL(Q‖M), M = ½(P+Q), base 2, in [0
 
 from __future__ import annotations
 
-import re
-
 from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2, statistics_pb2
+
+from components.text_cleaner.words import token_units, word_units
 
 PROFILE_FEATURES = ("num_chars", "num_words", "tokens")
 
-_TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 def text_profile(text: str) -> dict[str, list]:
     """{"num_chars": [int], "num_words": [int], "tokens": [bytes, ...]} of one document."""
     return {
         "num_chars": [len(text)],
-        "num_words": [len(text.split())],
-        "tokens": [t.encode("utf-8") for t in _TOKEN.findall(text.lower())],
+        "num_words": [len(word_units(text))],
+        "tokens": [t.encode("utf-8") for t in token_units(text)],
     }
 
 

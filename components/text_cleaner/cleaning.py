@@ -28,6 +28,7 @@ import zlib
 
 import numpy as np
 
+from components.text_cleaner.words import is_no_space_unit, shingle_units, word_units
 from pipeline.configs import DataConfig
 
 KEPT = "kept"
@@ -62,8 +63,6 @@ _REMOVED_CONTROL_CHARS = re.compile("[" + "".join(
     re.escape(chr(c)) for c in [*range(0x20), *range(0x7F, 0xA0)]
     if chr(c) not in _KEPT_CONTROL_CHARS) + "]")
 assert all(unicodedata.category(chr(c)) == "Cc" for c in [*range(0x20), *range(0x7F, 0xA0)])
-_WORD = re.compile(r"\S+")
-_SHINGLE_WORD = re.compile(r"\w+")
 
 
 def remove_control_characters(text: str) -> str:
@@ -93,25 +92,31 @@ def redact(text: str) -> tuple[str, list[str]]:
 def quality_reason(text: str, config: DataConfig) -> str:
     """The first Gopher rule the document fails, or "" (Rae et al. 2021, A.1.1).
 
-    Words are whitespace-separated; rules: word count in [min_words, max_words];
-    mean word length in [min_mean_word_length, max_mean_word_length]; ('#' +
-    '...' + '…') / words <= max_symbol_word_ratio; duplicated lines / lines <=
-    max_duplicate_line_fraction; words with a letter / words >= min_alpha_word_fraction.
+    Words are whitespace-separated, and each character of a script written without
+    spaces (Chinese, Japanese, Thai, ...) is a word of its own (`words.word_units`);
+    rules: word count in [min_words, max_words]; mean word length in
+    [min_mean_word_length, max_mean_word_length], over the space-delimited words with a
+    letter or digit only (a character of Chinese is one "word" of length 1, which the
+    English bounds would reject; the rule is skipped when there are none); ('#' + '...' + '…') / words <=
+    max_symbol_word_ratio; duplicated lines / lines <= max_duplicate_line_fraction;
+    words with a letter / words >= min_alpha_word_fraction.
     """
-    words = _WORD.findall(text)
-    n = len(words)
+    units = word_units(text)
+    n = len(units)
     if not config.min_words <= n <= config.max_words:
         return DROP_QUALITY_WORD_COUNT
-    mean_length = sum(len(w) for w in words) / n
-    if not config.min_mean_word_length <= mean_length <= config.max_mean_word_length:
-        return DROP_QUALITY_MEAN_WORD_LENGTH
+    spaced = [w for w in units if not is_no_space_unit(w) and any(ch.isalnum() for ch in w)]
+    if spaced:
+        mean_length = sum(len(w) for w in spaced) / len(spaced)
+        if not config.min_mean_word_length <= mean_length <= config.max_mean_word_length:
+            return DROP_QUALITY_MEAN_WORD_LENGTH
     symbols = text.count("#") + text.count("...") + text.count("\u2026")
     if symbols / n > config.max_symbol_word_ratio:
         return DROP_QUALITY_SYMBOL_RATIO
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if lines and (len(lines) - len(set(lines))) / len(lines) > config.max_duplicate_line_fraction:
         return DROP_QUALITY_DUPLICATE_LINES
-    alpha = sum(1 for w in words if any(ch.isalpha() for ch in w))
+    alpha = sum(1 for w in units if any(ch.isalpha() for ch in w))
     if alpha / n < config.min_alpha_word_fraction:
         return DROP_QUALITY_ALPHA_WORDS
     return ""
@@ -167,8 +172,9 @@ def content_key(text: str) -> bytes:
 
 
 def shingles(text: str, ngram: int) -> set[bytes]:
-    """Lower-cased word n-grams (the whole text if it has fewer than n words)."""
-    words = _SHINGLE_WORD.findall(text.lower())
+    """Lower-cased word n-grams (the whole text if it has fewer than n words); in
+    scripts written without spaces, character n-grams (`words.shingle_units`)."""
+    words = shingle_units(text)
     if len(words) < ngram:
         return {" ".join(words).encode("utf-8")}
     return {" ".join(words[i:i + ngram]).encode("utf-8") for i in range(len(words) - ngram + 1)}

@@ -167,3 +167,53 @@ def test_bloom_sizes_are_powers_of_two(input_bytes):
     if 0 < input_bytes < 10**9:
         exact, near = _SeenTwiceCombineFn(bits, 9, 13, near=True).create_accumulator()
         assert near.num_bits == bits and exact.num_bits & (exact.num_bits - 1) == 0
+
+
+def test_word_units_follow_the_script():
+    from components.text_cleaner.words import shingle_units, token_units, word_units
+
+    text = "GPT模型很大, ok! 日本語のテキスト 한국어 텍스트 ภาษาไทย"
+    assert word_units(text) == ["GPT", "模", "型", "很", "大,", "ok!", "日", "本", "語",
+                                "の", "テ", "キ", "ス", "ト", "한국어", "텍스트",
+                                "ภ", "า", "ษ", "า", "ไ", "ท", "ย"]
+    assert shingle_units("Hello 你好，世界") == ["hello", "你", "好", "世", "界"]
+    assert token_units("Hello 你好，世界!") == ["hello", "你", "好", "，", "世", "界", "!"]
+
+
+def _han(text: str) -> int:
+    return sum(1 for ch in text if "\u4e00" <= ch <= "\u9fff")
+
+
+def test_chinese_near_duplicates_are_removed_and_distinct_poems_kept(chinese_poems, tmp_path):
+    """Character 5-grams: one changed character of a poem of >= 150 characters (>= 146
+    shingles) replaces at most 5 shingles: Jaccard >= (146 - 5) / (146 + 5) = 0.93, where
+    the 9 LSH bands of 13 rows (threshold 0.8) miss a pair with probability
+    (1 - 0.93^13)^9 < 1%. Whitespace words would make each line one shingle, and the
+    copy would share few of them."""
+    poems = list(dict.fromkeys(chinese_poems))
+    long_ones = [i for i, p in enumerate(poems) if _han(p) >= 150][:6]
+    assert len(long_ones) == 6
+    records = [dict(source="poems.txt", record=i, text=p) for i, p in enumerate(poems)]
+    for j, i in enumerate(long_ones):
+        chars = list(poems[i])
+        han = [k for k, ch in enumerate(chars) if "\u4e00" <= ch <= "\u9fff"]
+        chars[han[len(han) // 2]] = "某"
+        records.append(dict(source="u.txt", record=j, text="".join(chars)))
+    found = _find_duplicates(records, DataConfig(near_dedup_threshold=0.8), tmp_path)
+    assert found == [(("u.txt", j), C.DROP_NEAR_DUPLICATE) for j in range(6)]
+
+
+def test_gopher_rules_keep_real_chinese_poems(chinese_poems):
+    """Mean word length counts space-delimited words only: a Chinese character is not
+    a 1-letter word. What is dropped is only the shortest poems (word count)."""
+    from components.text_cleaner.words import word_units
+
+    config = DataConfig(quality_filter=True)
+    reasons = [C.quality_reason(p, config) for p in chinese_poems]
+    kept = reasons.count("")
+    assert kept > 0.5 * len(chinese_poems), (kept, len(chinese_poems))
+    assert set(reasons) <= {"", C.DROP_QUALITY_WORD_COUNT}
+    short = [p for p, r in zip(chinese_poems, reasons, strict=True) if r]
+    assert all(len(word_units(p)) < config.min_words for p in short)
+    # English still gets the mean-word-length rule.
+    assert C.quality_reason("a " * 60, config) == C.DROP_QUALITY_MEAN_WORD_LENGTH

@@ -71,3 +71,25 @@ def test_schema_needs_every_profile_feature():
     feature.path.step.append("num_chars")
     with pytest.raises(ValueError, match="num_words"):
         profile.drift_schema(stats, THRESHOLDS)
+
+
+def test_chinese_profile_uses_characters_and_detects_drift(chinese_poems, shakespeare,
+                                                           tmp_path):
+    from components.drift_validator.executor import compare
+
+    p = profile.text_profile("你好，世界。Hello!")
+    assert p["num_words"] == [5]  # 你 好， 世 界。 Hello!
+    assert p["tokens"] == [t.encode() for t in ("你", "好", "，", "世", "界", "。", "hello",
+                                                "!")]
+    poems = list(chinese_poems)
+    half = len(poems) // 2
+    first = _statistics(poems[:half], str(tmp_path / "a.pb"))
+    second = _statistics(poems[half:], str(tmp_path / "b.pb"))
+    _, measured, _ = compare(second, first, THRESHOLDS)
+    # Tang poems against Song ci: related, not the same: well under English-vs-code.
+    assert measured["tokens"] < 0.3, measured
+    english = _statistics([q for q in shakespeare[:200_000].split("\n\n") if q.strip()],
+                          str(tmp_path / "c.pb"))
+    _, measured_en, drifted = compare(english, first, THRESHOLDS)
+    assert "tokens" in drifted and measured_en["tokens"] > 0.9, measured_en
+    print(f"drift, poems second half vs first: {measured}; English vs poems: {measured_en}")
