@@ -30,6 +30,8 @@ NORMALIZATION_FORMS = ("NFC", "NFKC", "none")
 # The names of `components.transform.pre_tokenizer.PRE_TOKENIZERS` (this module stays light).
 PRE_TOKENIZER_NAMES = ("deepseek_v3",)
 INVALID_UTF8_POLICIES = ("replace", "reject")
+TASKS = ("pretrain", "sft")
+LORA_TARGETS = ("attention", "mlp")
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -76,6 +78,15 @@ class DataConfig:
         the Gopher thresholds (Rae et al. 2021, appendix A.1.1).
       redact_pii: replace e-mail addresses, IP addresses and phone numbers by
         `<EMAIL>`, `<IP_ADDRESS>`, `<PHONE_NUMBER>` (counted per kind).
+      task: `pretrain` (documents of text, packed; every token is a target) or
+        `sft` (supervised fine-tuning: prompt/response records; the loss covers
+        response tokens only). `deepseek-tfx run --task sft`.
+      prompt_field, response_field: the fields of an SFT record holding the prompt
+        and the response (JSONL keys, CSV/Parquet columns).
+      messages_field: the field of an SFT record holding a chat, a list of
+        `{"role", "content"}` (Hugging Face chat form); used when a record has it.
+      chat_template: a Jinja chat template (transformers' form) for SFT prompts;
+        empty: the tokenizer's `chat_template` when it has one, else the default.
     """
 
     document_boundary: str = "blank_line"
@@ -103,8 +114,14 @@ class DataConfig:
     max_duplicate_line_fraction: float = 0.3
     min_alpha_word_fraction: float = 0.8
     redact_pii: bool = False
+    task: str = "pretrain"
+    prompt_field: str = "context"
+    response_field: str = "response"
+    messages_field: str = "messages"
+    chat_template: str = ""
 
     def __post_init__(self) -> None:
+        _check_choice("data.task", self.task, TASKS)
         _check_choice("data.document_boundary", self.document_boundary, DOCUMENT_BOUNDARIES)
         _check_choice("data.normalization", self.normalization, NORMALIZATION_FORMS)
         _check_positive("data.train_buckets", self.train_buckets)
@@ -166,6 +183,23 @@ class TokenizerConfig:
         _check_positive("tokenizer.min_frequency", self.min_frequency)
 
 
+def _check_trainable(value: str) -> None:
+    import re
+
+    if value == "all":
+        return
+    if value.startswith("top:"):
+        n = value[4:]
+        if not n.isdigit() or int(n) < 0:
+            raise ValueError(f"train.trainable={value!r}: top:N needs a whole number N >= 0")
+        return
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise ValueError(f"train.trainable={value!r} is neither all, top:N nor a valid "
+                         f"regular expression ({e})") from e
+
+
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
 
@@ -209,6 +243,19 @@ class TrainConfig:
       eval_batches: batches of the eval split the Trainer scores at the end.
       shuffle_buffer: documents in the shuffle buffer.
       seed: seed of initialization and data order.
+      trainable: which weights train: `all`; `top:N`, the last N decoder blocks
+        plus the final norm, the LM head (the embedding when tied) and the MTP
+        modules; or a regular expression matched (`re.search`) against weight
+        paths such as `layers.3/mlp/experts.0/up_proj/kernel`. The others stay
+        bit-identical and get no optimizer slots (nor router-bias updates).
+      lora_rank: > 0 trains low-rank adapters of this rank (Keras `enable_lora`)
+        on the `lora_targets` projections instead of the weights themselves; the
+        exported model carries the merged weights (Hu et al. 2021, LoRA).
+      lora_targets: comma-separated: `attention` (q/kv/o projections of MLA),
+        `mlp` (dense MLP, experts and shared experts).
+      distill_alpha, distill_temperature: with a teacher (`--teacher`), loss =
+        alpha CE + (1 - alpha) tau^2 KL(softmax(teacher/tau) || softmax(student/tau))
+        (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network", §2).
     """
 
     seq_len: int = 128
@@ -230,8 +277,23 @@ class TrainConfig:
     eval_batches: int = 20
     shuffle_buffer: int = 10_000
     seed: int = 1337
+    trainable: str = "all"
+    lora_rank: int = 0
+    lora_targets: str = "attention,mlp"
+    distill_alpha: float = 0.5
+    distill_temperature: float = 2.0
 
     def __post_init__(self) -> None:
+        _check_trainable(self.trainable)
+        if self.lora_rank < 0:
+            raise ValueError(f"train.lora_rank={self.lora_rank} must be >= 0")
+        targets = [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+        if not targets or set(targets) - set(LORA_TARGETS):
+            raise ValueError(f"train.lora_targets={self.lora_targets!r} must be a "
+                             f"comma-separated subset of {list(LORA_TARGETS)}")
+        if not 0.0 <= self.distill_alpha <= 1.0:
+            raise ValueError(f"train.distill_alpha={self.distill_alpha} must be in [0, 1]")
+        _check_positive("train.distill_temperature", self.distill_temperature)
         for name in ("seq_len", "batch_size", "grad_accum_steps", "train_steps",
                      "checkpoint_every", "log_every", "shuffle_buffer"):
             _check_positive(f"train.{name}", getattr(self, name))

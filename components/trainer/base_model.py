@@ -1,0 +1,149 @@
+"""A model to start from (warm start) or to learn from (distillation teacher).
+
+Two kinds of directory hold one:
+
+  savedmodel  a SavedModel written by this project: a pushed version directory
+              (`<serving_model_dir>/<version>/`), a Trainer Model artifact
+              (`.../Trainer/model/<id>/`, whose `Format-Serving/` holds it), or an
+              hf-import output. The model's config is `assets.extra/config.json`
+              (or the pipeline config), its tokenizer `assets/tokenizer.json`.
+  hf          a Hugging Face checkpoint directory: `config.json`, safetensors
+              (sharded or not) and, for a text model, `tokenizer.json`
+              (+ `tokenizer_config.json`, whose `chat_template` is kept).
+
+TFX's Trainer hands `run_fn` a base model as `serving_model_path(artifact.uri)`,
+i.e. `<uri>/Format-Serving`; an artifact made by an `Importer` from a plain
+directory has no such child, and `model_dir` then falls back to the URI itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import tensorflow as tf
+
+SAVEDMODEL = "savedmodel"
+HF = "hf"
+_SERVING_SUBDIR = "Format-Serving"
+
+
+class BaseModelError(ValueError):
+    """A directory given as a base model or teacher holds no usable model."""
+
+
+def model_dir(path: str) -> str:
+    """The directory that holds the model itself (see the module docstring).
+
+    Raises:
+      BaseModelError: `path` (and its parent, for `.../Format-Serving`) holds no
+        SavedModel and no HF checkpoint.
+    """
+    path = path.rstrip("/")
+    candidates = [os.path.join(path, _SERVING_SUBDIR), path]
+    if os.path.basename(path) == _SERVING_SUBDIR:
+        candidates.append(os.path.dirname(path))
+    for candidate in candidates:
+        if _kind_of(candidate):
+            return candidate
+    raise BaseModelError(
+        f"{path}: neither a SavedModel (saved_model.pb) nor a Hugging Face checkpoint "
+        f"directory (config.json and *.safetensors)")
+
+
+def _kind_of(directory: str) -> str | None:
+    if tf.io.gfile.exists(os.path.join(directory, "saved_model.pb")):
+        return SAVEDMODEL
+    if (tf.io.gfile.exists(os.path.join(directory, "config.json"))
+            and tf.io.gfile.glob(os.path.join(directory, "*.safetensors"))):
+        return HF
+    return None
+
+
+def kind(path: str) -> str:
+    """`SAVEDMODEL` or `HF` (raises `BaseModelError` as `model_dir`)."""
+    return _kind_of(model_dir(path))
+
+
+def read_model_config(path: str):
+    """The `DeepSeekConfig` of the model at `path`.
+
+    Raises:
+      BaseModelError: no model at `path`.
+      FileNotFoundError: a SavedModel without a config beside it.
+    """
+    directory = model_dir(path)
+    if _kind_of(directory) == HF:
+        from models.deepseek.hf_checkpoint import read_config_json
+
+        return read_config_json(directory)
+    from serving.hf_interop import model_config_of_savedmodel
+
+    return model_config_of_savedmodel(directory)
+
+
+def tokenizer_path(path: str) -> str | None:
+    """The directory holding the model's tokenizer.json (and tokenizer_config.json),
+    usable as `tokenizer.path`; None when the model carries no tokenizer."""
+    directory = model_dir(path)
+    if _kind_of(directory) == SAVEDMODEL:
+        directory = os.path.join(directory, "assets")
+    return directory if tf.io.gfile.exists(os.path.join(directory, "tokenizer.json")) else None
+
+
+def load_model(path: str):
+    """The float32 `DeepSeekCausalLM` at `path`, every weight from the directory.
+
+    Raises:
+      BaseModelError: no model at `path`.
+      hf_checkpoint.CheckpointError, AssertionError: the weights do not match the
+        model's config (see `load_hf_checkpoint`, `load_model_from_savedmodel`).
+    """
+    directory = model_dir(path)
+    if _kind_of(directory) == HF:
+        from models.deepseek.hf_checkpoint import load_hf_checkpoint
+
+        return load_hf_checkpoint(directory)
+    from serving.hf_interop import load_model_from_savedmodel
+
+    return load_model_from_savedmodel(directory)
+
+
+def fingerprint(path: str) -> str:
+    """16 hex digits identifying the weights at `path`: SHA-256 over the variables'
+    index and data files (SavedModel) or the safetensors files (HF), names and bytes."""
+    directory = model_dir(path)
+    if _kind_of(directory) == HF:
+        files = tf.io.gfile.glob(os.path.join(directory, "*.safetensors"))
+    else:
+        files = tf.io.gfile.glob(os.path.join(directory, "variables", "variables.*"))
+    digest = hashlib.sha256()
+    for file in sorted(files):
+        digest.update(os.path.basename(file).encode() + b"\0")
+        with tf.io.gfile.GFile(file, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def check_model_overrides(base_config, overrides: dict, source: str) -> None:
+    """Refuses `--set model.KEY=VALUE` overrides that contradict the base model.
+
+    Args:
+      base_config: the base model's `DeepSeekConfig`.
+      overrides: the run's dotted overrides (only `model.*` keys are checked).
+      source: the base model's path, for the message.
+
+    Raises:
+      ValueError: naming the key, the value asked for and the base model's value.
+    """
+    base = base_config.to_dict()
+    for key, value in overrides.items():
+        section, _, field = key.partition(".")
+        if section != "model" or field not in base:
+            continue
+        if base[field] != value:
+            raise ValueError(
+                f"--set {key}={value!r} contradicts the base model {source}, which has "
+                f"{field}={base[field]!r}: a warm start keeps the base model's architecture "
+                f"(drop the override)")
