@@ -27,6 +27,7 @@ MODEL_PROPERTIES = {
     "num_workers": int, "precision": str, "global_batch_size": int,
     "per_replica_batch_size": int, "grad_accum_steps": int, "final_train_loss": float,
     "trainer_eval_loss": float, "parameters": int, "checkpoint_dir": str,
+    "trainable_params": int, "total_params": int,
 }
 
 

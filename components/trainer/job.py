@@ -35,6 +35,8 @@ class TrainingJob:
       intra_op_threads: TensorFlow intra-op threads (0 = TensorFlow's default);
         set by the launcher so that N workers on one CPU share its cores.
       eos_id: the tokenizer's end-of-sequence id, which separates packed documents.
+      base_model: a directory to warm-start from (`base_model.py`), or "".
+      teacher_model: a directory holding a distillation teacher, or "".
     """
 
     pipeline_config: str
@@ -47,6 +49,8 @@ class TrainingJob:
     peak_flops_source: str = ""
     intra_op_threads: int = 0
     eos_id: int = 1
+    base_model: str = ""
+    teacher_model: str = ""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
@@ -102,7 +106,8 @@ def run(job: TrainingJob):
                                        tc.shuffle_buffer, tc.seed, job.eos_id)
 
     result = train_loop.train(config, dataset_fn, job.checkpoint_dir, job.log_dir, strategy=dist,
-                              precision=policy, peak_flops=total_peak)
+                              precision=policy, peak_flops=total_peak,
+                              base_model=job.base_model, teacher_model=job.teacher_model)
     if strategy.is_chief(dist):
         figures = {**result.figures(), "precision_reason": reason,
                    "peak_flops_source": f"{source} x {devices}",

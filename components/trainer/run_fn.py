@@ -95,7 +95,8 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
     """
     if job.num_workers <= 1:
         result = job_lib.run(job)
-        if result.precision == "float32" and result.strategy == "OneDevice":
+        if (result.precision == "float32" and result.strategy == "OneDevice"
+                and not config.train.lora_rank):
             return result.model
         return train_loop.copy_to_float32_model(config, result.model)
 
@@ -105,9 +106,9 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
     launcher.run_workers(job, job.num_workers, job_dir=job.log_dir)
     with open(job.result_path) as f:
         last = json.load(f)["last_checkpoint"]
-    model = train_loop.build_model(config, dtype="float32")
+    model = train_loop.build_trained_model(config)
     tf.train.Checkpoint(model=model).read(last).expect_partial().assert_existing_objects_matched()
-    return model
+    return train_loop.copy_to_float32_model(config, model) if config.train.lora_rank else model
 
 
 def _measure_cpu_peak(job: job_lib.TrainingJob) -> None:

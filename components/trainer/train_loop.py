@@ -1,22 +1,15 @@
-"""The training loop: a custom `tf.function` step under a tf.distribute strategy.
+"""The outer training loop: setup, checkpoints, logs, progress (the step is `train_step.py`).
 
 A custom loop rather than `model.fit`: Keras 3's `fit` fails under
-MultiWorkerMirroredStrategy on TF 2.16 (see the project notes), and the loop
+MultiWorkerMirroredStrategy on TF 2.16 (see the project notes), and training
 needs the router-bias update (DeepSeek-V3 §2.1.2), which is not a gradient step.
 
-One optimizer step on a global batch of B sequences, R replicas, k micro-batches:
-
-  each replica, for each of its k micro-batches of b = B/(kR) sequences:
-      loss_i   = model.compute_loss(...)             per-token mean over b sequences
-      grads   += d(loss_i / (k R)) / dw              (x loss scale under mixed_float16)
-  all-reduce (sum) grads, losses and expert load    -> global per-token mean, global load
-  clip by the global norm; AdamW (weight decay on matrices only)
-  router biases: b_i -= gamma * sign(load_i - mean load), with the load of the global batch
-
-Packed training data has no ignored label, so every micro-batch on every
-replica holds the same number of tokens and the mean of the k R per-micro-batch
-means is the per-token mean over the global batch: the update equals the one
-of a single device on the whole batch (`tests/components/test_trainer_loop.py`).
+Setup (`train`): the model is built in the strategy's scope; a base model's
+weights (warm start: `base_model`, a SavedModel or Hugging Face directory) are
+copied in unless a checkpoint is resumed; `trainable.prepare` applies
+`train.trainable` and LoRA; the optimizer (a fresh AdamW with the run's own
+warmup and decay) is built on the trained variables only; a teacher
+(distillation) is loaded in the same scope.
 
 Checkpoints (model, optimizer, step) are written every `checkpoint_every`
 steps and at the end, by the chief only (other workers write to a temporary
@@ -33,12 +26,12 @@ TensorBoard (chief): loss terms, learning rate, grad norm, tokens/s, MFU, per
 MoE layer the expert load max/mean over the logging window, and router-bias
 min/max/mean |b|.
 
-Progress (chief): a log line every `log_every` steps, always; in a terminal, also
-a progress bar (tqdm) with step/total, loss and tokens/s, refreshed at most
-every `PROGRESS_INTERVAL_S` (`progress_enabled`: not when stderr is not a
-terminal, e.g. a log file or a notebook, nor when `CI` is set;
-`DEEPSEEK_TFX_PROGRESS=1`/`0` forces it on/off). It reads the loss at most that
-often, so the steps between refreshes run as without it.
+Progress (chief): a log line after the first step and every `log_every` steps,
+always; in a terminal, also a progress bar (tqdm) with step/total, loss and
+tokens/s, refreshed at most every `PROGRESS_INTERVAL_S` (`progress_enabled`:
+not when stderr is not a terminal, e.g. a log file or a notebook, nor when
+`CI` is set; `DEEPSEEK_TFX_PROGRESS=1`/`0` forces it on/off). It reads the
+loss at most that often, so the steps between refreshes run as without it.
 """
 
 from __future__ import annotations
@@ -58,15 +51,16 @@ import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
 
-from components.trainer import data
+from components.trainer import base_model as base_model_lib
+from components.trainer import data, trainable
 from components.trainer import strategy as strategy_lib
 from components.trainer.schedule import make_learning_rate_schedule, make_optimizer
+from components.trainer.train_step import LOSS_TERMS, make_train_step
 from models.deepseek import DeepSeekCausalLM, flops
 from pipeline.configs import PipelineConfig
 
 log = logging.getLogger(__name__)
 
-LOSS_TERMS = ("loss", "lm_loss", "mtp_loss", "balance_loss")
 PROGRESS_ENV = "DEEPSEEK_TFX_PROGRESS"
 PROGRESS_INTERVAL_S = 1.0
 
@@ -98,6 +92,10 @@ class TrainResult:
     peak_flops: float
     checkpoint_dir: str
     last_checkpoint: str | None
+    trainable_params: int = 0
+    total_params: int = 0
+    base_model: str = ""
+    teacher_model: str = ""
 
     def figures(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
@@ -169,6 +167,61 @@ def all_finite(tensors) -> tf.Tensor:
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
 
 
+@dataclasses.dataclass
+class TrainingState:
+    """What `setup` builds in the strategy's scope."""
+
+    model: DeepSeekCausalLM
+    selection: trainable.Selection
+    optimizer: keras.optimizers.Optimizer
+    step: tf.Variable
+    teacher: DeepSeekCausalLM | None
+
+
+def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
+          base_model: str = "", teacher_model: str = "") -> TrainingState:
+    """Model (base weights when `warm_start`), trained variables, optimizer, step, teacher.
+
+    Raises:
+      ValueError: the base model's or teacher's config does not fit `config.model`
+        (naming the fields), or `train.trainable` picks nothing.
+    """
+    tc = config.train
+    keras.utils.set_random_seed(tc.seed)
+    with strategy.scope():
+        model = build_model(config, dtype=precision)
+        if warm_start and base_model:
+            base = base_model_lib.load_model(base_model)
+            _check_same_architecture(config, base, base_model, "base model")
+            trainable.assign_by_path(model, trainable.merged_values(base))
+            log.info("warm start: weights from %s", base_model)
+        selection = trainable.prepare(model, tc)
+        optimizer = make_optimizer(tc, selection.variables, loss_scale=precision == "mixed_float16")
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        teacher = None
+        if teacher_model:
+            teacher = base_model_lib.load_model(teacher_model)
+            if teacher.config.vocab_size != config.model.vocab_size:
+                raise ValueError(
+                    f"teacher {teacher_model} has vocab_size={teacher.config.vocab_size}, the "
+                    f"student {config.model.vocab_size}: distillation needs the same tokenizer")
+            log.info("teacher: %s (%d parameters)", teacher_model, teacher.count_params())
+    log.info("trainable parameters: %d of %d (%.2f%%; train.trainable=%s, lora_rank=%d)",
+             selection.trainable_params, selection.total_params,
+             100.0 * selection.trainable_params / selection.total_params, tc.trainable,
+             tc.lora_rank)
+    return TrainingState(model, selection, optimizer, step, teacher)
+
+
+def _check_same_architecture(config: PipelineConfig, other: DeepSeekCausalLM, source: str,
+                             what: str) -> None:
+    mine, theirs = config.model.to_dict(), other.config.to_dict()
+    differ = [f"{k}: {theirs.get(k)!r} in the {what}, {v!r} in this run"
+              for k, v in mine.items() if theirs.get(k) != v]
+    if differ:
+        raise ValueError(f"{what} {source} has another architecture: " + "; ".join(differ))
+
+
 def train(
     config: PipelineConfig,
     dataset_fn,
@@ -177,6 +230,8 @@ def train(
     strategy: tf.distribute.Strategy | None = None,
     precision: str = "float32",
     peak_flops: float = 0.0,
+    base_model: str = "",
+    teacher_model: str = "",
 ) -> TrainResult:
     """Trains `config.model` until `config.train.train_steps` optimizer steps are done.
 
@@ -185,18 +240,23 @@ def train(
       dataset_fn: () -> infinite dataset of global batches {"input_ids",
         "labels"}: int32 [train.batch_size, train.seq_len], deterministic
         (called once per input pipeline; a resumed run skips batches of it).
+        Labels < 0 are not targets.
       checkpoint_dir: checkpoints are restored from and (chief) written to it.
       log_dir: TensorBoard event directory (chief), or None for none.
       strategy: a tf.distribute strategy (default: the current/default one).
       precision: Keras dtype policy ("float32", "mixed_bfloat16", "mixed_float16").
       peak_flops: peak FLOP/s of all the hardware taking part, for MFU (0: MFU
         is reported as 0).
+      base_model: a directory to warm-start from (`base_model.py`): its weights
+        are the starting point when no checkpoint exists yet; "" for random.
+      teacher_model: a directory holding a teacher for distillation, or "".
 
     Returns:
       TrainResult with the trained model (its variables belong to `strategy`).
 
     Raises:
-      ValueError: the global batch does not split over replicas and micro-batches.
+      ValueError: the global batch does not split over replicas and micro-batches;
+        a base model or teacher that does not fit (see `setup`).
       FloatingPointError: the loss became NaN or Inf (checkpoints written
         before are kept).
     """
@@ -211,18 +271,13 @@ def train(
         )
     per_replica = tc.batch_size // (micro * replicas)
     chief = strategy_lib.is_chief(strategy)
-    loss_scaling = precision == "mixed_float16"
-
-    keras.utils.set_random_seed(tc.seed)
-    with strategy.scope():
-        model = build_model(config, dtype=precision)
-        variables = model.trainable_variables
-        optimizer = make_optimizer(tc, variables, loss_scale=loss_scaling)
-        step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    state = setup(config, strategy, precision, warm_start=latest is None,
+                  base_model=base_model, teacher_model=teacher_model)
+    model, optimizer, step_var = state.model, state.optimizer, state.step
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
     write_dir = checkpoint_dir if chief else tempfile.mkdtemp(prefix="ckpt-worker-")
     manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=3)
-    latest = tf.train.latest_checkpoint(checkpoint_dir)
     resumed_from = 0
     if latest:
         checkpoint.restore(latest).assert_existing_objects_matched()
@@ -241,59 +296,12 @@ def train(
         strategy_name, replicas, workers, tc.batch_size, micro, replicas, per_replica,
         tc.seq_len, tokens_per_step, precision,
     )
-
-    def micro_step(input_ids, labels):
-        """Scaled loss terms (4,), expert load (M, E) and gradients of one micro-batch."""
-        scale = 1.0 / (micro * tf.distribute.get_replica_context().num_replicas_in_sync)
-        with tf.GradientTape() as tape:
-            out = model.compute_loss(input_ids, labels, training=True,
-                                     recompute_blocks=tc.recompute_activations)
-            objective = out["loss"] * scale
-            if loss_scaling:
-                objective = optimizer.scale_loss(objective)
-        grads = [tf.convert_to_tensor(g) for g in tape.gradient(objective, variables)]
-        terms = tf.stack([out[name] for name in LOSS_TERMS]) * scale  # (4,)
-        return terms, out["expert_load"], grads
-
-    def replica_step(batch):
-        """One optimizer step on this replica's [k, b, T] slice of the global batch."""
-        ids, labels = batch["input_ids"], batch["labels"]  # (k, b, T)
-        if micro == 1:
-            terms, load, grads = micro_step(ids[0], labels[0])
-        else:
-            def body(i, terms, load, grads):
-                t_i, l_i, g_i = micro_step(ids[i], labels[i])
-                return (i + 1, terms + t_i, load + l_i,
-                        [g + gi for g, gi in zip(grads, g_i, strict=True)])
-
-            zeros = (tf.zeros([len(LOSS_TERMS)]),
-                     tf.zeros([model.num_moe_layers, config.model.n_routed_experts]),
-                     [tf.zeros(v.shape, v.dtype) for v in variables])
-            _, terms, load, grads = tf.while_loop(lambda i, *_: i < micro, body, (0, *zeros))
-        ctx = tf.distribute.get_replica_context()
-        terms, load, grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, (terms, load, grads))
-        grad_norm = tf.linalg.global_norm(grads)
-        clip = tc.grad_clip_norm
-        if loss_scaling:
-            clip *= optimizer.dynamic_scale  # clipping scaled grads at clip*s = unscaled at clip
-            grad_norm_unscaled = grad_norm / optimizer.dynamic_scale
-        else:
-            grad_norm_unscaled = grad_norm
-        grads, _ = tf.clip_by_global_norm(grads, clip, use_norm=grad_norm)
-        optimizer.apply(grads, variables)
-        return terms, grad_norm_unscaled, load
-
-    # No autograph: the step has no Python control flow on tensors, and
-    # converting Keras' code costs seconds of tracing.
-    @tf.function(autograph=False)
-    def train_step(iterator):
-        terms, grad_norm, load = strategy.run(replica_step, args=(next(iterator),))
-        # All replicas hold the same all-reduced values: take the first local one.
-        terms, grad_norm, load = (strategy.experimental_local_results(t)[0]
-                                  for t in (terms, grad_norm, load))
-        model.update_router_biases(load)  # cross-replica: every copy gets the same update
-        step_var.assign_add(1)
-        return terms, grad_norm, load
+    train_step = make_train_step(
+        model, optimizer, state.selection.variables, strategy, micro_batches=micro,
+        grad_clip_norm=tc.grad_clip_norm, recompute=tc.recompute_activations,
+        loss_scaling=precision == "mixed_float16", teacher=state.teacher,
+        distill_alpha=tc.distill_alpha, distill_temperature=tc.distill_temperature,
+        moe_mask=state.selection.moe_mask, step_counter=step_var)
 
     @tf.function
     def weights_finite():
@@ -324,11 +332,11 @@ def train(
             pending_losses.append((step, terms[0]))
             window_load = load if window_load is None else window_load + load
             last_terms, last_norm = terms, grad_norm
-            if first_step_done is None:
+            is_first = first_step_done is None
+            if is_first:
                 terms.numpy()  # the first step includes tracing: time it apart
                 first_step_done = time.perf_counter()
-                window_start, window_steps = first_step_done, 0
-            is_log = step % tc.log_every == 0 or step == tc.train_steps
+            is_log = is_first or step % tc.log_every == 0 or step == tc.train_steps
             is_ckpt = step % tc.checkpoint_every == 0 or step == tc.train_steps
             if not (is_log or is_ckpt):
                 continue
@@ -336,20 +344,16 @@ def train(
             pending_losses = []
             if is_log:
                 now = time.perf_counter()
-                tps = (window_steps * tokens_per_step / (now - window_start)
-                       if window_steps else float("nan"))
+                timed = window_steps if not is_first else 0  # the first step: tracing
+                tps = timed * tokens_per_step / (now - window_start) if timed else float("nan")
                 record = {"step": step,
                           **dict(zip(LOSS_TERMS, map(float, last_terms.numpy()), strict=True)),
                           "grad_norm": float(last_norm), "learning_rate": float(schedule(step - 1)),
                           "tokens_per_second": tps,
-                          "mfu": flops.mfu(tps, fpt, peak_flops) if peak_flops and window_steps
+                          "mfu": flops.mfu(tps, fpt, peak_flops) if peak_flops and timed
                           else float("nan")}
                 history.append(record)
-                speed = (f"  {tps:.0f} tok/s  MFU {100 * record['mfu']:.1f}%" if window_steps
-                         else "  (first step: tracing)")
-                progress.log("step %5d/%d  loss %.4f  lm_loss %.4f  lr %.2e  grad_norm %.3f%s",
-                             step, tc.train_steps, record["loss"], record["lm_loss"],
-                             record["learning_rate"], record["grad_norm"], speed)
+                _log_record(progress, record, tc.train_steps, timed)
                 with writer.as_default(step=step):
                     for key in (*LOSS_TERMS, "grad_norm", "learning_rate", "tokens_per_second", "mfu"):
                         if math.isfinite(record[key]):
@@ -405,7 +409,20 @@ def train(
         peak_flops=peak_flops,
         checkpoint_dir=checkpoint_dir,
         last_checkpoint=tf.train.latest_checkpoint(checkpoint_dir),
+        trainable_params=state.selection.trainable_params,
+        total_params=state.selection.total_params,
+        base_model=base_model,
+        teacher_model=teacher_model,
     )
+
+
+def _log_record(progress: _Progress, record: dict, total_steps: int, timed_steps: int) -> None:
+    speed = (f"  {record['tokens_per_second']:.0f} tok/s  MFU {100 * record['mfu']:.1f}%"
+             if timed_steps else "  (first step: tracing)")
+    distill = (f"  distill_loss {record['distill_loss']:.4f}" if record["distill_loss"] else "")
+    progress.log("step %5d/%d  loss %.4f  lm_loss %.4f%s  lr %.2e  grad_norm %.3f%s",
+                 record["step"], total_steps, record["loss"], record["lm_loss"], distill,
+                 record["learning_rate"], record["grad_norm"], speed)
 
 
 def _raise_if_not_finite(pending_losses, last_checkpoint) -> None:
@@ -460,13 +477,24 @@ def evaluate(model: DeepSeekCausalLM, eval_dataset: tf.data.Dataset, max_batches
 def copy_to_float32_model(config: PipelineConfig, model: DeepSeekCausalLM) -> DeepSeekCausalLM:
     """A float32 model, outside any strategy, with `model`'s weights (for eval and export).
 
-    Call it outside `strategy.scope()`. The weights of a distributed model are
-    read from its first local replica (all replicas hold the same values).
+    LoRA adapters are merged into their kernels (`trainable.merged_values`), so the
+    copy is a plain model of `config.model`. Call it outside `strategy.scope()`. The
+    weights of a distributed model are read from its first local replica (all
+    replicas hold the same values).
+
+    Raises:
+      ValueError: a weight's shape differs between the two models.
     """
     fresh = build_model(config, dtype="float32")
-    source = model.get_weights()
-    for target, value in zip(fresh.weights, source, strict=True):
-        if tuple(target.shape) != value.shape:
-            raise ValueError(f"weight {target.path}: shape {target.shape} != {value.shape}")
-    fresh.set_weights(source)
+    trainable.assign_by_path(fresh, trainable.merged_values(model))
     return fresh
+
+
+def build_trained_model(config: PipelineConfig) -> DeepSeekCausalLM:
+    """A float32 model shaped as training shapes it (LoRA adapters enabled per
+    `config.train`), to read a training checkpoint into; `copy_to_float32_model`
+    then merges it."""
+    model = build_model(config, dtype="float32")
+    if config.train.lora_rank:
+        trainable.prepare(model, config.train)
+    return model

@@ -1,0 +1,165 @@
+"""Which weights a run trains: all, the top blocks, a regex, or LoRA adapters.
+
+`train.trainable` picks weights by path (`top:N`, a regex, or `all`). With
+`train.lora_rank` = r > 0, the picked projections of `train.lora_targets` get
+Keras 3's own low-rank adapters (`keras.layers.Dense.enable_lora`: the kernel
+used is W + A B, A (in, r) he-uniform, B (r, out) zeros, so training starts at
+the base model exactly; Hu et al. 2021, "LoRA", §4.1) and only A and B train.
+
+Everything not trained keeps its value bit for bit: it gets no gradient, no
+optimizer slot (the optimizer is built on the trained variables only) and,
+for a frozen MoE layer, no router-bias update.
+
+`merged_copy` gives the float32 model that is exported: W + A B written into
+plain kernels, so serving a LoRA-trained model costs nothing extra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import keras
+import numpy as np
+
+from pipeline.configs import TrainConfig
+
+ATTENTION_PROJECTIONS = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
+                         "o_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def weight_path(variable) -> str:
+    """A weight's path without the model's own (instance-numbered) name:
+    `layers.1/self_attn/o_proj/kernel`, the same in every instance of a config."""
+    return variable.path.split("/", 1)[1]
+
+
+def _blocks(model) -> list:
+    """Decoder blocks then the MTP modules' blocks."""
+    return list(model.decoder_layers) + [m.block for m in model.mtp_layers]
+
+
+def lora_layers(model, targets: str) -> list[keras.layers.Dense]:
+    """The Dense projections that `targets` ("attention", "mlp", comma-separated) name."""
+    wanted = {t.strip() for t in targets.split(",") if t.strip()}
+    layers = []
+    for block in _blocks(model):
+        if "attention" in wanted:
+            attn = block.self_attn
+            layers += [getattr(attn, n) for n in ATTENTION_PROJECTIONS if hasattr(attn, n)]
+        if "mlp" in wanted:
+            mlp = block.mlp
+            swiglus = ([mlp] if not block.is_moe else
+                       list(mlp.experts) + ([mlp.shared_experts] if mlp.shared_experts else []))
+            layers += [getattr(s, n) for s in swiglus for n in MLP_PROJECTIONS]
+    return layers
+
+
+def _top_prefixes(model, n: int) -> tuple[str, ...]:
+    """Path prefixes of `top:N`: the last N decoder blocks, final norm, head, MTP."""
+    num = len(model.decoder_layers)
+    if n > num:
+        raise ValueError(f"train.trainable=top:{n}, but the model has {num} decoder blocks")
+    head = "lm_head/" if model.lm_head is not None else "embed_tokens/"
+    return (*(f"layers.{i}/" for i in range(num - n, num)), "norm/", head, "mtp.")
+
+
+def _picked(path: str, spec: str, model) -> bool:
+    if spec == "all":
+        return True
+    if spec.startswith("top:"):
+        return path.startswith(_top_prefixes(model, int(spec[4:])))
+    return re.search(spec, path) is not None
+
+
+@dataclasses.dataclass
+class Selection:
+    """The result of `prepare`.
+
+    Attributes:
+      variables: the variables that train (gradients, optimizer slots).
+      lora_layers: the Dense layers with adapters (empty without LoRA).
+      moe_mask: per MoE layer (`model.moe_layers` order), whether its router
+        bias is updated (its router is trained).
+      trainable_params, total_params: parameter counts (total = the model's
+        weights without adapters, i.e. what is exported).
+    """
+
+    variables: list
+    lora_layers: list
+    moe_mask: list[bool]
+    trainable_params: int
+    total_params: int
+
+
+def prepare(model, tc: TrainConfig) -> Selection:
+    """Applies `tc.trainable` and LoRA to `model` (built, weights loaded). Call it in
+    the strategy's scope: LoRA creates variables.
+
+    Raises:
+      ValueError: the rule picks no weight, or `top:N` with N above the number of blocks.
+    """
+    adapters = []
+    if tc.lora_rank:
+        adapters = _lora_candidates(model, tc)
+        for layer in adapters:
+            layer.enable_lora(tc.lora_rank)
+        trained = [v for layer in adapters for v in (layer.lora_kernel_a, layer.lora_kernel_b)]
+    else:
+        trained = [v for v in model.trainable_variables if _picked(weight_path(v), tc.trainable, model)]
+    if not trained:
+        raise ValueError(f"train.trainable={tc.trainable!r} (lora_rank={tc.lora_rank}) picks "
+                         f"no weight of the model; weight paths look like "
+                         f"{weight_path(model.trainable_variables[-1])!r}")
+    trained_ids = {id(v) for v in trained}
+    moe_mask = [tc.lora_rank == 0 and id(moe.gate.weight) in trained_ids
+                for moe in model.moe_layers]
+    total = sum(int(np.prod(v.shape)) for v in model.weights
+                if not weight_path(v).endswith(("lora_kernel_a", "lora_kernel_b")))
+    return Selection(trained, adapters, moe_mask,
+                     sum(int(np.prod(v.shape)) for v in trained), total)
+
+
+def _lora_candidates(model, tc: TrainConfig) -> list:
+    """The LoRA target projections whose kernel path `tc.trainable` picks."""
+    return [layer for layer in lora_layers(model, tc.lora_targets)
+            if _picked(_kernel_path(layer), tc.trainable, model)]
+
+
+def _kernel_path(layer: keras.layers.Dense) -> str:
+    (kernel,) = [w for w in layer.weights if w.path.endswith("/kernel")]
+    return weight_path(kernel)
+
+
+def merged_values(model) -> dict[str, np.ndarray]:
+    """Weight path -> value, with LoRA adapters merged (W + A B) into their kernels and
+    left out themselves: the weights of a plain model of the same config."""
+    merged = {}
+    for layer in lora_layers(model, "attention,mlp"):
+        if layer.lora_enabled:
+            merged[_kernel_path(layer)] = keras.ops.convert_to_numpy(layer.kernel)
+    values = {}
+    for v in model.weights:
+        path = weight_path(v)
+        if path.endswith(("lora_kernel_a", "lora_kernel_b")):
+            continue
+        values[path] = merged.get(path, keras.ops.convert_to_numpy(v))
+    return values
+
+
+def assign_by_path(target, values: dict[str, np.ndarray]) -> None:
+    """Assigns every weight of `target` from `values` (`merged_values` of a model of
+    the same config, or of a base model).
+
+    Raises:
+      ValueError: a weight is missing or has another shape (naming it).
+    """
+    for v in target.weights:
+        path = weight_path(v)
+        if path not in values:
+            raise ValueError(f"weight {path} of the model is not in the source weights")
+        if tuple(v.shape) != values[path].shape:
+            raise ValueError(f"weight {path}: shape {tuple(v.shape)} in the model, "
+                             f"{values[path].shape} in the source")
+        v.assign(values[path])
