@@ -4,7 +4,7 @@ the logic lives in the modules it calls.
   deepseek-tfx run       [--data PATH] [--preset NAME] [--output DIR] [--train-steps N]
                          [--set SECTION.FIELD=VALUE ...] [--no-cache] [--num-workers N]
                          [--runner local|beam] [--beam-arg=ARG ...] [--until COMPONENT]
-                         [--accept-drift]
+                         [--accept-drift] [--base-model latest|PATH] [--teacher PATH]
   deepseek-tfx validate  --data PATH [--preset NAME] [--output DIR] [--set ...]
   deepseek-tfx compile-kfp --output FILE.yaml --pipeline-root URI [--image IMAGE]
                          [--data PATH] [--preset NAME] [--set ...] [--beam-arg=ARG ...]
@@ -236,6 +236,31 @@ def config_from_args(args: argparse.Namespace):
         raise SystemExit(f"error: {e}") from e
 
 
+def warm_start(args: argparse.Namespace, config, output_dir: str):
+    """(config, base model for create_pipeline) of `--base-model`; exits naming a problem."""
+    if not args.base_model:
+        return config, None
+    from pipeline import warm_start as ws
+
+    try:
+        if args.base_model == ws.LATEST:
+            from pipeline.local_runner import run_paths
+
+            uri, model_id = ws.latest_blessed_model(run_paths(output_dir)["metadata_path"])
+            print(f"              base model: latest blessed, {uri} (MLMD id {model_id})")
+            base_dir = uri
+        else:
+            base_dir = os.path.abspath(args.base_model)
+            print(f"              base model: {base_dir}")
+        config = ws.warm_start_config(config, base_dir, parse_overrides(args.set or []))
+        from pipeline.pipeline import check_given_tokenizer
+
+        config, _ = check_given_tokenizer(config)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}") from e
+    return config, args.base_model if args.base_model == ws.LATEST else base_dir
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.num_workers < 1:
@@ -244,6 +269,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     input_base, pattern = split_data_path(data)
     name = f"{Path(pattern).stem if pattern != '*' else Path(input_base).name}-{config.preset}"
     output_dir = args.output or os.path.join("runs", name)
+    config, base_model = warm_start(args, config, output_dir)
+    teacher = None
+    if args.teacher:
+        from components.trainer import base_model as base_model_lib
+
+        try:
+            teacher = base_model_lib.model_dir(os.path.abspath(args.teacher))
+        except ValueError as e:
+            raise SystemExit(f"error: --teacher: {e}") from e
 
     print(f"deepseek-tfx: preset {config.preset}, data {os.path.join(input_base, pattern)}")
     print(f"              outputs under {os.path.abspath(output_dir)}")
@@ -260,7 +294,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         paths = runner(config, input_base, pattern, output_dir,
                        beam_pipeline_args=args.beam_arg or None,
                        enable_cache=not args.no_cache, until=args.until,
-                       num_workers=args.num_workers, accept_drift=args.accept_drift)
+                       num_workers=args.num_workers, accept_drift=args.accept_drift,
+                       base_model=base_model, teacher_model=teacher)
     wall = time.perf_counter() - start
     return print_summary(paths, wall)
 
@@ -575,6 +610,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"run only up to this component, one of: {', '.join(order)}")
     run.add_argument("--accept-drift", action="store_true",
                      help="record drift from the latest blessed run's data but go on training")
+    run.add_argument("--base-model", metavar="latest|PATH",
+                     help="warm start: 'latest' (the latest blessed model of this --output's "
+                     "pipeline) or PATH (a pushed SavedModel version directory, or a Hugging "
+                     "Face checkpoint directory: config.json, safetensors, tokenizer.json); "
+                     "the run keeps its architecture and tokenizer, and is blessed only when "
+                     "not worse than it")
+    run.add_argument("--teacher", metavar="PATH",
+                     help="distill from this model (a pushed SavedModel or Hugging Face "
+                     "directory with the same tokenizer): train.distill_alpha, "
+                     "train.distill_temperature")
     run.set_defaults(fn=cmd_run)
 
     val = sub.add_parser("validate", help="ingest, validate (TFDV) and clean only; print the "

@@ -47,8 +47,9 @@ COMPONENT_ORDER = (
     "latest_blessed_statistics_resolver",
     "DriftValidator",
     "Transform",
-    "Trainer",
     "latest_blessed_model_resolver",
+    "base_model_importer",
+    "Trainer",
     "LmEvaluator",
     "Pusher",
 )
@@ -158,6 +159,8 @@ def create_pipeline(
     num_workers: int = 1,
     accept_drift: bool = False,
     drift_baseline: bool = True,
+    base_model: str | None = None,
+    teacher_model: str | None = None,
 ) -> tfx.dsl.Pipeline:
     """Builds the TFX pipeline.
 
@@ -190,6 +193,17 @@ def create_pipeline(
         resolver out and the DriftValidator without a baseline: for
         KubeflowV2DagRunner, which compiles only TFX's built-in resolver
         strategies (`deepseek-tfx compile-kfp`).
+      base_model: warm start. "latest": the latest blessed model of this
+        pipeline (`latest_blessed_model_resolver`, LatestBlessedModelStrategy);
+        a directory (a pushed SavedModel version, or a Hugging Face checkpoint
+        directory): brought in by an `Importer` (`base_model_importer`). Either
+        feeds the Trainer's `base_model` and the LmEvaluator's `baseline_model`,
+        so the new model is blessed only when it is not worse than its base. The
+        config must already carry the base's architecture and tokenizer
+        (`pipeline/warm_start.py`). None: train from random weights, and compare
+        with the latest blessed model.
+      teacher_model: a directory holding a distillation teacher (same tokenizer),
+        passed to the Trainer in its custom_config (with its fingerprint).
 
     Raises:
       ValueError: `until` is not a component id; `tokenizer.path` is given and the
@@ -249,25 +263,47 @@ def create_pipeline(
             "tokenizer_fingerprint": tokenizer_fingerprint,
         },
     )
+    model_resolver = tfx.dsl.Resolver(
+        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+    ).with_id("latest_blessed_model_resolver")
+    importer = None
+    trainer_extra = {}
+    if base_model and base_model != "latest":
+        from components.trainer import base_model as base_model_lib
+
+        path = os.path.abspath(base_model)
+        importer = tfx.dsl.Importer(
+            source_uri=path, artifact_type=tfx.types.standard_artifacts.Model,
+        ).with_id("base_model_importer")
+        baseline = importer.outputs["result"]
+        # The Importer reuses an artifact of the same URI: the weights' fingerprint
+        # makes an edited directory a new Trainer input.
+        trainer_extra["base_model_fingerprint"] = base_model_lib.fingerprint(path)
+    else:
+        baseline = model_resolver.outputs["model"]
+    if teacher_model:
+        from components.trainer import base_model as base_model_lib
+
+        teacher_path = os.path.abspath(teacher_model)
+        trainer_extra["teacher_model"] = teacher_path
+        trainer_extra["teacher_fingerprint"] = base_model_lib.fingerprint(teacher_path)
     trainer = Trainer(
         run_fn=RUN_FN,
+        base_model=baseline if base_model else None,
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
         schema=schema_gen.outputs["schema"],
         train_args=tfx.proto.TrainArgs(num_steps=config.train.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=config.train.eval_batches),
         custom_config={"pipeline_config": config_json, "num_workers": num_workers,
-                       "code_fingerprint": source_fingerprint(TRAINER_SOURCES)},
+                       "code_fingerprint": source_fingerprint(TRAINER_SOURCES), **trainer_extra},
     )
-    model_resolver = tfx.dsl.Resolver(
-        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
-        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
-        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
-    ).with_id("latest_blessed_model_resolver")
     evaluator = LmEvaluator(
         examples=transform.outputs["transformed_examples"],
         model=trainer.outputs["model"],
-        baseline_model=model_resolver.outputs["model"],
+        baseline_model=baseline,
         pipeline_config=config_json,
     )
     pusher = tfx.components.Pusher(
@@ -286,13 +322,14 @@ def create_pipeline(
         *([statistics_resolver] if drift_baseline else []),
         drift_validator,
         transform,
+        *([importer] if importer is not None else [model_resolver]),
         trainer,
-        model_resolver,
         evaluator,
         pusher,
     ]
     if until is not None:
-        components = components[: [c.id for c in components].index(until) + 1]
+        last = COMPONENT_ORDER.index(until)
+        components = [c for c in components if COMPONENT_ORDER.index(c.id) <= last]
     if transform in components:
         # Drift stops the run before Transform and training (unless accepted).
         transform.add_upstream_node(drift_validator)

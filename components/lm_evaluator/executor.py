@@ -24,6 +24,8 @@ from tfx.types import artifact_utils
 from tfx.utils import io_utils, path_utils
 
 from components.lm_evaluator import scoring
+from components.trainer.data import PROMPT_LENGTH_KEY
+from components.transform.byte_level_bpe import ByteLevelBpe
 from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY
 from pipeline.configs import PipelineConfig
 from serving.export import savedmodel_tokenizer
@@ -46,14 +48,67 @@ def read_eval_documents(transformed_examples, split: str = "eval") -> tuple[list
     return docs, num_bytes
 
 
+def read_eval_records(transformed_examples, split: str = "eval") -> tuple[list, int]:
+    """SFT records (ids, prompt_length, response bytes) of one split, and their bytes."""
+    pattern = os.path.join(transformed_examples.uri, f"Split-{split}", "*")
+    files = sorted(tf.io.gfile.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"no transformed examples in {pattern}")
+    records = []
+    for record in tf.data.TFRecordDataset(files, compression_type="GZIP"):
+        f = tf.train.Example.FromString(record.numpy()).features.feature
+        records.append((list(f[INPUT_IDS_KEY].int64_list.value),
+                        int(f[PROMPT_LENGTH_KEY].int64_list.value[0]),
+                        int(f[NUM_BYTES_KEY].int64_list.value[0])))
+    return records, sum(r[2] for r in records)
+
+
 def evaluate_saved_model(model_dir: str, docs, num_bytes: int, config: PipelineConfig) -> dict:
     """Perplexity and bits per byte of the SavedModel on `docs` (its own token ids)."""
-    loaded = tf.saved_model.load(model_dir)
-    logits_fn = loaded.signatures["logits"]
-    tokenizer = savedmodel_tokenizer(model_dir)
+    logits_fn = tf.saved_model.load(model_dir).signatures["logits"]
+    return evaluate_logits(lambda x: logits_fn(input_ids=x)["logits"],
+                           savedmodel_tokenizer(model_dir), docs, num_bytes, config)
+
+
+def evaluate_baseline(baseline_uri: str, candidate_dir: str, docs, num_bytes: int,
+                      config: PipelineConfig) -> dict:
+    """`evaluate_saved_model` of a baseline: a Model artifact (a SavedModel in its
+    `Format-Serving/`), an imported SavedModel directory, or a Hugging Face checkpoint
+    directory (a warm start's `--base-model PATH`); `docs` are the candidate's ids."""
+    from components.trainer import base_model
+
+    baseline_dir = base_model.model_dir(baseline_uri)
+    if base_model.kind(baseline_dir) == base_model.SAVEDMODEL:
+        if config.data.task == "sft" and (savedmodel_tokenizer(baseline_dir).json
+                                          != savedmodel_tokenizer(candidate_dir).json):
+            raise ValueError(f"baseline {baseline_dir} has another tokenizer; response-only "
+                             f"scoring of SFT records needs the candidate's")
+        baseline_docs = scoring.retokenize(docs, candidate_dir, baseline_dir)
+        return evaluate_saved_model(baseline_dir, baseline_docs, num_bytes, config)
+    tokenizer_dir = base_model.tokenizer_path(baseline_dir)
+    candidate = savedmodel_tokenizer(candidate_dir)
+    if tokenizer_dir is None or ByteLevelBpe.from_file(tokenizer_dir).json != candidate.json:
+        raise ValueError(f"baseline {baseline_dir} (a Hugging Face checkpoint) does not carry "
+                         f"the candidate's tokenizer.json, so the two cannot score the same ids")
+    model = base_model.load_model(baseline_dir)
+    return evaluate_logits(lambda x: model(x, training=False), candidate, docs, num_bytes, config)
+
+
+def evaluate_logits(logits_fn, tokenizer, docs, num_bytes: int, config: PipelineConfig) -> dict:
+    """Perplexity and bits per byte of `logits_fn` (int32 [B, T] -> float32 [B, T, V]) on
+    `docs` (token ids of `tokenizer`), packed as the Trainer packs them; for SFT
+    (`data.task = "sft"`, docs from `read_eval_records`), of the responses only
+    (`scoring.score_responses`): also `response_perplexity`, `response_bits_per_byte`."""
+    if config.data.task == "sft":
+        scored = scoring.score_responses(logits_fn, docs, config.train.seq_len,
+                                         config.eval.batch_size, pad_id=tokenizer.pad_id)
+        metrics = scoring.summarize(scored["nll"], scored["tokens"], scored["bytes"])
+        return {**metrics, "response_perplexity": metrics["perplexity"],
+                "response_bits_per_byte": metrics["bits_per_byte"],
+                "records": scored["records"], "skipped_too_long": scored["skipped_too_long"]}
     stream = scoring.token_stream(docs, config.eval.max_eval_tokens, eos_id=tokenizer.eos_id)
     result = scoring.score_stream(
-        lambda x: logits_fn(input_ids=x)["logits"], stream, config.train.seq_len,
+        logits_fn, stream, config.train.seq_len,
         config.eval.batch_size, pad_id=tokenizer.pad_id)
     if config.eval.max_eval_tokens and result["tokens"] < sum(len(d) for d in docs) + len(docs) - 1:
         # Scored a prefix: scale bytes by the fraction of tokens scored.
@@ -73,15 +128,16 @@ class Executor(base_executor.BaseExecutor):
         evaluation = artifact_utils.get_single_instance(output_dict["evaluation"])
         blessing = artifact_utils.get_single_instance(output_dict["blessing"])
 
-        docs, num_bytes = read_eval_documents(examples)
+        if config.data.task == "sft":
+            docs, num_bytes = read_eval_records(examples)
+        else:
+            docs, num_bytes = read_eval_documents(examples)
         metrics = evaluate_saved_model(path_utils.serving_model_path(model.uri), docs, num_bytes, config)
         baseline_metrics = None
         if baselines:
-            baseline = baselines[0]
-            baseline_dir = path_utils.serving_model_path(baseline.uri)
-            baseline_docs = scoring.retokenize(docs, path_utils.serving_model_path(model.uri),
-                                       baseline_dir)
-            baseline_metrics = evaluate_saved_model(baseline_dir, baseline_docs, num_bytes, config)
+            baseline_metrics = evaluate_baseline(baselines[0].uri,
+                                                 path_utils.serving_model_path(model.uri), docs,
+                                                 num_bytes, config)
         blessed, message = decide_blessing(metrics, baseline_metrics, config)
 
         report = {"candidate": metrics, "baseline": baseline_metrics, "blessed": blessed,
@@ -89,8 +145,10 @@ class Executor(base_executor.BaseExecutor):
         io_utils.write_string_file(
             os.path.join(evaluation.uri, METRICS_FILE), json.dumps(report, indent=2)
         )
-        for key in ("bits_per_byte", "perplexity", "loss"):
-            evaluation.set_float_custom_property(key, metrics[key])
+        for key in ("bits_per_byte", "perplexity", "loss", "response_perplexity",
+                    "response_bits_per_byte"):
+            if key in metrics:
+                evaluation.set_float_custom_property(key, metrics[key])
         evaluation.set_int_custom_property("eval_tokens", metrics["tokens"])
         evaluation.set_int_custom_property("eval_bytes", metrics["bytes"])
         if baseline_metrics:

@@ -73,6 +73,50 @@ def score_stream(logits_fn: LogitsFn, stream: np.ndarray, seq_len: int, batch_si
     return {"nll": nll, "tokens": tokens}
 
 
+def score_responses(logits_fn: LogitsFn, records, seq_len: int, batch_size: int,
+                    pad_id: int = PAD_ID) -> dict:
+    """Response-only scoring of SFT records (`data.task = "sft"`).
+
+    Each record (ids = prompt ++ response ++ [EOS], prompt_length) is one row, as the
+    Trainer feeds it: the response tokens and the EOS are scored given the prompt
+    and the response before them. Records longer than seq_len + 1 ids are skipped
+    and counted (the Trainer leaves them out too).
+
+    Args:
+      logits_fn: int32 [B, T] -> float32 logits [B, T, V].
+      records: iterable of (ids: list[int], prompt_length: int, num_bytes: int),
+        num_bytes being the response's UTF-8 bytes.
+      seq_len: T.
+      batch_size: rows per call.
+      pad_id: fills rows shorter than T (not scored).
+
+    Returns:
+      {"nll": nats over response targets, "tokens": response targets (EOS included),
+       "bytes": response bytes of the records scored, "records": scored,
+       "skipped_too_long": skipped}.
+    """
+    records = list(records)
+    rows = [(ids, p, b) for ids, p, b in records if len(ids) <= seq_len + 1]
+    skipped = len(records) - len(rows)
+    nll, tokens = 0.0, 0
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start:start + batch_size]
+        inputs = np.full([len(batch), seq_len], pad_id, np.int32)  # (B, T)
+        labels = np.full([len(batch), seq_len], -1, np.int32)  # (B, T)
+        for r, (ids, p, _) in enumerate(batch):
+            n = len(ids) - 1
+            inputs[r, :n] = ids[:-1]
+            labels[r, max(p - 1, 0):n] = ids[max(p, 1):]  # targets: response tokens and EOS
+        logits = tf.cast(logits_fn(tf.constant(inputs)), tf.float32)  # (B, T, V)
+        mask = labels >= 0
+        per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            np.maximum(labels, 0), logits).numpy()  # (B, T)
+        nll += float(per_token[mask].astype(np.float64).sum())
+        tokens += int(mask.sum())
+    return {"nll": nll, "tokens": tokens, "bytes": sum(b for _, _, b in rows),
+            "records": len(rows), "skipped_too_long": skipped}
+
+
 def summarize(nll: float, tokens: int, num_bytes: int) -> dict:
     """Perplexity, bits per byte, bits per token and the counts."""
     if tokens == 0 or num_bytes == 0:

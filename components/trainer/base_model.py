@@ -77,8 +77,15 @@ def read_model_config(path: str):
         from models.deepseek.hf_checkpoint import read_config_json
 
         return read_config_json(directory)
-    from serving.hf_interop import model_config_of_savedmodel
+    import json
 
+    from models.deepseek.config import DeepSeekConfig
+    from serving.hf_interop import PIPELINE_CONFIG_ASSET, model_config_of_savedmodel
+
+    pipeline_config = os.path.join(directory, "assets.extra", PIPELINE_CONFIG_ASSET)
+    if tf.io.gfile.exists(pipeline_config):  # a pushed model: every field, not only HF's
+        with tf.io.gfile.GFile(pipeline_config) as f:
+            return DeepSeekConfig.from_dict(json.load(f)["model"])
     return model_config_of_savedmodel(directory)
 
 

@@ -37,12 +37,16 @@ RUNTIME_ONLY_TRAIN_FIELDS = ("distribution_strategy", "grad_accum_steps", "recom
 _CHUNK = 1 << 20
 
 
-def fingerprint(config: PipelineConfig, train_files: list[str]) -> str:
-    """16 hex digits identifying (training data content, model/tokenizer/train config).
+def fingerprint(config: PipelineConfig, train_files: list[str],
+                starts: dict[str, str] | None = None) -> str:
+    """16 hex digits identifying (training data content, model/tokenizer/train config,
+    the models the run starts or learns from).
 
     Args:
       config: the pipeline config.
       train_files: file patterns (globs) of the transformed training examples.
+      starts: role ("base model", "teacher") -> the fingerprint of its weights
+        (`base_model.fingerprint`), so a resume never mixes two starts.
 
     Raises:
       FileNotFoundError: a pattern matches no file.
@@ -50,7 +54,8 @@ def fingerprint(config: PipelineConfig, train_files: list[str]) -> str:
     d = config.to_dict()
     train = {k: v for k, v in d["train"].items() if k not in RUNTIME_ONLY_TRAIN_FIELDS}
     h = hashlib.sha256(json.dumps(
-        {"model": d["model"], "tokenizer": d["tokenizer"], "train": train},
+        {"model": d["model"], "tokenizer": d["tokenizer"], "train": train,
+         **({"starts": starts} if starts else {})},
         sort_keys=True).encode())
     for pattern in train_files:
         files = sorted(tf.io.gfile.glob(pattern))
@@ -65,18 +70,18 @@ def fingerprint(config: PipelineConfig, train_files: list[str]) -> str:
 
 
 def stable_checkpoint_dir(model_run_dir: str, config: PipelineConfig, train_files: list[str],
-                          root: str | None = None) -> str:
+                          root: str | None = None, starts: dict[str, str] | None = None) -> str:
     """`<root>/<fingerprint>`; root defaults to `<pipeline_root>/Trainer/checkpoints`.
 
     Args:
       model_run_dir: the execution's `.../<component id>/model_run/<execution id>`.
-      config, train_files: see `fingerprint`.
+      config, train_files, starts: see `fingerprint`.
       root: another parent directory for the checkpoints.
     """
     if root is None:
         component_dir = os.path.dirname(os.path.dirname(model_run_dir.rstrip("/")))
         root = os.path.join(component_dir, "checkpoints")
-    return os.path.join(root, fingerprint(config, train_files))
+    return os.path.join(root, fingerprint(config, train_files, starts))
 
 
 def link_from_model_run(model_run_dir: str, checkpoint_dir: str) -> None:

@@ -25,20 +25,28 @@ import tensorflow as tf
 from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY
 from components.transform.tokenizer import EOS_ID
 
+PROMPT_LENGTH_KEY = "prompt_length"
+IGNORE_LABEL = -100
 TRANSFORMED_FEATURE_SPEC = {
     INPUT_IDS_KEY: tf.io.VarLenFeature(tf.int64),
     NUM_BYTES_KEY: tf.io.FixedLenFeature([], tf.int64),
 }
+SFT_FEATURE_SPEC = {**TRANSFORMED_FEATURE_SPEC,
+                    PROMPT_LENGTH_KEY: tf.io.FixedLenFeature([], tf.int64)}
 
 
-def read_documents(file_pattern: str | list[str]) -> tf.data.Dataset:
-    """Transformed TFRecords (gzip) -> dataset of int32 [tokens] documents."""
+def _files(file_pattern: str | list[str]) -> list[str]:
     files = tf.io.gfile.glob(file_pattern) if isinstance(file_pattern, str) else [
         f for p in file_pattern for f in tf.io.gfile.glob(p)
     ]
     if not files:
         raise FileNotFoundError(f"no transformed examples match {file_pattern}")
-    ds = tf.data.TFRecordDataset(sorted(files), compression_type="GZIP")
+    return sorted(files)
+
+
+def read_documents(file_pattern: str | list[str]) -> tf.data.Dataset:
+    """Transformed TFRecords (gzip) -> dataset of int32 [tokens] documents."""
+    ds = tf.data.TFRecordDataset(_files(file_pattern), compression_type="GZIP")
 
     def parse(serialized):
         features = tf.io.parse_single_example(serialized, TRANSFORMED_FEATURE_SPEC)
@@ -82,6 +90,102 @@ def make_eval_dataset(file_pattern, seq_len: int, batch_size: int,
                       eos_id: int = EOS_ID) -> tf.data.Dataset:
     """One pass over the eval documents, in file order, packed the same way."""
     return pack(read_documents(file_pattern), seq_len, eos_id).batch(batch_size).prefetch(2)
+
+
+# ------------------------------------------------------------------------------ SFT
+#
+# Supervised fine-tuning records (`data.task = "sft"`): Transform's `input_ids` are
+# prompt ids ++ response ids ++ [EOS] and `prompt_length` counts the prompt ids. One
+# record per row, no packing (attention has no document mask): input_ids = w[:-1]
+# and labels = w[1:], padded to seq_len (pad id / IGNORE_LABEL); a label whose token
+# belongs to the prompt (t < prompt_length - 1) is IGNORE_LABEL, so the targets are
+# exactly the response tokens and the final EOS. A record longer than seq_len + 1
+# ids does not fit and is left out, counted by `count_sft_records`.
+
+
+def read_sft_records(file_pattern: str | list[str]) -> tf.data.Dataset:
+    """Transformed SFT TFRecords -> (ids int32 [n], prompt_length int32 scalar)."""
+    ds = tf.data.TFRecordDataset(_files(file_pattern), compression_type="GZIP")
+
+    def parse(serialized):
+        f = tf.io.parse_single_example(serialized, SFT_FEATURE_SPEC)
+        return (tf.cast(tf.sparse.to_dense(f[INPUT_IDS_KEY]), tf.int32),
+                tf.cast(f[PROMPT_LENGTH_KEY], tf.int32))
+
+    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def sft_example(ids, prompt_length, seq_len: int, pad_id: int) -> dict:
+    """One record -> {"input_ids", "labels"}: int32 [seq_len] (see the section comment)."""
+    n = tf.shape(ids)[0]
+    inputs = tf.pad(ids[:-1], [[0, seq_len - (n - 1)]], constant_values=pad_id)  # (T,)
+    targets = tf.pad(ids[1:], [[0, seq_len - (n - 1)]], constant_values=IGNORE_LABEL)  # (T,)
+    is_prompt = tf.range(seq_len) < prompt_length - 1  # (T,)  targets that are prompt tokens
+    labels = tf.where(is_prompt, IGNORE_LABEL, targets)
+    inputs.set_shape([seq_len])
+    labels.set_shape([seq_len])
+    return {"input_ids": inputs, "labels": labels}
+
+
+def _fits(seq_len: int):
+    return lambda ids, prompt_length: tf.shape(ids)[0] <= seq_len + 1
+
+
+def make_sft_train_dataset(file_pattern, seq_len: int, batch_size: int, shuffle_buffer: int,
+                           seed: int, pad_id: int) -> tf.data.Dataset:
+    """Infinite, shuffled SFT batches {"input_ids", "labels"}: int32 [batch_size, seq_len],
+    deterministic from `seed` (records reshuffled every epoch)."""
+    records = read_sft_records(file_pattern).filter(_fits(seq_len)).cache()
+    records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = records.map(lambda ids, p: sft_example(ids, p, seq_len, pad_id))
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def make_sft_eval_dataset(file_pattern, seq_len: int, batch_size: int,
+                          pad_id: int) -> tf.data.Dataset:
+    """One pass over the SFT eval records that fit, in file order."""
+    ds = read_sft_records(file_pattern).filter(_fits(seq_len))
+    return ds.map(lambda ids, p: sft_example(ids, p, seq_len, pad_id)).batch(batch_size)
+
+
+def count_sft_records(file_pattern, seq_len: int) -> dict:
+    """{"records", "used", "rejected": {"too_long": n}, "response_tokens"} of SFT records
+    (response tokens: the targets of the records used, their EOS included).
+
+    Raises:
+      ValueError: no record fits `seq_len` (naming the files and the longest record).
+    """
+    records = used = targets = 0
+    shortest = None
+    for ids, prompt_length in read_sft_records(file_pattern).as_numpy_iterator():
+        records += 1
+        shortest = len(ids) if shortest is None else min(shortest, len(ids))
+        if len(ids) <= seq_len + 1:
+            used += 1
+            targets += len(ids) - int(prompt_length)
+    if not used:
+        raise ValueError(f"no SFT record of {file_pattern} fits train.seq_len={seq_len} "
+                         f"({records} records; the shortest has {shortest} ids, "
+                         f"prompt + response + EOS): raise train.seq_len or shorten them")
+    return {"records": records, "used": used, "rejected": {"too_long": records - used},
+            "response_tokens": targets}
+
+
+def write_sft_examples(path: str, records) -> None:
+    """Writes (ids, prompt_length, num_bytes) records as transformed SFT examples (gzip
+    TFRecords), for tests and benchmarks that train without running Transform."""
+    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+        for ids, prompt_length, num_bytes in records:
+            feature = {
+                INPUT_IDS_KEY: tf.train.Feature(int64_list=tf.train.Int64List(
+                    value=[int(i) for i in ids])),
+                PROMPT_LENGTH_KEY: tf.train.Feature(int64_list=tf.train.Int64List(
+                    value=[int(prompt_length)])),
+                NUM_BYTES_KEY: tf.train.Feature(int64_list=tf.train.Int64List(
+                    value=[int(num_bytes)])),
+            }
+            writer.write(tf.train.Example(features=tf.train.Features(
+                feature=feature)).SerializeToString())
 
 
 def split_for_replicas(

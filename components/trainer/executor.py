@@ -27,7 +27,8 @@ MODEL_PROPERTIES = {
     "num_workers": int, "precision": str, "global_batch_size": int,
     "per_replica_batch_size": int, "grad_accum_steps": int, "final_train_loss": float,
     "trainer_eval_loss": float, "parameters": int, "checkpoint_dir": str,
-    "trainable_params": int, "total_params": int,
+    "trainable_params": int, "total_params": int, "sft_records": int, "sft_records_used": int,
+    "sft_rejected_too_long": int, "sft_response_tokens": int,
 }
 
 
@@ -55,3 +56,13 @@ class Executor(tfx_trainer_executor.GenericExecutor):
         path = os.path.join(model.uri, TRAINING_SUMMARY)
         with open(path) as f:
             record_summary(model, json.load(f))
+        bases = input_dict.get(standard_component_specs.BASE_MODEL_KEY) or []
+        if bases:  # a warm start: the model it started from (also an input event in MLMD)
+            model.set_string_custom_property("base_model_uri", bases[0].uri)
+            if bases[0].id:
+                model.set_int_custom_property("base_model_id", bases[0].id)
+        teacher = (exec_properties.get("custom_config") or {})
+        if isinstance(teacher, str):
+            teacher = json.loads(teacher)
+        if teacher.get("teacher_model"):
+            model.set_string_custom_property("teacher_model_uri", teacher["teacher_model"])

@@ -35,6 +35,7 @@ class TrainingJob:
       intra_op_threads: TensorFlow intra-op threads (0 = TensorFlow's default);
         set by the launcher so that N workers on one CPU share its cores.
       eos_id: the tokenizer's end-of-sequence id, which separates packed documents.
+      pad_id: the tokenizer's padding id (SFT rows are padded with it).
       base_model: a directory to warm-start from (`base_model.py`), or "".
       teacher_model: a directory holding a distillation teacher, or "".
     """
@@ -49,6 +50,7 @@ class TrainingJob:
     peak_flops_source: str = ""
     intra_op_threads: int = 0
     eos_id: int = 1
+    pad_id: int = 2
     base_model: str = ""
     teacher_model: str = ""
 
@@ -102,6 +104,9 @@ def run(job: TrainingJob):
              peak / 1e9, source, devices, total_peak / 1e9)
 
     def dataset_fn():
+        if config.data.task == "sft":
+            return data.make_sft_train_dataset(job.train_files, tc.seq_len, tc.batch_size,
+                                               tc.shuffle_buffer, tc.seed, job.pad_id)
         return data.make_train_dataset(job.train_files, tc.seq_len, tc.batch_size,
                                        tc.shuffle_buffer, tc.seed, job.eos_id)
 

@@ -17,7 +17,7 @@ import os
 
 import tensorflow as tf
 
-from components.trainer import checkpointing, data, hardware, precision, train_loop
+from components.trainer import base_model, checkpointing, data, hardware, precision, train_loop
 from components.trainer import job as job_lib
 from components.transform.tokenizer import load_tokenizer
 from pipeline.configs import PipelineConfig
@@ -47,11 +47,20 @@ def run_fn(fn_args) -> None:
             f"TrainArgs.num_steps={fn_args.train_steps} disagrees with "
             f"train.train_steps={tc.train_steps}; set the step count in the config"
         )
+    tokenizer = load_tokenizer(fn_args.transform_output)
+    base = fn_args.base_model or ""
+    teacher = custom.get("teacher_model", "")
+    starts = {}
+    for role, path in (("base model", base), ("teacher", teacher)):
+        if path:
+            check_start_model(path, role, config, tokenizer)
+            starts[role] = base_model.fingerprint(path)
     checkpoint_dir = checkpointing.stable_checkpoint_dir(
-        fn_args.model_run_dir, config, fn_args.train_files, custom.get("checkpoint_root"))
+        fn_args.model_run_dir, config, fn_args.train_files, custom.get("checkpoint_root"),
+        starts=starts)
     checkpointing.link_from_model_run(fn_args.model_run_dir, checkpoint_dir)
     logging.info("checkpoints: %s", checkpoint_dir)
-    eos_id = load_tokenizer(fn_args.transform_output).eos_id
+    eos_id = tokenizer.eos_id
     job = job_lib.TrainingJob(
         pipeline_config=config.to_json(),
         train_files=list(fn_args.train_files),
@@ -60,12 +69,28 @@ def run_fn(fn_args) -> None:
         result_path=os.path.join(fn_args.model_run_dir, TRAIN_RESULT),
         num_workers=num_workers,
         eos_id=eos_id,
+        pad_id=tokenizer.pad_id,
+        base_model=base_model.model_dir(base) if base else "",
+        teacher_model=base_model.model_dir(teacher) if teacher else "",
     )
+    sft = {}
+    if config.data.task == "sft":  # records that do not fit seq_len: counted, with the reason
+        counts = data.count_sft_records(fn_args.train_files, tc.seq_len)
+        logging.info("SFT records: %d used, %d rejected as too long for train.seq_len=%d "
+                     "(%d response tokens)", counts["used"], counts["rejected"]["too_long"],
+                     tc.seq_len, counts["response_tokens"])
+        sft = {"sft_records": counts["records"], "sft_records_used": counts["used"],
+               "sft_rejected_too_long": counts["rejected"]["too_long"],
+               "sft_response_tokens": counts["response_tokens"]}
     model = train_model(job, config)
     with open(job.result_path) as f:
         figures = json.load(f)
 
-    eval_ds = data.make_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size, eos_id)
+    if config.data.task == "sft":
+        eval_ds = data.make_sft_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size,
+                                             tokenizer.pad_id)
+    else:
+        eval_ds = data.make_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size, eos_id)
     eval_loss, eval_tokens = train_loop.evaluate(model, eval_ds, tc.eval_batches)
     logging.info("trainer eval loss %.4f nats/token (%d tokens)", eval_loss, eval_tokens)
     with tf.summary.create_file_writer(fn_args.model_run_dir).as_default(step=tc.train_steps):
@@ -79,11 +104,38 @@ def run_fn(fn_args) -> None:
         "final_train_loss": figures["final_loss"],
         "trainer_eval_loss": eval_loss,
         "parameters": int(model.count_params()),
+        **sft,
         "history": figures["history"],
     }
     model_dir = os.path.dirname(fn_args.serving_model_dir.rstrip("/"))
     with tf.io.gfile.GFile(os.path.join(model_dir, TRAINING_SUMMARY), "w") as f:
         json.dump(summary, f, indent=2)
+
+
+def check_start_model(path: str, role: str, config: PipelineConfig, tokenizer) -> None:
+    """A base model must have this run's architecture, and a base model or teacher this
+    run's tokenizer (Transform's), byte for byte.
+
+    Raises:
+      ValueError: naming the model, and what differs.
+    """
+    directory = base_model.model_dir(path)
+    if role == "base model":
+        theirs, mine = base_model.read_model_config(directory).to_dict(), config.model.to_dict()
+        differ = [f"{k}={theirs.get(k)!r} (run: {v!r})" for k, v in mine.items()
+                  if theirs.get(k) != v]
+        if differ:
+            raise ValueError(f"{role} {directory} has another architecture than this run: "
+                             + ", ".join(differ))
+    tokenizer_dir = base_model.tokenizer_path(directory)
+    if tokenizer_dir is None:
+        raise ValueError(f"{role} {directory} carries no tokenizer.json; it must have this "
+                         f"run's tokenizer ({tokenizer.source})")
+    with tf.io.gfile.GFile(os.path.join(tokenizer_dir, "tokenizer.json"), "rb") as f:
+        theirs = json.loads(f.read())
+    if theirs != tokenizer.json:
+        raise ValueError(f"{role} {directory}: its tokenizer.json differs from this run's "
+                         f"({tokenizer.source}); both must tokenize alike")
 
 
 def train_model(job: job_lib.TrainingJob, config: PipelineConfig):

@@ -457,13 +457,14 @@ def _write_moe_summaries(model: DeepSeekCausalLM, names: list[str], load: np.nda
 
 
 def evaluate(model: DeepSeekCausalLM, eval_dataset: tf.data.Dataset, max_batches: int) -> tuple[float, int]:
-    """Mean next-token cross-entropy (nats/token) over up to `max_batches` batches, and tokens."""
+    """Mean next-token cross-entropy (nats/token) over up to `max_batches` batches, and the
+    number of target tokens (labels < 0, e.g. SFT prompts and padding, are not targets)."""
+    from models.deepseek.losses import token_cross_entropy_sum
 
     @tf.function
     def eval_step(batch):
         logits = model(batch["input_ids"], training=False)
-        nll = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["labels"], tf.cast(logits, tf.float32))
-        return tf.reduce_sum(nll), tf.cast(tf.size(nll), tf.float32)
+        return token_cross_entropy_sum(logits, batch["labels"])
 
     total, count = 0.0, 0.0
     for i, batch in enumerate(eval_dataset):

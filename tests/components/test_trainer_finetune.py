@@ -236,3 +236,28 @@ def test_a_rule_that_picks_nothing_is_refused():
     config = tiny(trainable="no_such_weight")
     with pytest.raises(ValueError, match="picks no weight"):
         trainable.prepare(train_loop.build_model(config), config.train)
+
+
+# ---------------------------------------------------------------------------- warm start
+
+
+def test_warm_start_from_a_hugging_face_checkpoint_has_its_logits_before_any_step():
+    """`train_loop.setup` with a HF checkpoint as base: the model to be trained gives the
+    logits transformers computed for the checkpoint (the fixture's expected_logits.npy)."""
+    import dataclasses
+
+    from models.deepseek.hf_checkpoint import read_config_json
+
+    fixture = os.path.join(ROOT, "tests", "fixtures", "hf_deepseek_v3", "no_q_lora")
+    model_config = read_config_json(fixture)
+    config = dataclasses.replace(
+        get_config("tiny", {"train.seq_len": 8, "tokenizer.path": fixture}), model=model_config)
+    state = train_loop.setup(config, tf.distribute.get_strategy(), "float32", warm_start=True,
+                             base_model=fixture)
+    ids = np.load(os.path.join(fixture, "input_ids.npy"))
+    expected = np.load(os.path.join(fixture, "expected_logits.npy"))
+    logits = state.model(tf.constant(ids, tf.int32)).numpy()
+    assert np.max(np.abs(logits - expected)) <= 1e-5
+    cold = train_loop.setup(config, tf.distribute.get_strategy(), "float32", warm_start=False,
+                            base_model=fixture)
+    assert np.max(np.abs(cold.model(tf.constant(ids, tf.int32)).numpy() - expected)) > 1e-2
