@@ -9,7 +9,7 @@ the logic lives in the modules it calls.
   deepseek-tfx compile-kfp --output FILE.yaml --pipeline-root URI [--image IMAGE]
                          [--data PATH] [--preset NAME] [--set ...] [--beam-arg=ARG ...]
   deepseek-tfx generate  --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
-                         [--top-k K] [--top-p P] [--seed S]
+                         [--top-k K] [--top-p P] [--seed S] [--raw]
   deepseek-tfx evaluate  --model DIR --data PATH [--seq-len N]
   deepseek-tfx serve     --model SERVING_DIR [--port P] [--host H] [--model-name NAME]
   deepseek-tfx mlmd      --output DIR {runs|artifacts|lineage MODEL_DIR} [--json]
@@ -472,7 +472,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import tensorflow_text  # noqa: F401
 
     loaded = tf.saved_model.load(model_dir)
-    out = loaded.signatures["generate"](
+    signature = "generate"
+    if args.raw:
+        if "generate_raw" in loaded.signatures:
+            signature = "generate_raw"
+        else:
+            print(f"note: {model_dir} has no chat template; --raw changes nothing",
+                  file=sys.stderr)
+    out = loaded.signatures[signature](
         prompt=tf.constant([args.prompt]),
         max_new_tokens=tf.constant(args.max_new_tokens, tf.int32),
         temperature=tf.constant(args.temperature, tf.float32),
@@ -659,6 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text with a pushed model")
     gen.add_argument("--model", required=True, help="serving dir (newest version) or SavedModel")
     gen.add_argument("--prompt", required=True)
+    gen.add_argument("--raw", action="store_true",
+                     help="a chat (SFT) model: continue the prompt as given, without its chat "
+                     "template (the generate_raw signature)")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=50, help="0 = off")

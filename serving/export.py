@@ -13,6 +13,16 @@ tokenizer, with signatures:
   detokenize       input_ids int32 [batch, seq] -> text tf.string [batch] (special
                    tokens, padding included, decode to nothing)
 
+A model fine-tuned on chat records (`data.task = "sft"`) answers prompts: its
+`serving_default` and `generate` wrap each prompt in the chat template's
+prefix and suffix (`chat_template.prompt_affixes`; `assets.extra/chat_prompt.json`
+names them) before tokenizing, exactly as its training prompts were rendered,
+and return the response as `completion` (`text` = the prompt as given +
+completion). Such a model also has
+
+  generate_raw     the inputs and outputs of `generate`, on the prompt as given
+                   (no template; `deepseek-tfx generate --raw`)
+
 It loads with only `tensorflow` and `tensorflow_text` imported (the regex ops live
 in tensorflow_text), which is what TensorFlow Serving needs too.
 
@@ -48,6 +58,8 @@ from pipeline.configs import GenerationConfig, PipelineConfig
 from serving.hf_interop import GENERATION_CONFIG_NAME, generation_config_to_hf
 from serving.hf_interop import PIPELINE_CONFIG_ASSET as CONFIG_ASSET
 
+CHAT_PROMPT_ASSET = "chat_prompt.json"  # assets.extra/: the chat template's prompt affixes
+
 
 class ServingModule(tf.Module):
     """Wraps a trained model and its tokenizer into serving signatures.
@@ -61,7 +73,7 @@ class ServingModule(tf.Module):
     """
 
     def __init__(self, model, tokenizer: ByteLevelBpe, generation: GenerationConfig,
-                 asset_dir: str):
+                 asset_dir: str, chat_prompt: tuple[str, str] | None = None):
         super().__init__(name="deepseek_tfx")
         self.model = model
         self.encoder = BytePairEncoder(tokenizer.pre_tokenizer_config, tokenizer.added_tokens,
@@ -73,6 +85,7 @@ class ServingModule(tf.Module):
         self.pad_id = tokenizer.pad_id
         self.max_context = model.config.max_position_embeddings
         self.generation = generation
+        self.chat_prompt = chat_prompt
 
     # -- tokenization -------------------------------------------------------------
     def _encode(self, text):
@@ -94,11 +107,16 @@ class ServingModule(tf.Module):
         return {"logits": tf.cast(self.model(input_ids, training=False), tf.float32)}
 
     # -- generation ---------------------------------------------------------------
-    def _generate_one(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
+    def _generate_one(self, prompt, max_new_tokens, temperature, top_k, top_p, seed,
+                      templated=False):
+        if templated:  # the chat template's prefix (its BOS included) and suffix
+            prefix, suffix = self.chat_prompt
+            prompt = tf.strings.join([prefix, prompt, suffix])
         ids, lengths = self._encode(tf.reshape(prompt, [1]))
         ids = ids[:, : lengths[0]]  # (1, T0)
-        # An empty prompt starts from [EOS], the document separator.
-        ids = tf.concat([tf.fill([1, 1], self.eos_id), ids], axis=1)
+        if not templated:
+            # A plain prompt continues a document: it starts from [EOS], the separator.
+            ids = tf.concat([tf.fill([1, 1], self.eos_id), ids], axis=1)
         keep = tf.maximum(self.max_context - max_new_tokens, 1)
         ids = ids[:, -keep:]  # crop the prompt to leave room for the new tokens
         prompt_len = tf.shape(ids)[1]
@@ -120,9 +138,12 @@ class ServingModule(tf.Module):
         completion = self.encoder.decode(new_tokens)[0]
         return completion, tf.reduce_sum(tf.cast(alive, tf.int32))
 
-    def _generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
+    def _generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, raw=False):
+        templated = self.chat_prompt is not None and not raw
+
         def one(p):
-            return self._generate_one(p, max_new_tokens, temperature, top_k, top_p, seed)
+            return self._generate_one(p, max_new_tokens, temperature, top_k, top_p, seed,
+                                      templated)
 
         completion, num_generated = tf.map_fn(
             one, prompt, fn_output_signature=(tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int32))
@@ -159,9 +180,22 @@ class ServingModule(tf.Module):
     def generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
         return self._generate(prompt, max_new_tokens, temperature, top_k, top_p, seed)
 
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None], tf.string, name="prompt"),
+            tf.TensorSpec([], tf.int32, name="max_new_tokens"),
+            tf.TensorSpec([], tf.float32, name="temperature"),
+            tf.TensorSpec([], tf.int32, name="top_k"),
+            tf.TensorSpec([], tf.float32, name="top_p"),
+            tf.TensorSpec([], tf.int32, name="seed"),
+        ]
+    )
+    def generate_raw(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
+        return self._generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, raw=True)
+
 
 def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig,
-                    export_dir: str) -> str:
+                    export_dir: str, chat_prompt: tuple[str, str] | None = None) -> str:
     """Writes `model` with its tokenizer and text signatures as a SavedModel; returns it.
 
     Besides the SavedModel (signatures above; tokenizer.json and tokenizer_config.json
@@ -175,6 +209,8 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
       tokenizer: its `ByteLevelBpe`.
       generation: the defaults of `serving_default`.
       export_dir: the SavedModel directory to write.
+      chat_prompt: (prefix, suffix) of the chat template around a user prompt, for a
+        chat model (see the module docstring); None for a plain language model.
 
     Raises:
       pre_tokenizer.UnsupportedTokenizerError: a tokenizer outside the family, or
@@ -182,7 +218,7 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
     """
     with tempfile.TemporaryDirectory() as asset_dir:
         tokenizer.write(asset_dir)
-        module = ServingModule(model, tokenizer, generation, asset_dir)
+        module = ServingModule(model, tokenizer, generation, asset_dir, chat_prompt)
         signatures = {
             "serving_default": module.serving_default,
             "generate": module.generate,
@@ -190,11 +226,15 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
             "tokenize": module.tokenize,
             "detokenize": module.detokenize,
         }
+        if chat_prompt is not None:
+            signatures["generate_raw"] = module.generate_raw
         tf.saved_model.save(module, export_dir, signatures=signatures)
     extra = os.path.join(export_dir, "assets.extra")
     tf.io.gfile.makedirs(extra)
     for name, value in ((hf_checkpoint.CONFIG_NAME, hf_checkpoint.config_to_hf(model.config)),
-                        (GENERATION_CONFIG_NAME, generation_config_to_hf(generation, tokenizer))):
+                        (GENERATION_CONFIG_NAME, generation_config_to_hf(generation, tokenizer)),
+                        *(((CHAT_PROMPT_ASSET, {"prefix": chat_prompt[0], "suffix": chat_prompt[1]}),)
+                          if chat_prompt is not None else ())):
         with tf.io.gfile.GFile(os.path.join(extra, name), "w") as f:
             f.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
     return export_dir
@@ -210,7 +250,15 @@ def export_serving_model(model, transform_output_dir: str, config: PipelineConfi
       config: the pipeline config (stored beside the model, and generation defaults).
       export_dir: destination (TFX: `fn_args.serving_model_dir`).
     """
-    save_text_model(model, load_tokenizer(transform_output_dir), config.generation, export_dir)
+    tokenizer = load_tokenizer(transform_output_dir)
+    chat_prompt = None
+    if config.data.task == "sft":  # answer prompts as the training prompts were rendered
+        from components.transform import chat_template
+
+        template = chat_template.resolve(config.data, tokenizer)
+        chat_prompt = chat_template.prompt_affixes(template,
+                                                   *chat_template.special_tokens(tokenizer))
+    save_text_model(model, tokenizer, config.generation, export_dir, chat_prompt)
     tf.io.gfile.makedirs(os.path.join(export_dir, "assets.extra"))
     with tf.io.gfile.GFile(os.path.join(export_dir, "assets.extra", CONFIG_ASSET), "w") as f:
         f.write(json.dumps(config.to_dict(), indent=2, sort_keys=True))
