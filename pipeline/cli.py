@@ -225,6 +225,8 @@ def config_from_args(args: argparse.Namespace):
     overrides = parse_overrides(args.set or [])
     if getattr(args, "train_steps", None) is not None:
         overrides["train.train_steps"] = args.train_steps
+    if getattr(args, "task", None) is not None:
+        overrides["data.task"] = args.task
     try:
         config = get_config(args.preset, overrides)
         if config.tokenizer.path:  # a given tokenizer.json: checked before anything runs
@@ -600,6 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--preset", default="cpu_small", help="tiny | cpu_small | gpu_base")
     run.add_argument("--output", help="output directory (default: runs/<corpus>-<preset>)")
     run.add_argument("--train-steps", type=int, help="override train.train_steps")
+    run.add_argument("--task", choices=("pretrain", "sft"),
+                     help="sets data.task: pretrain (text documents) or sft (prompt/response "
+                     "or chat records from JSONL, CSV or Parquet; the loss covers responses)")
     run.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                      help="override any config field, e.g. --set model.hidden_size=128")
     run.add_argument("--no-cache", action="store_true", help="re-run every component")

@@ -28,6 +28,7 @@ from pipeline.configs import PipelineConfig, TokenizerConfig, TrainConfig
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA_FILE = os.path.join(_ROOT, "data", "schema", "schema.pbtxt")
+SFT_SCHEMA_FILE = os.path.join(_ROOT, "data", "schema", "sft_schema.pbtxt")  # data.task=sft
 PREPROCESSING_FN = "components.transform.preprocessing.preprocessing_fn"
 RUN_FN = "components.trainer.run_fn.run_fn"
 # The code behind PREPROCESSING_FN and RUN_FN. TFX fingerprints a `module_file`
@@ -66,6 +67,19 @@ CONFIG_SECTIONS = {
     "DriftValidator": ("validation",),
     "Transform": ("tokenizer",),
 }
+# Supervised fine-tuning: ExampleGen renders prompts with the chat template and the
+# tokenizer's special tokens (`tokenizer.path`); Transform records the template
+# (`data.chat_template`) in the tokenizer_config.json asset.
+SFT_CONFIG_SECTIONS = {
+    "TextExampleGen": ("data", "tokenizer"),
+    "Transform": ("tokenizer", "data"),
+}
+
+
+def _sections(config: PipelineConfig, component: str) -> tuple[str, ...]:
+    if config.data.task == "sft" and component in SFT_CONFIG_SECTIONS:
+        return SFT_CONFIG_SECTIONS[component]
+    return CONFIG_SECTIONS[component]
 _SECTIONS = ("model", "data", "tokenizer", "train", "eval", "validation", "generation")
 
 
@@ -177,7 +191,8 @@ def create_pipeline(
       metadata_connection_config: ML Metadata connection (SQLite locally).
       beam_pipeline_args: passed to every Beam-based component.
       enable_cache: reuse outputs of unchanged components.
-      schema_path: the curated schema (ImportSchemaGen).
+      schema_path: the curated schema (ImportSchemaGen); the default means
+        `SFT_SCHEMA_FILE` when `data.task` is `sft`.
       until: build the pipeline only up to this component id (one of
         `COMPONENT_ORDER`), e.g. "TextCleaner" for ingestion, validation and
         cleaning only (`deepseek-tfx validate`).
@@ -214,12 +229,17 @@ def create_pipeline(
     if until is not None and until not in COMPONENT_ORDER:
         raise ValueError(f"until={until!r} must be one of {list(COMPONENT_ORDER)}")
     config, tokenizer_fingerprint = check_given_tokenizer(config)
+    if config.data.task == "sft":
+        from components.transform.chat_template import pin_template
+
+        config = pin_template(config)  # one chat template for every component
+        schema_path = SFT_SCHEMA_FILE if schema_path == SCHEMA_FILE else schema_path
     config_json = config.to_json()
 
     example_gen = TextExampleGen(
         input_base=input_base,
         input_pattern=input_pattern,
-        config=component_config(config, CONFIG_SECTIONS["TextExampleGen"]),
+        config=component_config(config, _sections(config, "TextExampleGen")),
     )
     statistics_gen = tfx.components.StatisticsGen(
         examples=example_gen.outputs["examples"],
@@ -257,7 +277,7 @@ def create_pipeline(
         # repeat them.
         disable_statistics=True,
         custom_config={
-            "pipeline_config": component_config(config, CONFIG_SECTIONS["Transform"]).to_json(),
+            "pipeline_config": component_config(config, _sections(config, "Transform")).to_json(),
             "code_fingerprint": source_fingerprint(TRANSFORM_SOURCES),
             # An edited tokenizer.json at the same path re-runs Transform.
             "tokenizer_fingerprint": tokenizer_fingerprint,

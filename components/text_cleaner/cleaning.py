@@ -8,6 +8,11 @@ near-duplicate removal need the whole corpus and live in the Beam pipeline
 (`executor.py`), keyed by `content_key` and by the MinHash bands of
 `minhash_signature` / `lsh_bands`.
 
+Supervised fine-tuning records (a rendered prompt and a response) go through
+`clean_sft_record`: both fields are cleaned alike, the length filters apply to the
+whole example, the quality rules to the response, and duplicates are keyed on the
+pair (`sft_content_key`, `sft_dedup_text`).
+
 Every decision has a reason name; the executor counts them so that
 records read = records kept + records dropped, per split and in total. Repairs
 (changes to a kept document) are counted per kind as well.
@@ -33,6 +38,7 @@ from pipeline.configs import DataConfig
 
 KEPT = "kept"
 DROP_EMPTY = "empty"
+DROP_EMPTY_RESPONSE = "empty_response"  # = text_example_gen.documents.REJECT_EMPTY_RESPONSE
 DROP_TOO_SHORT = "too_short"
 DROP_TOO_LONG = "too_long"
 DROP_EXACT_DUPLICATE = "exact_duplicate"
@@ -161,6 +167,68 @@ def clean_document(text: str, reject_reason: str, config: DataConfig) -> tuple[s
         if reason:
             return "", reason, repairs
     return text, KEPT, repairs
+
+
+def clean_sft_record(prompt: str, response: str, reject_reason: str,
+                     config: DataConfig) -> tuple[str, str, str, list[str]]:
+    """Cleans one SFT record (the prompt as rendered by the chat template, the response).
+
+    Both fields lose their control characters (but newline and tab) and, with
+    `redact_pii`, their e-mail addresses, IP addresses and phone numbers. The
+    response is normalized (`config.normalization`); the prompt is not, as its
+    contents were normalized before the chat template rendered them
+    (`text_example_gen.documents.sft_document`) and normalizing the rendered text
+    could change the template's tokens (NFKC maps DeepSeek's `｜` to `|`). The
+    length filters count the characters of prompt + response; the quality rules
+    (with `quality_filter`) judge the response.
+
+    Returns:
+      `(prompt, response, KEPT, repairs)` or `("", "", reason, repairs)`; reasons
+      as `clean_document`'s, with `empty_response` for a response left empty.
+    """
+    if reject_reason:
+        return "", "", reject_reason, []
+    repairs: list[str] = []
+    normalized = normalize(response, config.normalization)
+    if normalized != response:
+        repairs.append(REPAIR_NORMALIZED)
+    fields = []
+    for text in (prompt, normalized):
+        cleaned = remove_control_characters(text)
+        nul_bytes, removed = text.count("\x00"), len(text) - len(cleaned)
+        if nul_bytes:
+            repairs.append(REPAIR_NUL_BYTES)
+        if removed > nul_bytes:
+            repairs.append(REPAIR_CONTROL_CHARACTERS)
+        if config.redact_pii:
+            cleaned, found = redact(cleaned)
+            repairs += found
+        fields.append(cleaned)
+    prompt, response = fields
+    repairs = list(dict.fromkeys(repairs))  # each kind once per record
+    if not response.strip():
+        return "", "", DROP_EMPTY_RESPONSE, repairs
+    n = len(prompt) + len(response)
+    if n < config.min_chars:
+        return "", "", DROP_TOO_SHORT, repairs
+    if n > config.max_chars:
+        return "", "", DROP_TOO_LONG, repairs
+    if config.quality_filter:
+        reason = quality_reason(response, config)
+        if reason:
+            return "", "", reason, repairs
+    return prompt, response, KEPT, repairs
+
+
+def sft_dedup_text(prompt: str, response: str) -> str:
+    """The text whose MinHash signature finds near-duplicate SFT records: both fields."""
+    return prompt + "\n" + response
+
+
+def sft_content_key(prompt: str, response: str) -> bytes:
+    """Exact-duplicate key of a cleaned SFT record: the (prompt, response) pair (NUL,
+    which cleaning removes from both, separates them)."""
+    return content_key(prompt + "\x00" + response)
 
 
 def content_key(text: str) -> bytes:

@@ -25,6 +25,10 @@ artifact and set as custom properties on it, so ML Metadata shows
 `repaired_<kind>` (changes to kept records: invalid UTF-8 replaced, NUL bytes
 removed, long documents split, PII redacted, ...).
 
+Supervised fine-tuning examples (with a `prompt` feature; `text` is the response)
+are cleaned by `cleaning.clean_sft_record` and deduplicated on the (prompt,
+response) pair; the `prompt` feature is written back.
+
 Before any work, the ExampleValidator's anomalies are checked: data with
 anomalies stops the pipeline here, before Transform and training.
 """
@@ -94,6 +98,8 @@ def _parse(serialized: bytes, split: str) -> dict[str, Any]:
         "record": int(f["record"].int64_list.value[0]),
         "reject_reason": _first_string(f, "reject_reason"),
         "repairs": [x for x in _first_string(f, "repairs").split(",") if x],
+        # None for pretraining documents; the rendered prompt of an SFT record.
+        "prompt": _first_string(f, "prompt") if "prompt" in f else None,
     }
 
 
@@ -107,7 +113,7 @@ def _to_example(record: dict[str, Any]) -> bytes:
     from components.text_example_gen.executor import document_to_example
 
     doc = Document(record["text"], record["source"], record["record"],
-                   repairs=tuple(record["repairs"]))
+                   repairs=tuple(record["repairs"]), prompt=record.get("prompt"))
     return document_to_example(doc).SerializeToString()
 
 
@@ -139,6 +145,19 @@ def unpack_keys(packed: bytes) -> tuple[bytes, bytes, np.ndarray]:
     n = struct.unpack("<H", packed[:2])[0]
     key, content = packed[2:2 + n], packed[2 + n:18 + n]
     return key, content, np.frombuffer(packed[18 + n:], dtype="<u4")
+
+
+def record_keys(r: dict[str, Any], split_index: int, data: DataConfig) -> bytes:
+    """The `pack_keys` record of a cleaned record (`_parse` form): its doc key, content
+    hash and MinHash signature; an SFT record (`prompt` not None) is keyed on the
+    (prompt, response) pair (`cleaning.sft_content_key`, `cleaning.sft_dedup_text`)."""
+    sft = r["prompt"] is not None
+    text = cleaning.sft_dedup_text(r["prompt"], r["text"]) if sft else r["text"]
+    signature = (cleaning.minhash_signature(text, data.near_dedup_num_perm, data.near_dedup_ngram)
+                 if data.near_dedup else np.zeros(0, dtype=np.uint32))
+    content = (cleaning.sft_content_key(r["prompt"], r["text"]) if sft
+               else cleaning.content_key(text))
+    return pack_keys(doc_key(split_index, r["source"], r["record"]), content, signature)
 
 
 def bloom_bits(input_bytes: int, bands: int) -> int:
@@ -296,17 +315,20 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         num_bits = bloom_bits(sum(_input_bytes(p) for p in inputs.values()), bands)
 
         def clean(r):
-            text, reason, repairs = cleaning.clean_document(r["text"], r["reject_reason"], data)
-            r = dict(r, text=text, reason=reason, repairs=r["repairs"] + repairs)
+            if r["prompt"] is None:
+                text, reason, repairs = cleaning.clean_document(r["text"], r["reject_reason"],
+                                                                data)
+                r = dict(r, text=text, reason=reason, repairs=r["repairs"] + repairs)
+            else:
+                prompt, text, reason, repairs = cleaning.clean_sft_record(
+                    r["prompt"], r["text"], r["reject_reason"], data)
+                r = dict(r, prompt=prompt, text=text, reason=reason,
+                         repairs=r["repairs"] + repairs)
             tag = "clean" if reason == cleaning.KEPT else "dropped"
             return beam.pvalue.TaggedOutput(tag, r)
 
         def keys(r):
-            signature = (cleaning.minhash_signature(r["text"], data.near_dedup_num_perm,
-                                                    data.near_dedup_ngram)
-                         if data.near_dedup else np.zeros(0, dtype=np.uint32))
-            key = doc_key(ordered.index(r["split"]), r["source"], r["record"])
-            return pack_keys(key, cleaning.content_key(r["text"]), signature)
+            return record_keys(r, ordered.index(r["split"]), data)
 
         def drop_duplicates(serialized, duplicates, split):
             r = _parse(serialized, split)

@@ -18,6 +18,22 @@ Bytes that are not valid UTF-8 are replaced by U+FFFD (repair
 `data.invalid_utf8`. A file with no record at all gives one `empty_file` record,
 so that it is counted too.
 
+Supervised fine-tuning (`data.task = "sft"`) reads JSONL, CSV and Parquet records
+only (plain text is refused, naming the file). A record is either
+`{prompt_field: str, response_field: str, ...}` (other keys ignored) or
+`{messages_field: [{"role", "content"}, ...]}` whose last message is the
+assistant's response; the turns before it are the prompt. Each message's content
+and the response are Unicode-normalized (`data.normalization`, repair
+`unicode_normalized`), then the prompt turns are rendered by the chat template
+(`components/transform/chat_template.py`): normalizing the rendered text instead
+would change the template's own tokens (NFKC turns DeepSeek's `｜` into `|`). The
+`Document` holds the response as `text` and the rendered prompt as `prompt`.
+Rejected SFT records: `record_not_object`, `missing_prompt_field`,
+`missing_response_field`, `prompt_not_string`, `response_not_string`,
+`empty_prompt`, `empty_response` (whitespace only), `invalid_messages` (not a
+list of at least two `{"role": str, "content": str}`, or the last is not the
+assistant's), `chat_template_error` (the template refused the turns).
+
 Every record read becomes a `Document`; records that cannot be used carry a
 `reject_reason`, repairs made while reading are listed in `repairs`; the cleaner
 counts both, so nothing is silently lost. A file that cannot be opened or read
@@ -28,13 +44,16 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import gzip
 import io
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import tensorflow as tf
 
+from components.transform.chat_template import ChatFormat, ChatTemplateError, chat_format
 from pipeline.configs import DataConfig
 
 REJECT_INVALID_JSON = "invalid_json"
@@ -45,7 +64,18 @@ REJECT_INVALID_UTF8 = "invalid_utf8"
 REJECT_LINE_TOO_LONG = "line_too_long"
 REJECT_EMPTY_FILE = "empty_file"
 
+REJECT_NOT_AN_OBJECT = "record_not_object"
+REJECT_MISSING_PROMPT_FIELD = "missing_prompt_field"
+REJECT_MISSING_RESPONSE_FIELD = "missing_response_field"
+REJECT_PROMPT_NOT_STRING = "prompt_not_string"
+REJECT_RESPONSE_NOT_STRING = "response_not_string"
+REJECT_EMPTY_PROMPT = "empty_prompt"
+REJECT_EMPTY_RESPONSE = "empty_response"
+REJECT_INVALID_MESSAGES = "invalid_messages"
+REJECT_CHAT_TEMPLATE = "chat_template_error"
+
 REPAIR_INVALID_UTF8 = "invalid_utf8_replaced"
+REPAIR_NORMALIZED = "unicode_normalized"  # = text_cleaner.cleaning.REPAIR_NORMALIZED
 REPAIR_SPLIT = "split_long_document"
 
 _SURROGATE_LOW, _SURROGATE_HIGH = "\udc80", "\udcff"  # undecodable bytes (surrogateescape)
@@ -62,6 +92,8 @@ class Document:
         for plain text, line number for JSONL, row number for CSV/Parquet).
       reject_reason: "" when usable, else why not.
       repairs: what reading changed (`invalid_utf8_replaced`, `split_long_document`).
+      prompt: None for a pretraining document; for an SFT record, the rendered
+        prompt ("" when rejected), and `text` is the response.
     """
 
     text: str
@@ -69,6 +101,7 @@ class Document:
     record: int
     reject_reason: str = ""
     repairs: tuple[str, ...] = ()
+    prompt: str | None = None
 
 
 def file_format(path: str) -> str:
@@ -123,44 +156,67 @@ def _has_invalid_bytes(text: str) -> bool:
 
 
 def _apply_utf8_policy(doc: Document, policy: str) -> Document:
-    if doc.reject_reason or not _has_invalid_bytes(doc.text):
+    if doc.reject_reason or not (_has_invalid_bytes(doc.text)
+                                 or (doc.prompt and _has_invalid_bytes(doc.prompt))):
         return doc
     if policy == "reject":
-        return Document("", doc.source, doc.record, REJECT_INVALID_UTF8, doc.repairs)
-    text = "".join("\ufffd" if _SURROGATE_LOW <= ch <= _SURROGATE_HIGH else ch
-                   for ch in doc.text)
-    return Document(text, doc.source, doc.record, "", doc.repairs + (REPAIR_INVALID_UTF8,))
+        return dataclasses.replace(doc, text="", reject_reason=REJECT_INVALID_UTF8,
+                                   prompt=None if doc.prompt is None else "")
+
+    def replaced(text: str) -> str:
+        return "".join("\ufffd" if _SURROGATE_LOW <= ch <= _SURROGATE_HIGH else ch
+                       for ch in text)
+
+    return dataclasses.replace(
+        doc, text=replaced(doc.text), repairs=doc.repairs + (REPAIR_INVALID_UTF8,),
+        prompt=None if doc.prompt is None else replaced(doc.prompt))
 
 
-def read_documents(path: str, source: str, config: DataConfig | None = None) -> Iterator[Document]:
-    """Streams the documents of one file.
+def read_documents(path: str, source: str, config: DataConfig | None = None,
+                   chat: ChatFormat | None = None) -> Iterator[Document]:
+    """Streams the documents (or, with `data.task = "sft"`, the SFT records) of one file.
 
     Args:
       path: file to read (local or any tf.io.gfile filesystem).
       source: the name recorded in each document (e.g. path relative to the input).
       config: the data section of the pipeline config (boundary, text fields,
-        invalid-UTF-8 policy, max_chars); defaults to `DataConfig()`.
+        invalid-UTF-8 policy, max_chars, task); defaults to `DataConfig()`.
+      chat: the chat template and special tokens of an SFT run; default
+        `chat_template.chat_format(config)` (the learned tokenizer's tokens).
 
     Yields:
-      Document, in file order; at least one per file (`empty_file`).
+      Document, in file order; at least one per file (`empty_file`). SFT
+      records have `prompt` set (a string, "" when rejected).
 
     Raises:
       OSError: the file cannot be opened or read (the message names it).
-      ValueError: a Parquet file has no such text column (names file and column).
+      ValueError: a CSV/Parquet file has no such column (names file and column);
+        an SFT run given a plain-text file (names it).
     """
     config = config or DataConfig()
+    sft = config.task == "sft"
     fmt = "jsonl" if config.document_boundary == "jsonl" else file_format(path)
-    readers = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet,
-               "text": _read_text}
+    if sft and fmt == "text":
+        raise ValueError(
+            f"{path}: data.task=sft reads records from JSONL, CSV or Parquet files "
+            f"(with '{config.prompt_field}'/'{config.response_field}' or "
+            f"'{config.messages_field}'), not plain text; remove the file or rename it")
+    if sft:
+        chat = chat or chat_format(config)
+        readers = {"jsonl": _read_jsonl_sft, "csv": _read_csv_sft, "parquet": _read_parquet_sft}
+        read = functools.partial(readers[fmt], chat=chat)
+    else:
+        read = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet,
+                "text": _read_text}[fmt]
     count = 0
     try:
-        for doc in readers[fmt](path, source, config):
+        for doc in read(path, source, config):
             count += 1
             yield _apply_utf8_policy(doc, config.invalid_utf8)
     except (OSError, tf.errors.OpError, EOFError, gzip.BadGzipFile) as e:
         raise OSError(f"{path}: cannot read: {e}") from e
     if count == 0:
-        yield Document("", source, 0, REJECT_EMPTY_FILE)
+        yield Document("", source, 0, REJECT_EMPTY_FILE, prompt="" if sft else None)
 
 
 def _bounded_lines(f, limit: int) -> Iterator[tuple[str, bool]]:
@@ -313,6 +369,162 @@ def _read_parquet(path: str, source: str, config: DataConfig) -> Iterator[Docume
                     yield Document("", source, row, REJECT_TEXT_NOT_STRING)
                 else:
                     yield Document(value, source, row)
+                row += 1
+    finally:
+        parquet.close()
+
+
+# ----------------------------------------------------------------------------- SFT records
+
+
+def _sft_reject(source: str, record: int, reason: str) -> Document:
+    return Document("", source, record, reason, prompt="")
+
+
+def _valid_messages(messages: Any) -> bool:
+    return (isinstance(messages, list) and len(messages) >= 2
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str) for m in messages)
+            and messages[-1]["role"] == "assistant")
+
+
+def sft_document(obj: Any, source: str, record: int, config: DataConfig,
+                 chat: ChatFormat) -> Document:
+    """One SFT record (a parsed JSON object, CSV row or Parquet row) -> Document.
+
+    With `config.messages_field` present (not null), the record is a chat: its
+    last message is the response and the turns before it the prompt. Otherwise
+    `config.prompt_field` is one user turn and `config.response_field` the
+    response. Contents are normalized (`config.normalization`) before the turns
+    are rendered with `chat`.
+
+    Returns:
+      `Document(text=response, prompt=rendered prompt)`, or a rejected one
+      (`prompt=""`) with one of the SFT reject reasons of this module.
+    """
+    from components.text_cleaner.cleaning import normalize
+
+    if not isinstance(obj, dict):
+        return _sft_reject(source, record, REJECT_NOT_AN_OBJECT)
+    form = config.normalization
+    messages = obj.get(config.messages_field)
+    if messages is not None:
+        if not _valid_messages(messages):
+            return _sft_reject(source, record, REJECT_INVALID_MESSAGES)
+        turns = [dict(m, content=normalize(m["content"], form)) for m in messages]
+        turns, response = turns[:-1], turns[-1]["content"]
+        raw = [m["content"] for m in messages]
+    else:
+        prompt, response = obj.get(config.prompt_field), obj.get(config.response_field)
+        if prompt is None:
+            return _sft_reject(source, record, REJECT_MISSING_PROMPT_FIELD)
+        if response is None:
+            return _sft_reject(source, record, REJECT_MISSING_RESPONSE_FIELD)
+        if not isinstance(prompt, str):
+            return _sft_reject(source, record, REJECT_PROMPT_NOT_STRING)
+        if not isinstance(response, str):
+            return _sft_reject(source, record, REJECT_RESPONSE_NOT_STRING)
+        if not prompt.strip():
+            return _sft_reject(source, record, REJECT_EMPTY_PROMPT)
+        raw = [prompt, response]
+        turns = [{"role": "user", "content": normalize(prompt, form)}]
+        response = normalize(response, form)
+    if not response.strip():
+        return _sft_reject(source, record, REJECT_EMPTY_RESPONSE)
+    try:
+        rendered = chat.render(turns)
+    except ChatTemplateError:
+        return _sft_reject(source, record, REJECT_CHAT_TEMPLATE)
+    changed = [m["content"] for m in turns] + [response] != raw
+    return Document(response, source, record, repairs=(REPAIR_NORMALIZED,) if changed else (),
+                    prompt=rendered)
+
+
+def _read_jsonl_sft(path: str, source: str, config: DataConfig,
+                    chat: ChatFormat) -> Iterator[Document]:
+    limit = 2 * config.max_chars + 1024
+    with _open_text(path) as f:
+        i = -1
+        for line, ends_line in _bounded_lines(f, limit):
+            i += 1
+            if not ends_line and len(line) == limit:
+                _skip_rest_of_line(f, limit)
+                yield _sft_reject(source, i, REJECT_LINE_TOO_LONG)
+                continue
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                yield _sft_reject(source, i, REJECT_INVALID_JSON)
+                continue
+            yield sft_document(obj, source, i, config, chat)
+
+
+def _sft_columns(path: str, names: list[str], config: DataConfig, kind: str) -> list[str]:
+    """The SFT columns a CSV header / Parquet schema has; raises ValueError if unusable."""
+    wanted = [config.prompt_field, config.response_field, config.messages_field]
+    have = [c for c in wanted if c in names]
+    if config.messages_field not in have and len(have) < 2:
+        raise ValueError(
+            f"{path}: the {kind} has neither the columns '{config.prompt_field}' and "
+            f"'{config.response_field}' nor '{config.messages_field}' (it has {names[:20]}; "
+            "set data.prompt_field, data.response_field or data.messages_field)")
+    return have
+
+
+def _read_csv_sft(path: str, source: str, config: DataConfig,
+                  chat: ChatFormat) -> Iterator[Document]:
+    """CSV rows; a messages column holds the chat as JSON text."""
+    limit = 2 * config.max_chars + 1024
+    csv.field_size_limit(max(csv.field_size_limit(), limit))
+    with _open_text(path) as f:
+        reader = csv.reader(f)
+        try:
+            header = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise ValueError(f"{path}: the CSV header cannot be parsed ({e})") from e
+        columns = _sft_columns(path, header, config, "CSV header")
+        row_number = -1
+        while True:
+            row_number += 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                reason = REJECT_LINE_TOO_LONG if "field larger" in str(e) else REJECT_INVALID_CSV
+                yield _sft_reject(source, row_number, reason)
+                continue
+            if not row:
+                row_number -= 1
+                continue
+            obj = {c: row[header.index(c)] for c in columns if header.index(c) < len(row)}
+            if obj.get(config.messages_field, "") == "":
+                obj.pop(config.messages_field, None)
+            else:
+                try:
+                    obj[config.messages_field] = json.loads(obj[config.messages_field])
+                except json.JSONDecodeError:
+                    yield _sft_reject(source, row_number, REJECT_INVALID_MESSAGES)
+                    continue
+            yield sft_document(obj, source, row_number, config, chat)
+
+
+def _read_parquet_sft(path: str, source: str, config: DataConfig,
+                      chat: ChatFormat) -> Iterator[Document]:
+    """Parquet rows; a messages column is a list of {role, content} structs."""
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path if "://" not in path else tf.io.gfile.GFile(path, "rb"))
+    try:
+        columns = _sft_columns(path, parquet.schema_arrow.names, config, "Parquet schema")
+        row = 0
+        for batch in parquet.iter_batches(batch_size=1024, columns=columns):
+            for obj in batch.to_pylist():
+                yield sft_document(obj, source, row, config, chat)
                 row += 1
     finally:
         parquet.close()

@@ -9,6 +9,15 @@ file only turns the files of one split pattern into tf.Examples with features:
   record         int64   record number within that file
   reject_reason  bytes   "" or why the record cannot be used
   repairs        bytes   comma-separated changes made while reading ("" if none)
+
+and, in a supervised fine-tuning run (`data.task = "sft"`, schema
+`data/schema/sft_schema.pbtxt`), where `text` is the response:
+
+  prompt         bytes   the prompt rendered by the chat template ("" if rejected)
+
+The chat template and its special tokens come from `data.chat_template` and the
+tokenizer of `tokenizer.path` (`chat_template.chat_format`), so an SFT run gives
+this component the `tokenizer` section of the config too.
 """
 
 from __future__ import annotations
@@ -28,20 +37,21 @@ from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 
 from components.text_example_gen.documents import Document, read_documents
+from components.transform.chat_template import chat_format
 
 
 def document_to_example(doc: Document) -> tf.train.Example:
-    return tf.train.Example(
-        features=tf.train.Features(
-            feature={
-                "text": _bytes_feature(doc.text.encode("utf-8")),
-                "source": _bytes_feature(doc.source.encode("utf-8")),
-                "record": tf.train.Feature(int64_list=tf.train.Int64List(value=[doc.record])),
-                "reject_reason": _bytes_feature(doc.reject_reason.encode("utf-8")),
-                "repairs": _bytes_feature(",".join(doc.repairs).encode("utf-8")),
-            }
-        )
-    )
+    """The tf.Example of a document; with a `prompt` feature when `doc.prompt` is not None."""
+    feature = {
+        "text": _bytes_feature(doc.text.encode("utf-8")),
+        "source": _bytes_feature(doc.source.encode("utf-8")),
+        "record": tf.train.Feature(int64_list=tf.train.Int64List(value=[doc.record])),
+        "reject_reason": _bytes_feature(doc.reject_reason.encode("utf-8")),
+        "repairs": _bytes_feature(",".join(doc.repairs).encode("utf-8")),
+    }
+    if doc.prompt is not None:
+        feature["prompt"] = _bytes_feature(doc.prompt.encode("utf-8"))
+    return tf.train.Example(features=tf.train.Features(feature=feature))
 
 
 def _serialize(example) -> bytes:
@@ -80,6 +90,18 @@ def config_from_exec_properties(exec_properties: dict[str, Any]):
     return PipelineConfig.from_json(value.value)
 
 
+def sft_chat_format(config):
+    """The `ChatFormat` of an SFT run: the template of `data.chat_template`, else of the
+    tokenizer at `tokenizer.path`, else the default; that tokenizer's BOS/EOS strings
+    (DeepSeek's when Transform learns the tokenizer)."""
+    tokenizer = None
+    if config.tokenizer.path:
+        from components.transform.byte_level_bpe import ByteLevelBpe
+
+        tokenizer = ByteLevelBpe.from_file(config.tokenizer.path)
+    return chat_format(config.data, tokenizer)
+
+
 @beam.ptransform_fn
 @beam.typehints.with_input_types(beam.Pipeline)
 @beam.typehints.with_output_types(tf.train.Example)
@@ -90,10 +112,11 @@ def _TextToExample(  # noqa: N802 (TFX naming)
     input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
     files = list_input_files(input_base, split_pattern)
     data = config.data
+    chat = sft_chat_format(config) if data.task == "sft" else None
 
     def read(path: str):
         source = os.path.relpath(path, input_base)
-        for doc in read_documents(path, source, data):
+        for doc in read_documents(path, source, data, chat):
             yield document_to_example(doc)
 
     return (

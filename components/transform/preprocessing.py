@@ -9,26 +9,43 @@ transform graph (`tokenizer_analyzer.py`), and the ids come from the in-graph
   input_ids  int64 [tokens]  (VarLen) token ids, no special tokens.
   num_bytes  int64 scalar    UTF-8 bytes of the document, for bits per byte.
 
+A supervised fine-tuning run (`data.task = "sft"`: the examples have a `prompt`
+feature, the chat-rendered prompt, and `text` is the response) gives instead:
+
+  input_ids      int64 [tokens]  encode(prompt) ++ encode(response) ++ [eos_id]; the
+                                 prompt's special tokens (the template's BOS text)
+                                 are added tokens, so they become their ids.
+  prompt_length  int64 scalar    len(encode(prompt)): the loss covers the ids after it.
+  num_bytes      int64 scalar    UTF-8 bytes of the response, for bits per byte.
+
+and records the chat template (`data.chat_template`, else `chat_template.resolve`)
+in the tokenizer_config.json asset, so the pushed model and `hf-export` keep it.
+A tokenizer learned in an SFT run is learned from the prompts and responses, with
+the added tokens' text removed from the prompts.
+
 Packing documents into fixed-length sequences happens in the Trainer's input
 pipeline: tf.Transform maps rows to rows and cannot change their number.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from components.transform import tokenizer
+from components.transform import chat_template, tokenizer
 from components.transform.byte_level_bpe import ByteLevelBpe
 from components.transform.byte_pair_encoder import BytePairEncoder
 from components.transform.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer
 from components.transform.tokenizer_analyzer import CopyTokenizer, LearnByteLevelBpe
 
 TEXT_KEY = "text"
+PROMPT_KEY = "prompt"  # SFT runs only; TEXT_KEY is then the response
 INPUT_IDS_KEY = "input_ids"
 NUM_BYTES_KEY = "num_bytes"
+PROMPT_LENGTH_KEY = "prompt_length"  # SFT runs only
 TOKENIZER_ANALYZER_NAME = "tokenizer"
 # Placeholder asset contents while the analyzer has not run (tf.Transform needs them).
 _DEFAULT_ASSETS = [b"{}", b"{}", b"-1\t-1\n"]
@@ -38,34 +55,52 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
     """tf.Transform preprocessing_fn (called by TFX Transform).
 
     Args:
-      inputs: `text` as tf.string [batch, 1] (the curated schema fixes one value).
+      inputs: `text` as tf.string [batch, 1] (the curated schema fixes one value);
+        in an SFT run also `prompt`, tf.string [batch, 1].
       custom_config: `{"pipeline_config": <PipelineConfig JSON>}`.
 
     Returns:
       `input_ids` (tf.SparseTensor int64 [batch, tokens]) and `num_bytes`
-      (int64 [batch]).
+      (int64 [batch]); in an SFT run (a `prompt` input, or `data.task = "sft"`)
+      also `prompt_length` (int64 [batch]).
+
+    Raises:
+      ValueError: `data.task` is `sft` but the examples have no `prompt`.
     """
     from pipeline.configs import PipelineConfig
 
-    config = PipelineConfig.from_json(custom_config["pipeline_config"]).tokenizer
+    pipeline_config = PipelineConfig.from_json(custom_config["pipeline_config"])
+    config = pipeline_config.tokenizer
+    sft = PROMPT_KEY in inputs
+    if pipeline_config.data.task == "sft" and not sft:
+        raise ValueError(f"data.task=sft, but the examples have no '{PROMPT_KEY}' feature "
+                         f"(features: {sorted(inputs)}); were they made by an SFT run?")
     text = tf.reshape(inputs[TEXT_KEY], [-1])  # (B,)
     num_bytes = tf.cast(tf.strings.length(text, unit="BYTE"), tf.int64)  # (B,)
+    prompt = tf.reshape(inputs[PROMPT_KEY], [-1]) if sft else None  # (B,)
 
-    if config.path:
-        given = ByteLevelBpe.from_file(config.path)
+    given = ByteLevelBpe.from_file(config.path) if config.path else None
+    extra_config = ({"chat_template": chat_template.resolve(pipeline_config.data, given)}
+                    if sft else None)
+    if given is not None:
         pre_tokenizer, added_tokens = given.pre_tokenizer_config, given.added_tokens
+        eos_id = given.eos_id if sft else None
         analyzer_inputs = [tf.zeros([0], tf.string)]
-        ptransform = CopyTokenizer(config.path)
+        ptransform = CopyTokenizer(config.path, extra_config)
     else:
         pre_tokenizer, added_tokens = PRE_TOKENIZERS[config.pre_tokenizer], \
             tokenizer.LEARNED_ADDED_TOKENS
+        eos_id = tokenizer.EOS_ID
+        learn_from = text
+        if sft:  # (2B,): the prompts without their added tokens' text, and the responses
+            learn_from = tf.concat([_without_added_tokens(prompt, added_tokens), text], 0)
         # Analyze pass: count the units of the text (cheap), not the pre-tokens;
         # the analyzer gets each batch's distinct units and their counts.
-        units = tokenizer.units(text, PreTokenizer(pre_tokenizer))  # (B, units)
+        units = tokenizer.units(learn_from, PreTokenizer(pre_tokenizer))  # (B, units)
         distinct, _, counts = tf.unique_with_counts(units.flat_values, out_idx=tf.int64)
         analyzer_inputs = [distinct, counts]  # (U,), (U,)
         ptransform = LearnByteLevelBpe(config.vocab_size, config.pre_tokenizer,
-                                       config.min_frequency)
+                                       config.min_frequency, extra_config)
     _, _, tables_path = tft.experimental.ptransform_analyzer(
         inputs=analyzer_inputs, ptransform=ptransform, output_dtypes=[tf.string] * 3,
         output_shapes=[[]] * 3, output_asset_default_values=_DEFAULT_ASSETS,
@@ -77,10 +112,30 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
         # once more. No ids in this phase.
         ids = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int64),
                                                tf.zeros_like(num_bytes))  # (B, 0)
+        prompt_ids = ids
+    elif sft:
+        encoder = BytePairEncoder(pre_tokenizer, added_tokens, tables_path)
+        batch = tf.shape(text, out_type=tf.int64)[0]
+        both = encoder.encode(tf.concat([prompt, text], 0))  # (2B, tokens), one pass
+        prompt_ids, response_ids = both[:batch], both[batch:]  # (B, P), (B, R)
+        eos = tf.RaggedTensor.from_tensor(tf.fill([batch, 1], tf.constant(eos_id, tf.int64)))
+        ids = tf.concat([prompt_ids, response_ids, eos], axis=1)  # (B, P + R + 1)
     else:
         encoder = BytePairEncoder(pre_tokenizer, added_tokens, tables_path)
         ids = encoder.encode(text)  # (B, tokens)
-    return {INPUT_IDS_KEY: ids.to_sparse(), NUM_BYTES_KEY: num_bytes}
+    outputs = {INPUT_IDS_KEY: ids.to_sparse(), NUM_BYTES_KEY: num_bytes}
+    if sft:
+        outputs[PROMPT_LENGTH_KEY] = prompt_ids.row_lengths()  # (B,) int64
+    return outputs
+
+
+def _without_added_tokens(texts: tf.Tensor, added_tokens) -> tf.Tensor:
+    """texts (tf.string [N]) with every added token's text removed (RE2 literal match)."""
+    if not added_tokens:
+        return texts
+    pattern = "|".join(re.escape(t.content).replace("\\ ", " ") for t in
+                       sorted(added_tokens, key=lambda t: -len(t.content.encode())))
+    return tf.strings.regex_replace(texts, pattern, "")
 
 
 def _analyze_phase() -> bool:

@@ -57,15 +57,18 @@ class _CountUnits(beam.CombineFn):
         return accumulator
 
 
-def _write(spec: ByteLevelBpe, temp_dir: str) -> list[bytes]:
-    """Writes the three assets; returns their paths (bytes, as tf.Transform wants)."""
+def _write(spec: ByteLevelBpe, temp_dir: str,
+           extra_config: dict | None = None) -> list[bytes]:
+    """Writes the three assets; returns their paths (bytes, as tf.Transform wants).
+    `extra_config` entries (an SFT run's `chat_template`) are added to tokenizer_config.json."""
     tf.io.gfile.makedirs(temp_dir)
     name = uuid.uuid4().hex
     paths = [os.path.join(temp_dir, f"{tokenizer.TOKENIZER_ASSET_PREFIX}{name}.json"),
              os.path.join(temp_dir, f"{tokenizer.TOKENIZER_CONFIG_ASSET_PREFIX}{name}.json"),
              os.path.join(temp_dir, f"{tokenizer.TABLES_ASSET_PREFIX}{name}.tsv")]
     contents = [spec.to_json_string(),
-                json.dumps(spec.tokenizer_config, ensure_ascii=False, indent=2),
+                json.dumps({**spec.tokenizer_config, **(extra_config or {})},
+                           ensure_ascii=False, indent=2),
                 spec.table_lines()]
     for path, content in zip(paths, contents, strict=True):
         with tf.io.gfile.GFile(path, "w") as f:
@@ -85,13 +88,15 @@ class LearnByteLevelBpe(tft_beam_experimental.PTransformAnalyzer):
     `tokenizer.units` of a batch (ndarray of bytes) and how often each occurs.
     """
 
-    def __init__(self, vocab_size: int, pre_tokenizer: str, min_frequency: int):
+    def __init__(self, vocab_size: int, pre_tokenizer: str, min_frequency: int,
+                 extra_config: dict | None = None):
         super().__init__()
         self._args = (vocab_size, pre_tokenizer, min_frequency)
+        self._extra_config = extra_config
 
     def expand(self, pcoll):
         vocab_size, pre_tokenizer, min_frequency = self._args
-        temp_dir = self.base_temp_dir
+        temp_dir, extra_config = self.base_temp_dir, self._extra_config
 
         def learn_and_write(unit_counts):
             start = time.perf_counter()
@@ -99,7 +104,7 @@ class LearnByteLevelBpe(tft_beam_experimental.PTransformAnalyzer):
             logging.info("learned a byte-level BPE of %d tokens (%d merges) from %d distinct "
                          "units in %.1f s", spec.vocab_size, len(spec.merges), len(unit_counts),
                          time.perf_counter() - start)
-            return _write(spec, temp_dir)
+            return _write(spec, temp_dir, extra_config)
 
         return _outputs(pcoll
                         | "CountUnits" >> beam.CombineGlobally(_CountUnits())
@@ -107,15 +112,17 @@ class LearnByteLevelBpe(tft_beam_experimental.PTransformAnalyzer):
 
 
 class CopyTokenizer(tft_beam_experimental.PTransformAnalyzer):
-    """Beam PTransform: (ignored input) -> paths of the three assets of a given tokenizer."""
+    """Beam PTransform: (ignored input) -> paths of the three assets of a given tokenizer
+    (`extra_config` entries added to its tokenizer_config.json)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, extra_config: dict | None = None):
         super().__init__()
         self._path = path
+        self._extra_config = extra_config
 
     def expand(self, pcoll):
-        path, temp_dir = self._path, self.base_temp_dir
+        path, temp_dir, extra = self._path, self.base_temp_dir, self._extra_config
         return _outputs(pcoll
                         | "Once" >> beam.combiners.Count.Globally()
                         | "Copy" >> beam.Map(lambda _: _write(ByteLevelBpe.from_file(path),
-                                                              temp_dir)))
+                                                              temp_dir, extra)))

@@ -88,26 +88,14 @@ def test_minhash_estimates_jaccard():
 
 def _find_duplicates(records, data, tmp_path):
     """Runs the executor's `_FindDuplicates` on records as the executor builds them."""
-    import apache_beam as beam
-
-    from components.text_cleaner.executor import _FindDuplicates, doc_key, pack_keys
+    from components.text_cleaner.executor import doc_key, pack_keys
 
     packed = [
         pack_keys(doc_key(0, r["source"], r["record"]), C.content_key(r["text"]),
                   C.minhash_signature(r["text"], data.near_dedup_num_perm, data.near_dedup_ngram))
         for r in records
     ]
-    out = str(tmp_path / "duplicates")
-    with beam.Pipeline() as p:
-        _ = (p | beam.Create(packed)
-             | beam.io.WriteToTFRecord(str(tmp_path / "keys"))
-             | _FindDuplicates(data, num_bits=1 << 16)
-             | beam.Map(lambda kv: json.dumps([kv[0].hex(), kv[1]]))
-             | beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
-    from components.text_cleaner.executor import parse_doc_key
-
-    found = [json.loads(line) for line in open(out)]
-    return sorted((parse_doc_key(bytes.fromhex(k), ["train"])[1:], reason) for k, reason in found)
+    return _find_duplicates_packed(packed, data, tmp_path)
 
 
 def test_near_duplicates_are_removed_and_distinct_documents_kept(shakespeare, tmp_path):
@@ -217,3 +205,107 @@ def test_gopher_rules_keep_real_chinese_poems(chinese_poems):
     assert all(len(word_units(p)) < config.min_words for p in short)
     # English still gets the mean-word-length rule.
     assert C.quality_reason("a " * 60, config) == C.DROP_QUALITY_MEAN_WORD_LENGTH
+
+
+# ----------------------------------------------------------------------------- SFT records
+
+BOS = "<｜begin▁of▁sentence｜>"
+
+
+def _p(user: str) -> str:
+    return BOS + "User: " + user + "\n\nAssistant: "
+
+
+def test_sft_record_rules():
+    cfg = DataConfig(task="sft", min_chars=30, max_chars=60)
+    # len(_p("Hi")) = 21 (BOS) + 6 ("User: ") + 2 + 13 ("\n\nAssistant: ") = 42 characters
+    assert len(_p("Hi")) == 42
+    assert C.clean_sft_record(_p("Hi"), "Hello", "", cfg) == (_p("Hi"), "Hello", C.KEPT, [])
+    # the length filters count prompt + response: 42 + 5 = 47 kept; 42 + 30 = 72 > 60
+    assert C.clean_sft_record(_p("Hi"), "x" * 30, "", cfg)[2] == C.DROP_TOO_LONG
+    short = DataConfig(task="sft", min_chars=50)  # 47 < 50
+    assert C.clean_sft_record(_p("Hi"), "Hello", "", short)[2] == C.DROP_TOO_SHORT
+    assert C.clean_sft_record(_p("Hi"), "\x00 \x1b", "", cfg) == (
+        "", "", C.DROP_EMPTY_RESPONSE, [C.REPAIR_NUL_BYTES, C.REPAIR_CONTROL_CHARACTERS])
+    assert C.clean_sft_record("", "", "missing_prompt_field", cfg) == (
+        "", "", "missing_prompt_field", [])
+
+
+def test_sft_record_cleans_both_fields_and_keeps_the_template_tokens():
+    cfg = DataConfig(task="sft", normalization="NFKC", redact_pii=True)
+    prompt, response, reason, repairs = C.clean_sft_record(
+        _p("mail me\x07 at a@b.org"), "ｆｕｌｌ, call 555-123-4567\x1b", "", cfg)
+    assert reason == C.KEPT
+    assert prompt == _p("mail me at <EMAIL>")  # the BOS text keeps its fullwidth bars
+    assert response == "full, call <PHONE_NUMBER>"
+    assert repairs == [C.REPAIR_NORMALIZED, C.REPAIR_CONTROL_CHARACTERS, "redacted_email",
+                       "redacted_phone_number"]
+
+
+def test_sft_quality_rules_judge_the_response():
+    cfg = DataConfig(task="sft", quality_filter=True, min_words=5)
+    long_prompt = _p("one two three four five six seven eight")
+    assert C.clean_sft_record(long_prompt, "Yes.", "", cfg)[2] == C.DROP_QUALITY_WORD_COUNT
+    answer = "Good morning to you, my dear friend and neighbour."
+    assert C.clean_sft_record(_p("Hi"), answer, "", cfg)[2] == C.KEPT
+
+
+def test_sft_duplicates_are_keyed_on_the_pair(shakespeare, tmp_path):
+    """Exact duplicates are equal (prompt, response) pairs: the same response to another
+    prompt is none. Near duplicates are judged on the pair's text: a pair whose long
+    response differs in one word, and a long response repeated under another prompt."""
+    from components.text_cleaner.executor import record_keys
+
+    data = DataConfig(task="sft", near_dedup_threshold=0.8)
+    speeches = [p for p in shakespeare.split("\n\n") if len(p.split()) >= 80][:10]
+    records = [dict(source="s.jsonl", record=i, prompt=_p(f"Speech {i}?"), text=t)
+               for i, t in enumerate(speeches)]
+    records += [
+        dict(source="t.jsonl", record=0, prompt=_p("Speech 0?"), text=speeches[0]),  # exact
+        dict(source="t.jsonl", record=1, prompt=_p("Another question"), text=speeches[1]),
+    ]
+    words = speeches[2].split()
+    words[len(words) // 2] = "EDITED"
+    records.append(dict(source="t.jsonl", record=2, prompt=_p("Speech 2?"),
+                        text=" ".join(words)))
+    packed = [record_keys(r, 0, data) for r in records]
+    found = _find_duplicates_packed(packed, data, tmp_path / "near")
+    assert found == [(("t.jsonl", 0), C.DROP_EXACT_DUPLICATE),
+                     (("t.jsonl", 1), C.DROP_NEAR_DUPLICATE),
+                     (("t.jsonl", 2), C.DROP_NEAR_DUPLICATE)]
+    exact_only = DataConfig(task="sft", near_dedup=False)
+    packed = [record_keys(r, 0, exact_only) for r in records]
+    found = _find_duplicates_packed(packed, exact_only, tmp_path / "exact")
+    assert found == [(("t.jsonl", 0), C.DROP_EXACT_DUPLICATE)]
+    # The pair key differs from the response's key and from another prompt's pair key.
+    assert C.sft_content_key("a", "b") != C.sft_content_key("ab", "")
+    assert C.sft_content_key("a", "b") != C.content_key("b")
+
+
+def _find_duplicates_packed(packed, data, tmp_path):
+    """(source, record), reason of each duplicate `_FindDuplicates` finds in `pack_keys` records."""
+    import apache_beam as beam
+
+    from components.text_cleaner.executor import _FindDuplicates, parse_doc_key
+
+    tmp_path.mkdir(exist_ok=True)
+    out = str(tmp_path / "duplicates")
+    with beam.Pipeline() as p:
+        _ = (p | beam.Create(packed)
+             | beam.io.WriteToTFRecord(str(tmp_path / "keys"))
+             | _FindDuplicates(data, num_bits=1 << 16)
+             | beam.Map(lambda kv: json.dumps([kv[0].hex(), kv[1]]))
+             | beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
+    found = [json.loads(line) for line in open(out)]
+    return sorted((parse_doc_key(bytes.fromhex(k), ["train"])[1:], reason) for k, reason in found)
+
+
+def test_sft_examples_round_trip_through_the_cleaner_parser():
+    from components.text_cleaner.executor import _parse, _to_example
+
+    record = dict(split="train", text="疑是地上霜", source="a.jsonl", record=3,
+                  reject_reason="", repairs=["unicode_normalized"], prompt=_p("床前明月光"))
+    parsed = _parse(_to_example(record), "train")
+    assert parsed == record
+    plain = _parse(_to_example(dict(record, prompt=None)), "train")
+    assert plain["prompt"] is None

