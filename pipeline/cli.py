@@ -275,9 +275,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     teacher = None
     if args.teacher:
         from components.trainer import base_model as base_model_lib
+        from pipeline import warm_start as ws
 
         try:
             teacher = base_model_lib.model_dir(os.path.abspath(args.teacher))
+            if not args.base_model:  # a warm start already has the (same) tokenizer
+                config = ws.distillation_config(config, teacher, parse_overrides(args.set or []))
+            print(f"              teacher: {teacher}")
         except ValueError as e:
             raise SystemExit(f"error: --teacher: {e}") from e
 

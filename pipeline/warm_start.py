@@ -87,3 +87,29 @@ def warm_start_config(config: PipelineConfig, base_dir: str, overrides: dict) ->
         config, model=model_config,
         tokenizer=dataclasses.replace(config.tokenizer, path=tokenizer,
                                       vocab_size=model_config.vocab_size))
+
+
+def distillation_config(config: PipelineConfig, teacher_dir: str, overrides: dict) -> PipelineConfig:
+    """`config` with the teacher's tokenizer (a student must tokenize as its teacher):
+    `tokenizer.path` and, unless overridden, `model.vocab_size` become the teacher's.
+
+    Raises:
+      ValueError: the teacher carries no tokenizer, or `model.vocab_size` is set
+        to another value than the teacher's.
+      base_model.BaseModelError: no model at `teacher_dir`.
+    """
+    from components.trainer import base_model
+
+    tokenizer = base_model.tokenizer_path(teacher_dir)
+    if tokenizer is None:
+        raise ValueError(f"teacher {teacher_dir} carries no tokenizer.json: distillation "
+                         f"needs the teacher's tokenizer")
+    vocab = base_model.read_model_config(teacher_dir).vocab_size
+    asked = overrides.get("model.vocab_size", vocab)
+    if asked != vocab:
+        raise ValueError(f"--set model.vocab_size={asked} contradicts the teacher "
+                         f"{teacher_dir}, which has vocab_size={vocab}: student and teacher "
+                         f"share one vocabulary")
+    return dataclasses.replace(
+        config, model=dataclasses.replace(config.model, vocab_size=vocab),
+        tokenizer=dataclasses.replace(config.tokenizer, path=tokenizer, vocab_size=vocab))

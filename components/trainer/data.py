@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY
+from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY, PROMPT_LENGTH_KEY
 from components.transform.tokenizer import EOS_ID
 
-PROMPT_LENGTH_KEY = "prompt_length"
 IGNORE_LABEL = -100
 TRANSFORMED_FEATURE_SPEC = {
     INPUT_IDS_KEY: tf.io.VarLenFeature(tf.int64),

@@ -1,0 +1,71 @@
+"""Supervised fine-tuning, end to end (tiny preset): a JSONL of {"context": line,
+"response": next line} from Tiny Shakespeare trains with `--task sft`, is pushed,
+and the pushed model answers a plain prompt through its chat template."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from sft_records import shakespeare_sft_jsonl
+
+from pipeline import cli
+from pipeline.local_runner import run_paths
+
+RECORDS = 1500
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory, shakespeare):
+    d = tmp_path_factory.mktemp("sft")
+    data = d / "data" / "pairs.jsonl"
+    data.parent.mkdir()
+    shakespeare_sft_jsonl(data, RECORDS)
+    with open(data, "a", encoding="utf-8") as f:  # two bad records, counted with reasons
+        f.write(json.dumps({"context": "Speak.", "response": "   "}) + "\n")
+        f.write(json.dumps({"response": "no prompt field"}) + "\n")
+    out = d / "out"
+    assert cli.main(["run", "--task", "sft", "--preset", "tiny", "--data", str(data),
+                     "--output", str(out), "--train-steps", "200", "--set", "train.seq_len=48",
+                     "--set", "model.max_position_embeddings=64"]) == 0
+    return run_paths(str(out))
+
+
+def _newest(store, type_name):
+    return max(store.get_artifacts_by_type(type_name), key=lambda a: a.id)
+
+
+def test_sft_run_is_pushed_and_answers_a_plain_prompt(sft_run, capsys):
+    serving = pathlib.Path(sft_run["serving_model_dir"])
+    pushed = sorted(serving.iterdir())[-1]
+    affixes = json.loads((pushed / "assets.extra" / "chat_prompt.json").read_text())
+    assert affixes["suffix"].endswith("Assistant: ")
+    capsys.readouterr()
+    prompt = "Before we proceed any further, hear me speak."
+    assert cli.main(["generate", "--model", str(serving), "--prompt", prompt,
+                     "--max-new-tokens", "12", "--seed", "1"]) == 0
+    answer = capsys.readouterr().out
+    assert answer.startswith(prompt) and len(answer.strip()) > len(prompt)
+    assert cli.main(["generate", "--model", str(serving), "--prompt", prompt, "--raw",
+                     "--max-new-tokens", "12", "--seed", "1"]) == 0
+    print(f"\nanswer: {answer!r}\nraw:    {capsys.readouterr().out!r}")
+
+
+def test_sft_counts_records_and_scores_responses_only(sft_run):
+    from pipeline.run_summary import open_store
+
+    store = open_store(sft_run["metadata_path"])
+    model = _newest(store, "Model")
+    props = {k: v.int_value for k, v in model.custom_properties.items()}
+    assert props["sft_records_used"] + props["sft_rejected_too_long"] == props["sft_records"]
+    assert props["sft_records_used"] > 0 and props["sft_response_tokens"] > 0
+    evaluation = _newest(store, "ModelEvaluation").custom_properties
+    assert evaluation["response_perplexity"].double_value > 1.0
+    assert evaluation["response_bits_per_byte"].double_value == pytest.approx(
+        evaluation["bits_per_byte"].double_value)
+    # ExampleGen/TextCleaner counted the two bad records with their reasons.
+    cleaned = [a for a in store.get_artifacts_by_type("Examples")
+               if "records_read" in a.custom_properties][-1].custom_properties
+    assert cleaned["dropped_empty_response"].int_value == 1
+    assert cleaned["dropped_missing_prompt_field"].int_value == 1
