@@ -49,11 +49,15 @@ COMPONENT_ORDER = (
     "DriftValidator",
     "Transform",
     "latest_blessed_model_resolver",
-    "base_model_importer",
     "Trainer",
     "LmEvaluator",
     "Pusher",
 )
+
+# `--base-model PATH` puts this Importer where the resolver would be.
+BASE_MODEL_IMPORTER = "base_model_importer"
+_BUILD_ORDER = COMPONENT_ORDER[:COMPONENT_ORDER.index("Trainer")] + (
+    BASE_MODEL_IMPORTER,) + COMPONENT_ORDER[COMPONENT_ORDER.index("Trainer"):]
 
 
 # The config sections each component reads (grep `config.` in components/). A
@@ -296,7 +300,7 @@ def create_pipeline(
         path = os.path.abspath(base_model)
         importer = tfx.dsl.Importer(
             source_uri=path, artifact_type=tfx.types.standard_artifacts.Model,
-        ).with_id("base_model_importer")
+        ).with_id(BASE_MODEL_IMPORTER)
         baseline = importer.outputs["result"]
         # The Importer reuses an artifact of the same URI: the weights' fingerprint
         # makes an edited directory a new Trainer input.
@@ -348,8 +352,8 @@ def create_pipeline(
         pusher,
     ]
     if until is not None:
-        last = COMPONENT_ORDER.index(until)
-        components = [c for c in components if COMPONENT_ORDER.index(c.id) <= last]
+        last = _BUILD_ORDER.index(until)
+        components = [c for c in components if _BUILD_ORDER.index(c.id) <= last]
     if transform in components:
         # Drift stops the run before Transform and training (unless accepted).
         transform.add_upstream_node(drift_validator)

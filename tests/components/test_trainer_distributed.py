@@ -113,3 +113,38 @@ def test_mirrored_over_two_local_devices_follows_one_device(train_file):
     assert out["mirrored"]["strategy"] == "MirroredStrategy"
     assert out["mirrored"]["replicas"] == 2 and out["mirrored"]["per_replica"] == 2  # 8/(2x2)
     np.testing.assert_allclose(out["mirrored"]["losses"], out["one"]["losses"], atol=1e-4)
+
+
+def test_sft_with_uneven_responses_on_two_workers_and_two_micro_batches(tmp_path):
+    """SFT records whose response lengths differ from 1 to 30 tokens: 2 worker processes x
+    2 micro-batches take the first step of 1 worker with 1 batch (same loss and gradient
+    norm: the loss is a sum over the global batch's response tokens over their count)."""
+    from components.trainer import data
+    from numerics import assert_float32_close
+
+    rng = np.random.default_rng(5)
+    records = []
+    for i in range(64):
+        prompt, response = 1 + (7 * i) % 20, 1 + (11 * i) % 30
+        ids = rng.integers(3, 512, prompt + response).tolist() + [1]
+        records.append((ids[:32] if len(ids) > 33 else ids, prompt, response))
+    path = str(tmp_path / "sft-00000-of-00001.gz")
+    data.write_sft_examples(path, records)
+    out = {}
+    for workers, micro in ((1, 1), (2, 2)):
+        config = get_config("tiny", {"train.train_steps": 1, "train.log_every": 1,
+                                     "train.grad_accum_steps": micro, "data.task": "sft"})
+        workdir = tmp_path / f"w{workers}"
+        job = job_lib.TrainingJob(
+            pipeline_config=config.to_json(), train_files=[path],
+            checkpoint_dir=str(workdir / "ckpt"), log_dir=str(workdir / "logs"),
+            result_path=str(workdir / "result.json"), peak_flops_per_device=1e11)
+        launcher.run_workers(job, workers, job_dir=str(workdir / "logs"), timeout_s=900)
+        with open(job.result_path) as f:
+            out[workers] = json.load(f)
+    assert out[2]["num_workers"] == 2 and out[2]["grad_accum_steps"] == 2
+    first = {w: out[w]["history"][0] for w in out}
+    # As test_trainer_finetune's replica test: 8 ulps for the loss, the gradient's 256.
+    assert_float32_close(first[2]["loss"], first[1]["loss"], ulps=8, err_msg="loss")
+    assert_float32_close(first[2]["grad_norm"], first[1]["grad_norm"], ulps=256,
+                         err_msg="grad norm")
