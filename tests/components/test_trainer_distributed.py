@@ -119,8 +119,9 @@ def test_sft_with_uneven_responses_on_two_workers_and_two_micro_batches(tmp_path
     """SFT records whose response lengths differ from 1 to 30 tokens: 2 worker processes x
     2 micro-batches take the first step of 1 worker with 1 batch (same loss and gradient
     norm: the loss is a sum over the global batch's response tokens over their count)."""
-    from components.trainer import data
     from numerics import assert_float32_close
+
+    from components.trainer import data
 
     rng = np.random.default_rng(5)
     records = []
