@@ -19,6 +19,7 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
+from numerics import assert_float32_close
 
 from pipeline import cli
 from pipeline.local_runner import run_paths
@@ -161,4 +162,6 @@ def test_hf_base_model_fine_tunes_and_round_trips(hf_base, slice_path, tmp_path)
         np.testing.assert_array_equal(v.numpy(), w.numpy(), err_msg=w.path)
     ids = tf.constant([[0, 100, 2000, 30000, 129_000]], tf.int32)
     logits = tf.saved_model.load(str(imported)).signatures["logits"](input_ids=ids)["logits"]
-    np.testing.assert_array_equal(logits.numpy(), model(ids).numpy())
+    # The weights are equal (above); a traced SavedModel may fuse ops otherwise than eager
+    # Keras (test_deepseek_causal_lm's SavedModel bound).
+    assert_float32_close(logits.numpy(), model(ids).numpy(), ulps=64)
