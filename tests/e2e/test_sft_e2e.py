@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import subprocess
+import sys
 
 import pytest
 from sft_records import shakespeare_sft_jsonl
@@ -14,6 +16,7 @@ from pipeline import cli
 from pipeline.local_runner import run_paths
 
 RECORDS = 1500
+ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +29,14 @@ def sft_run(tmp_path_factory, shakespeare):
         f.write(json.dumps({"context": "Speak.", "response": "   "}) + "\n")
         f.write(json.dumps({"response": "no prompt field"}) + "\n")
     out = d / "out"
-    assert cli.main(["run", "--task", "sft", "--preset", "tiny", "--data", str(data),
-                     "--output", str(out), "--train-steps", "200", "--set", "train.seq_len=48",
-                     "--set", "model.max_position_embeddings=64"]) == 0
+    args = ["run", "--task", "sft", "--preset", "tiny", "--data", str(data), "--output", str(out),
+            "--train-steps", "200", "--set", "train.seq_len=48",
+            "--set", "model.max_position_embeddings=64"]
+    # In a child process, whose memory is returned when it ends.
+    result = subprocess.run(
+        [sys.executable, "-c", f"from pipeline.cli import main; raise SystemExit(main({args!r}))"],
+        capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
     return run_paths(str(out))
 
 

@@ -15,6 +15,8 @@ import importlib.resources
 import json
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ from pipeline import cli
 from pipeline.local_runner import run_paths
 
 HALF_BYTES = 60_000
+ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
 
 def _halves(shakespeare: str, directory: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
@@ -38,8 +41,17 @@ def _halves(shakespeare: str, directory: pathlib.Path) -> tuple[pathlib.Path, pa
     return first, second
 
 
-def _run(*args: str) -> None:
-    assert cli.main(["run", "--preset", "tiny", *args]) == 0
+def _runs(*runs: list[str]) -> None:
+    """`deepseek-tfx run --preset tiny ARGS` for each ARGS, in one child process: the
+    memory of these pipeline runs is returned when it ends (the suite runs in ~20 GB
+    otherwise)."""
+    script = ("import sys\nfrom pipeline.cli import main\n"
+              f"for args in {[list(r) for r in runs]!r}:\n"
+              "    code = main(['run', '--preset', 'tiny', *args])\n"
+              "    if code: sys.exit(code)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=ROOT, timeout=2400)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
 
 
 def _store(output: pathlib.Path):
@@ -66,10 +78,12 @@ def continued(tmp_path_factory, shakespeare):
     d = tmp_path_factory.mktemp("continued")
     first, second = _halves(shakespeare, d)
     out, scratch = d / "out", d / "scratch"
-    _run("--data", str(first), "--output", str(out))
-    first_model = _newest(_store(out), "Model")
-    _run("--data", str(second), "--output", str(out), "--base-model", "latest", "--accept-drift")
-    _run("--data", str(second), "--output", str(scratch))
+    _runs(["--data", str(first), "--output", str(out)],
+          ["--data", str(second), "--output", str(out), "--base-model", "latest",
+           "--accept-drift"],
+          ["--data", str(second), "--output", str(scratch)])
+    store = _store(out)
+    first_model = min(store.get_artifacts_by_type("Model"), key=lambda a: a.id)
     return {"out": out, "scratch": scratch, "first_model": first_model}
 
 
@@ -140,8 +154,8 @@ def test_hf_base_model_fine_tunes_and_round_trips(hf_base, slice_path, tmp_path)
     from serving.hf_interop import load_model_from_savedmodel
 
     out = tmp_path / "out"
-    _run("--data", str(slice_path), "--output", str(out), "--base-model", str(hf_base),
-         "--train-steps", "10")
+    _runs(["--data", str(slice_path), "--output", str(out), "--base-model", str(hf_base),
+           "--train-steps", "10"])
     store = _store(out)
     (importer_output,) = [a for a in store.get_artifacts_by_type("Model")
                           if a.uri == str(hf_base)]
