@@ -280,38 +280,48 @@ def _skip_rest_of_line(f, limit: int) -> None:
             return
 
 
-def _read_jsonl(path: str, source: str, config: DataConfig) -> Iterator[Document]:
+def _jsonl_objects(path: str, config: DataConfig) -> Iterator[tuple[int, Any, str]]:
+    """(record, parsed JSON value, "") per non-blank line, or (record, None, reason)."""
     limit = 2 * config.max_chars + 1024
-    field = config.jsonl_text_field
     with _open_text(path) as f:
         i = -1
         for line, ends_line in _bounded_lines(f, limit):
             i += 1
             if not ends_line and len(line) == limit:
                 _skip_rest_of_line(f, limit)
-                yield Document("", source, i, REJECT_LINE_TOO_LONG)
+                yield i, None, REJECT_LINE_TOO_LONG
                 continue
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                yield i, json.loads(line), ""
             except json.JSONDecodeError:
                 # Undecodable bytes inside a JSON line show up as lone surrogates,
                 # which json accepts; a line json rejects is not JSON.
-                yield Document("", source, i, REJECT_INVALID_JSON)
-                continue
-            if not isinstance(obj, dict) or field not in obj or obj[field] is None:
-                yield Document("", source, i, REJECT_MISSING_TEXT_FIELD)
-                continue
-            text = obj[field]
-            if not isinstance(text, str):
-                yield Document("", source, i, REJECT_TEXT_NOT_STRING)
-                continue
-            yield Document(text, source, i)
+                yield i, None, REJECT_INVALID_JSON
 
 
-def _read_csv(path: str, source: str, config: DataConfig) -> Iterator[Document]:
-    column = config.csv_text_column
+def _read_jsonl(path: str, source: str, config: DataConfig) -> Iterator[Document]:
+    field = config.jsonl_text_field
+    for i, obj, reason in _jsonl_objects(path, config):
+        if reason:
+            yield Document("", source, i, reason)
+        elif not isinstance(obj, dict) or field not in obj or obj[field] is None:
+            yield Document("", source, i, REJECT_MISSING_TEXT_FIELD)
+        elif not isinstance(obj[field], str):
+            yield Document("", source, i, REJECT_TEXT_NOT_STRING)
+        else:
+            yield Document(obj[field], source, i)
+
+
+def _csv_rows(path: str, config: DataConfig,
+              check_header) -> Iterator[tuple[int, list[str], list | None, str]]:
+    """(record, header, row, "") per CSV row, or (record, header, None, reason).
+    `check_header(header)` runs once, before any row (it raises on an unusable one).
+
+    Raises:
+      ValueError: the header cannot be parsed.
+    """
     limit = 2 * config.max_chars + 1024
     csv.field_size_limit(max(csv.field_size_limit(), limit))
     with _open_text(path) as f:
@@ -322,11 +332,7 @@ def _read_csv(path: str, source: str, config: DataConfig) -> Iterator[Document]:
             return
         except csv.Error as e:
             raise ValueError(f"{path}: the CSV header cannot be parsed ({e})") from e
-        if column not in header:
-            raise ValueError(
-                f"{path}: no column '{column}' in the CSV header {header[:20]} "
-                "(set data.csv_text_column)")
-        index = header.index(column)
+        check_header(header)
         row_number = -1
         while True:
             row_number += 1
@@ -336,15 +342,30 @@ def _read_csv(path: str, source: str, config: DataConfig) -> Iterator[Document]:
                 return
             except csv.Error as e:
                 reason = REJECT_LINE_TOO_LONG if "field larger" in str(e) else REJECT_INVALID_CSV
-                yield Document("", source, row_number, reason)
+                yield row_number, header, None, reason
                 continue
             if not row:
                 row_number -= 1  # csv skips nothing: an empty line is no record
                 continue
-            if index >= len(row):
-                yield Document("", source, row_number, REJECT_MISSING_TEXT_FIELD)
-                continue
-            yield Document(row[index], source, row_number)
+            yield row_number, header, row, ""
+
+
+def _read_csv(path: str, source: str, config: DataConfig) -> Iterator[Document]:
+    column = config.csv_text_column
+
+    def check_header(header: list[str]) -> None:
+        if column not in header:
+            raise ValueError(
+                f"{path}: no column '{column}' in the CSV header {header[:20]} "
+                "(set data.csv_text_column)")
+
+    for row_number, header, row, reason in _csv_rows(path, config, check_header):
+        if reason:
+            yield Document("", source, row_number, reason)
+        elif header.index(column) >= len(row):
+            yield Document("", source, row_number, REJECT_MISSING_TEXT_FIELD)
+        else:
+            yield Document(row[header.index(column)], source, row_number)
 
 
 def _read_parquet(path: str, source: str, config: DataConfig) -> Iterator[Document]:
@@ -442,23 +463,9 @@ def sft_document(obj: Any, source: str, record: int, config: DataConfig,
 
 def _read_jsonl_sft(path: str, source: str, config: DataConfig,
                     chat: ChatFormat) -> Iterator[Document]:
-    limit = 2 * config.max_chars + 1024
-    with _open_text(path) as f:
-        i = -1
-        for line, ends_line in _bounded_lines(f, limit):
-            i += 1
-            if not ends_line and len(line) == limit:
-                _skip_rest_of_line(f, limit)
-                yield _sft_reject(source, i, REJECT_LINE_TOO_LONG)
-                continue
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                yield _sft_reject(source, i, REJECT_INVALID_JSON)
-                continue
-            yield sft_document(obj, source, i, config, chat)
+    for i, obj, reason in _jsonl_objects(path, config):
+        yield _sft_reject(source, i, reason) if reason else sft_document(obj, source, i, config,
+                                                                          chat)
 
 
 def _sft_columns(path: str, names: list[str], config: DataConfig, kind: str) -> list[str]:
@@ -476,41 +483,25 @@ def _sft_columns(path: str, names: list[str], config: DataConfig, kind: str) -> 
 def _read_csv_sft(path: str, source: str, config: DataConfig,
                   chat: ChatFormat) -> Iterator[Document]:
     """CSV rows; a messages column holds the chat as JSON text."""
-    limit = 2 * config.max_chars + 1024
-    csv.field_size_limit(max(csv.field_size_limit(), limit))
-    with _open_text(path) as f:
-        reader = csv.reader(f)
-        try:
-            header = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as e:
-            raise ValueError(f"{path}: the CSV header cannot be parsed ({e})") from e
-        columns = _sft_columns(path, header, config, "CSV header")
-        row_number = -1
-        while True:
-            row_number += 1
+    columns: list[str] = []
+
+    def check_header(header: list[str]) -> None:
+        columns.extend(_sft_columns(path, header, config, "CSV header"))
+
+    for row_number, header, row, reason in _csv_rows(path, config, check_header):
+        if reason:
+            yield _sft_reject(source, row_number, reason)
+            continue
+        obj = {c: row[header.index(c)] for c in columns if header.index(c) < len(row)}
+        if obj.get(config.messages_field, "") == "":
+            obj.pop(config.messages_field, None)
+        else:
             try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as e:
-                reason = REJECT_LINE_TOO_LONG if "field larger" in str(e) else REJECT_INVALID_CSV
-                yield _sft_reject(source, row_number, reason)
+                obj[config.messages_field] = json.loads(obj[config.messages_field])
+            except json.JSONDecodeError:
+                yield _sft_reject(source, row_number, REJECT_INVALID_MESSAGES)
                 continue
-            if not row:
-                row_number -= 1
-                continue
-            obj = {c: row[header.index(c)] for c in columns if header.index(c) < len(row)}
-            if obj.get(config.messages_field, "") == "":
-                obj.pop(config.messages_field, None)
-            else:
-                try:
-                    obj[config.messages_field] = json.loads(obj[config.messages_field])
-                except json.JSONDecodeError:
-                    yield _sft_reject(source, row_number, REJECT_INVALID_MESSAGES)
-                    continue
-            yield sft_document(obj, source, row_number, config, chat)
+        yield sft_document(obj, source, row_number, config, chat)
 
 
 def _read_parquet_sft(path: str, source: str, config: DataConfig,
