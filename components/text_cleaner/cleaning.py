@@ -146,15 +146,8 @@ def clean_document(text: str, reject_reason: str, config: DataConfig) -> tuple[s
     normalized = normalize(text, config.normalization)
     if normalized != text:
         repairs.append(REPAIR_NORMALIZED)
-    text = remove_control_characters(normalized)
-    nul_bytes, removed = normalized.count("\x00"), len(normalized) - len(text)
-    if nul_bytes:
-        repairs.append(REPAIR_NUL_BYTES)
-    if removed > nul_bytes:
-        repairs.append(REPAIR_CONTROL_CHARACTERS)
-    if config.redact_pii:
-        text, found = redact(text)
-        repairs += found
+    text, scrubbed = _scrub(normalized, config.redact_pii)
+    repairs += scrubbed
     if not text.strip():
         return "", DROP_EMPTY, repairs
     n = len(text)
@@ -167,6 +160,22 @@ def clean_document(text: str, reject_reason: str, config: DataConfig) -> tuple[s
         if reason:
             return "", reason, repairs
     return text, KEPT, repairs
+
+
+def _scrub(text: str, redact_pii: bool) -> tuple[str, list[str]]:
+    """`text` without control characters (but newline and tab) and, with `redact_pii`,
+    without PII; and the repairs that made."""
+    cleaned = remove_control_characters(text)
+    repairs = []
+    nul_bytes, removed = text.count("\x00"), len(text) - len(cleaned)
+    if nul_bytes:
+        repairs.append(REPAIR_NUL_BYTES)
+    if removed > nul_bytes:
+        repairs.append(REPAIR_CONTROL_CHARACTERS)
+    if redact_pii:
+        cleaned, found = redact(cleaned)
+        repairs += found
+    return cleaned, repairs
 
 
 def clean_sft_record(prompt: str, response: str, reject_reason: str,
@@ -192,19 +201,9 @@ def clean_sft_record(prompt: str, response: str, reject_reason: str,
     normalized = normalize(response, config.normalization)
     if normalized != response:
         repairs.append(REPAIR_NORMALIZED)
-    fields = []
-    for text in (prompt, normalized):
-        cleaned = remove_control_characters(text)
-        nul_bytes, removed = text.count("\x00"), len(text) - len(cleaned)
-        if nul_bytes:
-            repairs.append(REPAIR_NUL_BYTES)
-        if removed > nul_bytes:
-            repairs.append(REPAIR_CONTROL_CHARACTERS)
-        if config.redact_pii:
-            cleaned, found = redact(cleaned)
-            repairs += found
-        fields.append(cleaned)
-    prompt, response = fields
+    (prompt, prompt_repairs), (response, response_repairs) = (
+        _scrub(text, config.redact_pii) for text in (prompt, normalized))
+    repairs += prompt_repairs + response_repairs
     repairs = list(dict.fromkeys(repairs))  # each kind once per record
     if not response.strip():
         return "", "", DROP_EMPTY_RESPONSE, repairs
