@@ -58,7 +58,16 @@ from pipeline.configs import GenerationConfig, PipelineConfig
 from serving.hf_interop import GENERATION_CONFIG_NAME, generation_config_to_hf
 from serving.hf_interop import PIPELINE_CONFIG_ASSET as CONFIG_ASSET
 
-CHAT_PROMPT_ASSET = "chat_prompt.json"  # assets.extra/: the chat template's prompt affixes
+CHAT_PROMPT_ASSET = "chat_prompt.json"
+# The inputs of `generate` and `generate_raw`.
+GENERATE_SIGNATURE = [
+    tf.TensorSpec([None], tf.string, name="prompt"),
+    tf.TensorSpec([], tf.int32, name="max_new_tokens"),
+    tf.TensorSpec([], tf.float32, name="temperature"),
+    tf.TensorSpec([], tf.int32, name="top_k"),
+    tf.TensorSpec([], tf.float32, name="top_p"),
+    tf.TensorSpec([], tf.int32, name="seed"),
+]  # assets.extra/: the chat template's prompt affixes
 
 
 class ServingModule(tf.Module):
@@ -167,29 +176,11 @@ class ServingModule(tf.Module):
         )
         return {"completion": out["completion"], "text": out["text"]}
 
-    @tf.function(
-        input_signature=[
-            tf.TensorSpec([None], tf.string, name="prompt"),
-            tf.TensorSpec([], tf.int32, name="max_new_tokens"),
-            tf.TensorSpec([], tf.float32, name="temperature"),
-            tf.TensorSpec([], tf.int32, name="top_k"),
-            tf.TensorSpec([], tf.float32, name="top_p"),
-            tf.TensorSpec([], tf.int32, name="seed"),
-        ]
-    )
+    @tf.function(input_signature=GENERATE_SIGNATURE)
     def generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
         return self._generate(prompt, max_new_tokens, temperature, top_k, top_p, seed)
 
-    @tf.function(
-        input_signature=[
-            tf.TensorSpec([None], tf.string, name="prompt"),
-            tf.TensorSpec([], tf.int32, name="max_new_tokens"),
-            tf.TensorSpec([], tf.float32, name="temperature"),
-            tf.TensorSpec([], tf.int32, name="top_k"),
-            tf.TensorSpec([], tf.float32, name="top_p"),
-            tf.TensorSpec([], tf.int32, name="seed"),
-        ]
-    )
+    @tf.function(input_signature=GENERATE_SIGNATURE)
     def generate_raw(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
         return self._generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, raw=True)
 

@@ -9,39 +9,19 @@ graph) and the Rust library agree id for id.
 
 from __future__ import annotations
 
-import os
-
-import numpy as np
 import pytest
 import tensorflow as tf
+import tft_runs
 
 from components.transform import preprocessing, tokenizer
 from pipeline.configs import get_config
 
 
 def run_transform(config, docs, temp):
-    import apache_beam as beam
-    import tensorflow_transform as tft
-    import tensorflow_transform.beam as tft_beam
-
-    metadata = tft.DatasetMetadata.from_feature_spec(
-        {preprocessing.TEXT_KEY: tf.io.FixedLenFeature([1], tf.string)})
-
-    def preprocessing_fn(inputs):
-        return preprocessing.preprocessing_fn(inputs, {"pipeline_config": config.to_json()})
-
     # desired_batch_size well below the number of documents: many batches, so the
     # per-batch counts must be summed across batches to match one global count.
-    with beam.Pipeline() as p, tft_beam.Context(temp_dir=str(temp), desired_batch_size=64):
-        data = p | beam.Create([{preprocessing.TEXT_KEY: [d]} for d in docs])
-        (rows, _), transform_fn = (data, metadata) | tft_beam.AnalyzeAndTransformDataset(
-            preprocessing_fn)
-        _ = rows | beam.combiners.ToList() | beam.Map(
-            lambda r: np.save(os.path.join(str(temp), "rows.npy"), np.array(r, dtype=object),
-                              allow_pickle=True))
-        _ = transform_fn | tft_beam.WriteTransformFn(str(temp / "transform_fn"))
-    rows = list(np.load(os.path.join(str(temp), "rows.npy"), allow_pickle=True))
-    return rows, str(temp / "transform_fn")
+    return tft_runs.run_transform(config, [{preprocessing.TEXT_KEY: d} for d in docs], temp,
+                                  desired_batch_size=64)
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,10 @@ and the chat template recorded in the transform graph's tokenizer_config.json.
 from __future__ import annotations
 
 import json
-import os
 
-import numpy as np
 import pytest
 import tensorflow as tf
+import tft_runs
 from sft_records import shakespeare_pairs
 
 from components.text_example_gen import documents as D
@@ -28,26 +27,8 @@ P, T = preprocessing.PROMPT_KEY, preprocessing.TEXT_KEY
 
 def run_sft_transform(config, pairs, temp):
     """AnalyzeAndTransformDataset over (prompt, response) pairs; returns (rows, transform dir)."""
-    import apache_beam as beam
-    import tensorflow_transform as tft
-    import tensorflow_transform.beam as tft_beam
-
-    metadata = tft.DatasetMetadata.from_feature_spec(
-        {P: tf.io.FixedLenFeature([1], tf.string), T: tf.io.FixedLenFeature([1], tf.string)})
-
-    def preprocessing_fn(inputs):
-        return preprocessing.preprocessing_fn(inputs, {"pipeline_config": config.to_json()})
-
-    with beam.Pipeline() as p, tft_beam.Context(temp_dir=str(temp), desired_batch_size=32):
-        data = p | beam.Create([{P: [prompt], T: [response]} for prompt, response in pairs])
-        (rows, _), transform_fn = (data, metadata) | tft_beam.AnalyzeAndTransformDataset(
-            preprocessing_fn)
-        _ = rows | beam.combiners.ToList() | beam.Map(
-            lambda r: np.save(os.path.join(str(temp), "rows.npy"), np.array(r, dtype=object),
-                              allow_pickle=True))
-        _ = transform_fn | tft_beam.WriteTransformFn(str(temp / "transform_fn"))
-    rows = list(np.load(os.path.join(str(temp), "rows.npy"), allow_pickle=True))
-    return rows, str(temp / "transform_fn")
+    return tft_runs.run_transform(config, [{P: p, T: r} for p, r in pairs], temp,
+                                  desired_batch_size=32)
 
 
 def _records(path, records, config, chat=None):
