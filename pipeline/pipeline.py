@@ -294,9 +294,9 @@ def create_pipeline(
     ).with_id("latest_blessed_model_resolver")
     importer = None
     trainer_extra = {}
-    if base_model and base_model != "latest":
-        from components.trainer import base_model as base_model_lib
+    from components.trainer import base_model as base_model_lib
 
+    if base_model and base_model != "latest":
         path = os.path.abspath(base_model)
         importer = tfx.dsl.Importer(
             source_uri=path, artifact_type=tfx.types.standard_artifacts.Model,
@@ -308,8 +308,6 @@ def create_pipeline(
     else:
         baseline = model_resolver.outputs["model"]
     if teacher_model:
-        from components.trainer import base_model as base_model_lib
-
         teacher_path = os.path.abspath(teacher_model)
         trainer_extra["teacher_model"] = teacher_path
         trainer_extra["teacher_fingerprint"] = base_model_lib.fingerprint(teacher_path)

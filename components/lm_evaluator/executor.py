@@ -33,16 +33,20 @@ from serving.export import savedmodel_tokenizer
 METRICS_FILE = "metrics.json"
 
 
-def read_eval_documents(transformed_examples, split: str = "eval") -> tuple[list[list[int]], int]:
-    """(documents as token-id lists, total UTF-8 bytes) of one split."""
+def _eval_features(transformed_examples, split: str):
+    """The feature maps of one split's transformed examples, in file order."""
     pattern = os.path.join(transformed_examples.uri, f"Split-{split}", "*")
     files = sorted(tf.io.gfile.glob(pattern))
     if not files:
         raise FileNotFoundError(f"no transformed examples in {pattern}")
-    docs, num_bytes = [], 0
     for record in tf.data.TFRecordDataset(files, compression_type="GZIP"):
-        example = tf.train.Example.FromString(record.numpy())
-        f = example.features.feature
+        yield tf.train.Example.FromString(record.numpy()).features.feature
+
+
+def read_eval_documents(transformed_examples, split: str = "eval") -> tuple[list[list[int]], int]:
+    """(documents as token-id lists, total UTF-8 bytes) of one split."""
+    docs, num_bytes = [], 0
+    for f in _eval_features(transformed_examples, split):
         docs.append(list(f[INPUT_IDS_KEY].int64_list.value))
         num_bytes += int(f[NUM_BYTES_KEY].int64_list.value[0])
     return docs, num_bytes
@@ -50,16 +54,10 @@ def read_eval_documents(transformed_examples, split: str = "eval") -> tuple[list
 
 def read_eval_records(transformed_examples, split: str = "eval") -> tuple[list, int]:
     """SFT records (ids, prompt_length, response bytes) of one split, and their bytes."""
-    pattern = os.path.join(transformed_examples.uri, f"Split-{split}", "*")
-    files = sorted(tf.io.gfile.glob(pattern))
-    if not files:
-        raise FileNotFoundError(f"no transformed examples in {pattern}")
-    records = []
-    for record in tf.data.TFRecordDataset(files, compression_type="GZIP"):
-        f = tf.train.Example.FromString(record.numpy()).features.feature
-        records.append((list(f[INPUT_IDS_KEY].int64_list.value),
-                        int(f[PROMPT_LENGTH_KEY].int64_list.value[0]),
-                        int(f[NUM_BYTES_KEY].int64_list.value[0])))
+    records = [(list(f[INPUT_IDS_KEY].int64_list.value),
+                int(f[PROMPT_LENGTH_KEY].int64_list.value[0]),
+                int(f[NUM_BYTES_KEY].int64_list.value[0]))
+               for f in _eval_features(transformed_examples, split)]
     return records, sum(r[2] for r in records)
 
 

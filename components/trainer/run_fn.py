@@ -50,11 +50,14 @@ def run_fn(fn_args) -> None:
     tokenizer = load_tokenizer(fn_args.transform_output)
     base = fn_args.base_model or ""
     teacher = custom.get("teacher_model", "")
-    starts = {}
     for role, path in (("base model", base), ("teacher", teacher)):
         if path:
-            check_start_model(path, role, config, tokenizer)
-            starts[role] = base_model.fingerprint(path)
+            check_tokenizer(path, role, tokenizer)
+    # What identifies the start: the weights' fingerprints `create_pipeline` computed for a
+    # directory and a teacher; the artifact's URI (never rewritten) for the latest blessed model.
+    starts = {role: value for role, value in (
+        ("base model", custom.get("base_model_fingerprint") or base),
+        ("teacher", custom.get("teacher_fingerprint", ""))) if value}
     checkpoint_dir = checkpointing.stable_checkpoint_dir(
         fn_args.model_run_dir, config, fn_args.train_files, custom.get("checkpoint_root"),
         starts=starts)
@@ -112,21 +115,15 @@ def run_fn(fn_args) -> None:
         json.dump(summary, f, indent=2)
 
 
-def check_start_model(path: str, role: str, config: PipelineConfig, tokenizer) -> None:
-    """A base model must have this run's architecture, and a base model or teacher this
-    run's tokenizer (Transform's), byte for byte.
+def check_tokenizer(path: str, role: str, tokenizer) -> None:
+    """A base model or teacher must carry this run's tokenizer (Transform's): the same
+    tokenizer.json content. (Its architecture is checked when its weights load,
+    `train_loop.setup`.)
 
     Raises:
       ValueError: naming the model, and what differs.
     """
     directory = base_model.model_dir(path)
-    if role == "base model":
-        theirs, mine = base_model.read_model_config(directory).to_dict(), config.model.to_dict()
-        differ = [f"{k}={theirs.get(k)!r} (run: {v!r})" for k, v in mine.items()
-                  if theirs.get(k) != v]
-        if differ:
-            raise ValueError(f"{role} {directory} has another architecture than this run: "
-                             + ", ".join(differ))
     tokenizer_dir = base_model.tokenizer_path(directory)
     if tokenizer_dir is None:
         raise ValueError(f"{role} {directory} carries no tokenizer.json; it must have this "

@@ -34,12 +34,8 @@ def token_cross_entropy(logits, labels):
     Returns:
       float32 scalar; 0.0 if no position has a target.
     """
-    labels = tf.cast(labels, tf.int32)
-    valid = labels >= 0  # (B, T)
-    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.where(valid, labels, 0), logits=tf.cast(logits, tf.float32))  # (B, T)
-    weights = tf.cast(valid, tf.float32)  # (B, T)
-    return tf.reduce_sum(ce * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+    total, count = token_cross_entropy_sum(logits, labels)
+    return total / tf.maximum(count, 1.0)
 
 
 def token_cross_entropy_sum(logits, labels):
