@@ -432,8 +432,16 @@ def print_summary(paths: dict, wall_s: float) -> int:
     if "train_steps" in model:
         print(f"trainer: {model['train_steps']} steps (resumed from {model.get('resumed_from_step')}), "
               f"{model.get('strategy')} x {model.get('num_replicas')} replica(s), "
-              f"{model.get('precision')}, {model.get('tokens_per_second', 0):.0f} tokens/s, "
-              f"MFU {100 * model.get('mfu', 0):.1f}%")
+              f"{model.get('precision')}, XLA {'on' if model.get('jit_compile') else 'off'}, "
+              f"{model.get('tokens_per_second', 0):.0f} tokens/s, "
+              f"MFU {100 * model.get('mfu', 0):.1f}% (steady state "
+              f"{100 * model.get('steady_mfu', 0):.1f}%) of a peak of "
+              f"{model.get('peak_flops', 0) / 1e9:.1f} GFLOP/s "
+              f"({model.get('peak_flops_source', 'unknown')})")
+        if model.get("moe_dropped_fraction") or model.get("skipped_steps"):
+            print(f"         MoE pairs dropped by the capacity: "
+                  f"{100 * model.get('moe_dropped_fraction', 0):.2f}%; steps skipped (not "
+                  f"finite): {model.get('skipped_steps', 0)}")
     evaluator = by_name.get("LmEvaluator")
     if evaluator:
         ev = evaluator.outputs.get("ModelEvaluation", {})

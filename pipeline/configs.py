@@ -202,6 +202,7 @@ def _check_trainable(value: str) -> None:
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
+JIT_COMPILE = ("auto", "true", "false")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +257,17 @@ class TrainConfig:
       distill_alpha, distill_temperature: with a teacher (`--teacher`), loss =
         alpha CE + (1 - alpha) tau^2 KL(softmax(teacher/tau) || softmax(student/tau))
         (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network", §2).
+      jit_compile: compile the training step with XLA: `auto` (on for GPUs and
+        TPUs, off on CPUs, where `benchmarks/train_throughput.py` measures it
+        slower; see the README), `true` or `false`. With XLA the MoE layers
+        dispatch with a static capacity (`moe_capacity_factor`).
+      moe_capacity_factor: cf of the static-shape MoE dispatch used with XLA: each
+        expert takes at most ceil(cf N K / E) of the N K (token, expert) pairs of
+        a micro-batch; the rest are dropped (counted: `moe_dropped_fraction`).
+        Without XLA the dispatch is dropless.
+      max_skipped_steps: a step whose gradients are not finite changes nothing
+        and is skipped (counted); after this many consecutive skips training
+        stops with FloatingPointError (the last good checkpoint is kept).
     """
 
     seq_len: int = 128
@@ -282,8 +294,15 @@ class TrainConfig:
     lora_targets: str = "attention,mlp"
     distill_alpha: float = 0.5
     distill_temperature: float = 2.0
+    jit_compile: str = "auto"
+    moe_capacity_factor: float = 1.25
+    max_skipped_steps: int = 10
 
     def __post_init__(self) -> None:
+        if isinstance(self.jit_compile, bool):  # --set train.jit_compile=true parses as a bool
+            object.__setattr__(self, "jit_compile", str(self.jit_compile).lower())
+        _check_choice("train.jit_compile", self.jit_compile, JIT_COMPILE)
+        _check_positive("train.moe_capacity_factor", self.moe_capacity_factor)
         _check_trainable(self.trainable)
         if self.lora_rank < 0:
             raise ValueError(f"train.lora_rank={self.lora_rank} must be >= 0")
@@ -295,7 +314,7 @@ class TrainConfig:
             raise ValueError(f"train.distill_alpha={self.distill_alpha} must be in [0, 1]")
         _check_positive("train.distill_temperature", self.distill_temperature)
         for name in ("seq_len", "batch_size", "grad_accum_steps", "train_steps",
-                     "checkpoint_every", "log_every", "shuffle_buffer"):
+                     "checkpoint_every", "log_every", "shuffle_buffer", "max_skipped_steps"):
             _check_positive(f"train.{name}", getattr(self, name))
         if self.batch_size % self.grad_accum_steps:
             raise ValueError(

@@ -4,7 +4,8 @@
 executor copies its scalar figures onto the output Model artifact as custom
 properties (`MODEL_PROPERTIES`), so ML Metadata answers "how was this model
 trained" without opening files: steps, resume point, tokens, wall time,
-tokens/s, MFU, strategy, replicas, workers, precision, batch layout.
+tokens/s, MFU, strategy, replicas, workers, precision, batch layout, XLA
+(`jit_compile`), the MoE dropped fraction and the skipped (not finite) steps.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ MODEL_PROPERTIES = {
     "per_replica_batch_size": int, "grad_accum_steps": int, "final_train_loss": float,
     "trainer_eval_loss": float, "parameters": int, "checkpoint_dir": str,
     "trainable_params": int, "total_params": int, "sft_records": int, "sft_records_used": int,
-    "sft_rejected_too_long": int, "sft_response_tokens": int,
+    "sft_rejected_too_long": int, "sft_response_tokens": int, "jit_compile": bool,
+    "moe_capacity_factor": float, "moe_dropped_fraction": float, "skipped_steps": int,
 }
 
 
@@ -38,7 +40,9 @@ def record_summary(model_artifact, summary: dict[str, Any]) -> None:
         value = summary.get(key)
         if value is None:
             continue
-        if kind is int:
+        if kind is bool:
+            model_artifact.set_bool_custom_property(key, bool(value))
+        elif kind is int:
             model_artifact.set_int_custom_property(key, int(value))
         elif kind is float:
             if math.isfinite(float(value)):

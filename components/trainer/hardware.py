@@ -7,12 +7,12 @@ feature flags (AMX decides whether bfloat16 pays off on a CPU).
 
 Peak FLOP/s: GPUs and TPUs from the published table next to the model
 (`models.deepseek.flops.PEAK_FLOPS_TABLE`); CPUs, and accelerators missing
-from the table, by a matmul probe: the best FLOP/s that TensorFlow's own
-matmul reaches on a few matrix shapes (`PROBE_SHAPES`), in the compute dtype.
-The probe is what MFU on a CPU is measured against: what the BLAS actually
-reaches here, not a data-sheet number (on the 2-core AMD EPYC of the project
-notes, ~155-170 GFLOP/s float32, against a theoretical 2 cores x 32 FLOP/cycle
-x ~3 GHz ~ 190 GFLOP/s).
+from the table, by a matmul probe (`probe_matmul_peak`): TensorFlow's own
+matmul on a few matrix shapes (`PROBE_SHAPES`) in the compute dtype, each
+warmed up, then timed several times; the best shape's median rate. The probe is
+what MFU on a CPU is measured against: what the BLAS actually reaches here,
+not a data-sheet number. The Trainer probes once per run, before training, and
+`training_summary.json` records the probe's figures (`peak_probe`).
 """
 
 from __future__ import annotations
@@ -94,39 +94,101 @@ def detect() -> Accelerator:
 
 # (m, k, n) of the probe's matmuls: squares, plus the large-k shapes where
 # TensorFlow's CPU matmul runs fastest (measured on a 2-core AMD EPYC: 2048^3
-# ~125 GFLOP/s, 1024x4096x1024 and 2048x8192x256 ~155-170 GFLOP/s). The best
-# of them is the peak: the highest matmul rate seen is the conservative denominator.
+# ~125 GFLOP/s, 1024x4096x1024 and 2048x8192x256 ~155-170 GFLOP/s).
 PROBE_SHAPES = ((1024, 1024, 1024), (2048, 2048, 2048), (1024, 4096, 1024), (2048, 8192, 256))
+PROBE_WARMUP_S = 1.0  # per shape, before timing: thread pools up, caches and clocks settled
+PROBE_REPEATS = 9  # timed runs per shape; the shape's figure is their median
 
 
-def matmul_peak_flops(dtype: str = "float32", shapes=PROBE_SHAPES, repeats: int = 5,
-                      device: str | None = None) -> float:
-    """Best FLOP/s of TensorFlow matmuls (2 m k n FLOPs each) over `shapes` x `repeats`.
+@dataclasses.dataclass(frozen=True)
+class PeakProbe:
+    """A matmul probe's result: the peak FLOP/s MFU is measured against, and how it was got.
 
-    Takes ~3 s on a 2-core CPU. Run it when the machine is otherwise idle:
-    it measures what this process can get, so other load lowers it.
+    Attributes:
+      peak_flops: FLOP/s, the best over `shapes` of each shape's median rate.
+      dtype: the matmuls' dtype ("float32", "bfloat16", "float16").
+      shapes: {"MxKxN": [median, min, max] GFLOP/s over the timed runs}.
+      warmup_s: seconds each shape ran untimed first.
+      repeats: timed runs per shape.
+      wall_s: seconds the probe took.
+    """
+
+    peak_flops: float
+    dtype: str
+    shapes: dict
+    warmup_s: float
+    repeats: int
+    wall_s: float
+
+    @property
+    def source(self) -> str:
+        return f"probe:{self.dtype} matmul"
+
+    def figures(self) -> dict:
+        """JSON-able figures (`training_summary.json`'s `peak_probe`)."""
+        return {"peak_gflops": round(self.peak_flops / 1e9, 2), "dtype": self.dtype,
+                "shapes_gflops_median_min_max": self.shapes, "warmup_s": self.warmup_s,
+                "repeats": self.repeats, "wall_s": round(self.wall_s, 2),
+                "rule": "best over shapes of the median of timed runs after warm-up"}
+
+
+def probe_matmul_peak(dtype: str = "float32", shapes=PROBE_SHAPES, repeats: int = PROBE_REPEATS,
+                      warmup_s: float = PROBE_WARMUP_S, device: str | None = None) -> PeakProbe:
+    """Peak FLOP/s of TensorFlow matmuls (2 m k n FLOPs each), made to repeat run to run.
+
+    For each (m, k, n) of `shapes`: untimed runs for `warmup_s` seconds (thread
+    pools started, caches warm, clocks settled), then `repeats` timed runs; the
+    shape's rate is their median (one slow or lucky run does not move it). The
+    peak is the best shape's median. Both the Trainer (`run_fn`, once per run,
+    before training) and `benchmarks/train_throughput.py` call this, so their
+    MFUs share a denominator. It measures what this process can get: run it when
+    the machine is otherwise idle. About 1.5 s per shape on a 2-core CPU.
 
     Args:
       dtype: "float32", "bfloat16" or "float16".
       shapes: (m, k, n) of the matmuls tried.
-      repeats: timed runs per shape (after one untimed run).
+      repeats: timed runs per shape (>= 1).
+      warmup_s: untimed seconds per shape (at least one untimed run).
       device: e.g. "/GPU:0"; default: TensorFlow's placement.
+
+    Returns:
+      A `PeakProbe`.
+
+    Raises:
+      ValueError: repeats < 1.
     """
+    import statistics
+
     import tensorflow as tf
 
-    best = 0.0
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be >= 1")
+    begin = time.perf_counter()
+    per_shape, best = {}, 0.0
     with tf.device(device) if device else contextlib.nullcontext():
         for m, k, n in shapes:
             # Variables, so that graph optimizations cannot fold the product away.
             a = tf.Variable(tf.cast(tf.random.normal([m, k]), dtype))
             b = tf.Variable(tf.cast(tf.random.normal([k, n]), dtype))
             matmul = tf.function(lambda a=a, b=b: tf.matmul(a, b))
+            warm_end = time.perf_counter() + warmup_s
             matmul().numpy()
+            while time.perf_counter() < warm_end:
+                matmul().numpy()
+            rates = []
             for _ in range(repeats):
                 start = time.perf_counter()
                 matmul().numpy()
-                best = max(best, 2 * m * k * n / (time.perf_counter() - start))
-    return best
+                rates.append(2 * m * k * n / (time.perf_counter() - start))
+            median = statistics.median(rates)
+            per_shape[f"{m}x{k}x{n}"] = [round(r / 1e9, 1) for r in (median, min(rates), max(rates))]
+            best = max(best, median)
+    return PeakProbe(best, dtype, per_shape, warmup_s, repeats, time.perf_counter() - begin)
+
+
+def matmul_peak_flops(dtype: str = "float32", **kwargs) -> float:
+    """`probe_matmul_peak(dtype, **kwargs).peak_flops`, FLOP/s."""
+    return probe_matmul_peak(dtype, **kwargs).peak_flops
 
 
 def peak_flops(accelerator: Accelerator, compute_dtype: str) -> tuple[float, str]:
@@ -149,7 +211,8 @@ def peak_flops(accelerator: Accelerator, compute_dtype: str) -> tuple[float, str
             return peak, f"table:{accelerator.name}"
         if accelerator.kind == "tpu":
             raise ValueError(f"no peak FLOP/s known for {accelerator.name!r}")
-        return (matmul_peak_flops(compute_dtype, shapes=((8192, 8192, 8192),), device="/GPU:0"),
-                f"probe:{compute_dtype} matmul")
-    return matmul_peak_flops(compute_dtype), f"probe:{compute_dtype} matmul"
+        probe = probe_matmul_peak(compute_dtype, shapes=((8192, 8192, 8192),), device="/GPU:0")
+        return probe.peak_flops, probe.source
+    probe = probe_matmul_peak(compute_dtype)
+    return probe.peak_flops, probe.source
 

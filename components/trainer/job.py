@@ -32,6 +32,7 @@ class TrainingJob:
       peak_flops_per_device: peak FLOP/s of one device (CPU: one host) in the
         run's compute dtype, measured by the caller; 0 = measure here.
       peak_flops_source: how it was obtained ("probe:float32 matmul", "table:...").
+      peak_probe: the CPU probe's figures (`hardware.PeakProbe.figures()`), or {}.
       intra_op_threads: TensorFlow intra-op threads (0 = TensorFlow's default);
         set by the launcher so that N workers on one CPU share its cores.
       eos_id: the tokenizer's end-of-sequence id, which separates packed documents.
@@ -48,6 +49,7 @@ class TrainingJob:
     num_workers: int = 1
     peak_flops_per_device: float = 0.0
     peak_flops_source: str = ""
+    peak_probe: dict = dataclasses.field(default_factory=dict)
     intra_op_threads: int = 0
     eos_id: int = 1
     pad_id: int = 2
@@ -116,6 +118,7 @@ def run(job: TrainingJob):
     if strategy.is_chief(dist):
         figures = {**result.figures(), "precision_reason": reason,
                    "peak_flops_source": f"{source} x {devices}",
+                   "peak_probe": job.peak_probe,
                    "accelerator": f"{accelerator.kind}: {accelerator.name}"}
         os.makedirs(os.path.dirname(os.path.abspath(job.result_path)), exist_ok=True)
         with open(job.result_path, "w") as f:

@@ -23,6 +23,8 @@ from components.transform.tokenizer import load_tokenizer
 from pipeline.configs import PipelineConfig
 from serving.export import export_serving_model
 
+log = logging.getLogger(__name__)
+
 TRAINING_SUMMARY = "training_summary.json"
 TRAIN_RESULT = "train_result.json"
 
@@ -142,6 +144,7 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
     (`launcher.run_workers`); the model is then read back from the final
     checkpoint. Either way the chief writes the run's figures to `job.result_path`.
     """
+    measure_cpu_peak(job)  # once per run, before training, on an otherwise idle CPU
     if job.num_workers <= 1:
         result = job_lib.run(job)
         if (result.precision == "float32" and result.strategy == "OneDevice"
@@ -151,7 +154,6 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
 
     from components.trainer import launcher
 
-    _measure_cpu_peak(job)  # here, before the workers start, on an idle CPU
     launcher.run_workers(job, job.num_workers, job_dir=job.log_dir)
     with open(job.result_path) as f:
         last = json.load(f)["last_checkpoint"]
@@ -160,10 +162,15 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
     return train_loop.copy_to_float32_model(config, model) if config.train.lora_rank else model
 
 
-def _measure_cpu_peak(job: job_lib.TrainingJob) -> None:
-    """On CPUs, measure the matmul peak for MFU in this process (workers share the host)."""
+def measure_cpu_peak(job: job_lib.TrainingJob) -> None:
+    """On CPUs, probe the matmul peak for MFU (`hardware.probe_matmul_peak`) into `job`.
+
+    Called once per run before training (and before any worker starts: loopback
+    workers share this host and its probe)."""
     accelerator, _, policy, _ = job_lib.plan(job)
     if accelerator.kind == "cpu":
-        dtype = precision.compute_dtype(policy)
-        job.peak_flops_per_device = hardware.matmul_peak_flops(dtype)
-        job.peak_flops_source = f"probe:{dtype} matmul"
+        probe = hardware.probe_matmul_peak(precision.compute_dtype(policy))
+        job.peak_flops_per_device, job.peak_flops_source = probe.peak_flops, probe.source
+        job.peak_probe = probe.figures()
+        log.info("peak: %.1f GFLOP/s (%s; per shape median/min/max GFLOP/s %s)",
+                 probe.peak_flops / 1e9, probe.source, probe.shapes)

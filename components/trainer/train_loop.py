@@ -16,11 +16,18 @@ steps and at the end, by the chief only (other workers write to a temporary
 directory, as TensorFlow's multi-worker guide prescribes, since saving may run
 collectives); every worker restores from the chief's directory. A checkpoint
 is written only when every loss since the last one and every weight is finite.
-A NaN/Inf loss stops training with FloatingPointError; the checkpoints already
-written are kept.
+A step whose loss or gradients are not finite changes nothing (`train_step.py`)
+and is skipped and counted (log line, TensorBoard `train/skipped_steps`, the
+run's figures); after `train.max_skipped_steps` consecutive skips training
+stops with FloatingPointError; the checkpoints already written are kept.
 
 The data position is not stored: a resumed run skips the global batches
-already trained on (`data.distribute_global_batches`).
+already drawn (`data.distribute_global_batches`): the steps done plus the
+skipped ones (`skipped_steps`, checkpointed).
+
+XLA (`train.jit_compile`, `resolve_jit_compile`): the step is compiled and the
+MoE layers use the static-capacity dispatch; the dropped fraction of (token,
+expert) pairs is logged (`moe_dropped_fraction`).
 
 TensorBoard (chief): loss terms, learning rate, grad norm, tokens/s, MFU, per
 MoE layer the expert load max/mean over the logging window, and router-bias
@@ -96,6 +103,10 @@ class TrainResult:
     total_params: int = 0
     base_model: str = ""
     teacher_model: str = ""
+    jit_compile: bool = False
+    moe_capacity_factor: float = 0.0
+    moe_dropped_fraction: float = 0.0
+    skipped_steps: int = 0
 
     def figures(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
@@ -176,6 +187,7 @@ class TrainingState:
     optimizer: keras.optimizers.Optimizer
     step: tf.Variable
     teacher: DeepSeekCausalLM | None
+    skipped: tf.Variable  # steps skipped (not finite) so far: batches consumed = step + skipped
 
 
 def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
@@ -198,6 +210,7 @@ def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
         selection = trainable.prepare(model, tc)
         optimizer = make_optimizer(tc, selection.variables, loss_scale=precision == "mixed_float16")
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
         teacher = None
         if teacher_model:
             teacher = base_model_lib.load_model(teacher_model)
@@ -210,7 +223,7 @@ def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
              selection.trainable_params, selection.total_params,
              100.0 * selection.trainable_params / selection.total_params, tc.trainable,
              tc.lora_rank)
-    return TrainingState(model, selection, optimizer, step, teacher)
+    return TrainingState(model, selection, optimizer, step, teacher, skipped)
 
 
 def _check_same_architecture(config: PipelineConfig, other: DeepSeekCausalLM, source: str,
@@ -275,7 +288,8 @@ def train(
     state = setup(config, strategy, precision, warm_start=latest is None,
                   base_model=base_model, teacher_model=teacher_model)
     model, optimizer, step_var = state.model, state.optimizer, state.step
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var,
+                                     skipped_steps=state.skipped)
     write_dir = checkpoint_dir if chief else tempfile.mkdtemp(prefix="ckpt-worker-")
     manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=3)
     resumed_from = 0
@@ -283,6 +297,9 @@ def train(
         checkpoint.restore(latest).assert_existing_objects_matched()
         resumed_from = int(step_var.numpy())
         log.info("resumed from %s (step %d)", latest, resumed_from)
+    skipped_before = int(state.skipped.numpy())
+    jit = resolve_jit_compile(tc.jit_compile)
+    capacity = tc.moe_capacity_factor if jit else None
 
     tokens_per_step = tc.batch_size * tc.seq_len
     fpt = flops.flops_per_token(config.model, tc.seq_len)
@@ -292,16 +309,18 @@ def train(
     log.info(
         "strategy %s: %d replica(s) on %d worker(s); global batch %d sequences = %d micro-batch(es) "
         "x %d replica(s) x %d per replica (x %d tokens = %d tokens/step); precision %s; "
-        "learning-rate schedule in steps of the global batch",
+        "learning-rate schedule in steps of the global batch; XLA %s",
         strategy_name, replicas, workers, tc.batch_size, micro, replicas, per_replica,
         tc.seq_len, tokens_per_step, precision,
+        f"on (MoE capacity factor {capacity})" if jit else "off (dropless MoE dispatch)",
     )
     train_step = make_train_step(
         model, optimizer, state.selection.variables, strategy, micro_batches=micro,
         grad_clip_norm=tc.grad_clip_norm, recompute=tc.recompute_activations,
         loss_scaling=precision == "mixed_float16", teacher=state.teacher,
         distill_alpha=tc.distill_alpha, distill_temperature=tc.distill_temperature,
-        moe_mask=state.selection.moe_mask, step_counter=step_var)
+        moe_mask=state.selection.moe_mask, step_counter=step_var, jit_compile=jit,
+        moe_capacity_factor=capacity)
 
     @tf.function
     def weights_finite():
@@ -309,12 +328,16 @@ def train(
 
     writer = (tf.summary.create_file_writer(log_dir) if chief and log_dir
               else tf.summary.create_noop_writer())
-    dist_ds = data.distribute_global_batches(strategy, dataset_fn, micro, skip_steps=resumed_from)
+    # Skipped steps consumed their batch too: resume after every batch already drawn.
+    dist_ds = data.distribute_global_batches(strategy, dataset_fn, micro,
+                                             skip_steps=resumed_from + skipped_before)
     iterator = iter(dist_ds)
     moe_names = [layer.name for layer in _moe_block_names(model)]
     history: list[dict] = []
     pending_losses: list[tuple[int, tf.Tensor]] = []
     window_load = None
+    dropped_total, pairs_total, consecutive_skips = 0.0, 0.0, 0
+    window_dropped, window_pairs = 0.0, 0.0
     start = time.perf_counter()
     first_step_done = None
     window_start, window_steps = start, 0
@@ -325,7 +348,17 @@ def train(
                          enabled=chief and progress_enabled())
     try:
         while step < tc.train_steps:
-            terms, grad_norm, load = train_step(iterator)
+            out = train_step(iterator)
+            if bool(out["skipped"]):
+                consecutive_skips = _skip(state.skipped, consecutive_skips, tc.max_skipped_steps,
+                                          step, out, progress,
+                                          manager.latest_checkpoint if chief else latest)
+                continue
+            consecutive_skips = 0
+            terms, grad_norm, load = out["terms"], out["grad_norm"], out["expert_load"]
+            if jit:  # (token, expert) pairs the capacity dropped, of all routed pairs
+                window_dropped += float(tf.reduce_sum(out["moe_dropped"]))
+                window_pairs += float(tf.reduce_sum(load))
             step += 1
             window_steps += 1
             progress.step(step, terms[0])
@@ -351,15 +384,21 @@ def train(
                           "grad_norm": float(last_norm), "learning_rate": float(schedule(step - 1)),
                           "tokens_per_second": tps,
                           "mfu": flops.mfu(tps, fpt, peak_flops) if peak_flops and timed
-                          else float("nan")}
+                          else float("nan"),
+                          "moe_dropped_fraction": (window_dropped / window_pairs
+                                                   if window_pairs else 0.0),
+                          "skipped_steps": int(state.skipped.numpy())}
                 history.append(record)
                 _log_record(progress, record, tc.train_steps, timed)
                 with writer.as_default(step=step):
-                    for key in (*LOSS_TERMS, "grad_norm", "learning_rate", "tokens_per_second", "mfu"):
+                    for key in (*LOSS_TERMS, "grad_norm", "learning_rate", "tokens_per_second", "mfu",
+                                "moe_dropped_fraction", "skipped_steps"):
                         if math.isfinite(record[key]):
                             tf.summary.scalar(f"train/{key}", record[key])
                     _write_moe_summaries(model, moe_names, window_load.numpy())
                 window_start, window_steps, window_load = time.perf_counter(), 0, None
+                dropped_total, pairs_total = dropped_total + window_dropped, pairs_total + window_pairs
+                window_dropped, window_pairs = 0.0, 0.0
             if is_ckpt:
                 if not bool(weights_finite()):
                     raise FloatingPointError(
@@ -413,6 +452,10 @@ def train(
         total_params=state.selection.total_params,
         base_model=base_model,
         teacher_model=teacher_model,
+        jit_compile=jit,
+        moe_capacity_factor=capacity or 0.0,
+        moe_dropped_fraction=dropped_total / pairs_total if pairs_total else 0.0,
+        skipped_steps=int(state.skipped.numpy()),
     )
 
 
@@ -420,9 +463,47 @@ def _log_record(progress: _Progress, record: dict, total_steps: int, timed_steps
     speed = (f"  {record['tokens_per_second']:.0f} tok/s  MFU {100 * record['mfu']:.1f}%"
              if timed_steps else "  (first step: tracing)")
     distill = (f"  distill_loss {record['distill_loss']:.4f}" if record["distill_loss"] else "")
-    progress.log("step %5d/%d  loss %.4f  lm_loss %.4f%s  lr %.2e  grad_norm %.3f%s",
+    dropped = (f"  MoE dropped {100 * record['moe_dropped_fraction']:.2f}%"
+               if record["moe_dropped_fraction"] else "")
+    skipped = f"  skipped {record['skipped_steps']}" if record["skipped_steps"] else ""
+    progress.log("step %5d/%d  loss %.4f  lm_loss %.4f%s  lr %.2e  grad_norm %.3f%s%s%s",
                  record["step"], total_steps, record["loss"], record["lm_loss"], distill,
-                 record["learning_rate"], record["grad_norm"], speed)
+                 record["learning_rate"], record["grad_norm"], speed, dropped, skipped)
+
+
+def resolve_jit_compile(setting: str) -> bool:
+    """`train.jit_compile` for this machine: "true"/"false", or "auto" = on for GPUs and
+    TPUs, off on CPUs (where XLA measured slower: README, `benchmarks/train_throughput.py`)."""
+    if setting == "auto":
+        from components.trainer import hardware
+
+        return hardware.detect().kind in ("gpu", "tpu")
+    return setting == "true"
+
+
+def _skip(skipped: tf.Variable, consecutive: int, limit: int, step: int, out: dict,
+          progress: _Progress, last_checkpoint) -> int:
+    """Counts a skipped (not finite) step; raises after `limit` in a row.
+
+    Returns:
+      The consecutive skips so far.
+
+    Raises:
+      FloatingPointError: `limit` consecutive steps were not finite.
+    """
+    skipped.assign_add(1)
+    consecutive += 1
+    terms = dict(zip(LOSS_TERMS, map(float, out["terms"].numpy()), strict=True))
+    progress.log("step %d skipped: not finite (loss %s, grad_norm %s); nothing changed "
+                 "(%d in a row, %d in all; train.max_skipped_steps=%d)", step + 1,
+                 terms["loss"], float(out["grad_norm"]), consecutive, int(skipped.numpy()),
+                 limit)
+    if consecutive >= limit:
+        raise FloatingPointError(
+            f"loss is {terms['loss']} and grad_norm {float(out['grad_norm'])} at step {step + 1}:"
+            f" {consecutive} consecutive steps were not finite (train.max_skipped_steps="
+            f"{limit}); training stopped; last good checkpoint: {last_checkpoint}")
+    return consecutive
 
 
 def _raise_if_not_finite(pending_losses, last_checkpoint) -> None:

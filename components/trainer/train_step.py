@@ -8,8 +8,14 @@ One step on a global batch of B sequences, R replicas, k micro-batches:
                  summed cross-entropies divided by the *global* N
       grads   += d(loss_i) / dw                       (x loss scale under mixed_float16)
   all-reduce (sum) grads, loss terms and expert load -> global per-token means, load
-  clip by the global norm; AdamW on the trained variables only
-  router biases: b_i -= gamma * sign(load_i - mean load), global load, trained routers only
+  finite = the loss terms and the global gradient norm are finite
+  if finite:   clip by the global norm; AdamW on the trained variables only;
+               router biases b_i -= gamma * sign(load_i - mean load) (global load,
+               trained routers only); step counter + 1
+  else:        nothing changes (weights, optimizer slots and step, hence the
+               learning-rate schedule, router biases, step counter); the skip is
+               counted. Under mixed_float16 the loss-scale optimizer still halves
+               its scale (its own rule for an overflow).
 
 Dividing sums by the global count makes the loss the mean over the target
 tokens of the whole global batch however they fall on micro-batches and
@@ -20,6 +26,16 @@ over sequences and is scaled by 1/(kR).
 
 A teacher (distillation) runs in inference mode inside the same step, on the
 same replica's micro-batch.
+
+XLA (`jit_compile=True`): with one replica the whole step above is one XLA
+cluster (forward, losses, backward, accumulation, clipping, the optimizer's
+apply, the router-bias update and the skip). With several replicas on CPUs/GPUs
+the per-replica part (forward, losses, backward, accumulation over micro-batches)
+is compiled and the all-reduce, clipping and apply run outside it (cross-replica
+collectives are not compiled there); under TPUStrategy `strategy.run` compiles
+everything. XLA needs static shapes, so the MoE layers then dispatch with a
+static capacity (`moe_capacity_factor`; DeepSeekMoE's capacity path), and the
+pairs dropped by it are counted per MoE layer.
 """
 
 from __future__ import annotations
@@ -34,8 +50,9 @@ LOSS_TERMS = ("loss", "lm_loss", "mtp_loss", "balance_loss", "distill_loss")
 def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int,
                     grad_clip_norm: float, recompute: bool = False, loss_scaling: bool = False,
                     teacher=None, distill_alpha: float = 0.5, distill_temperature: float = 1.0,
-                    moe_mask: list[bool] | None = None, step_counter=None):
-    """Returns `train_step(iterator) -> (terms, grad_norm, load)`, a `tf.function`.
+                    moe_mask: list[bool] | None = None, step_counter=None,
+                    jit_compile: bool = False, moe_capacity_factor: float | None = None):
+    """Returns `train_step(iterator) -> dict`, a `tf.function` running one optimizer step.
 
     Args:
       model: the `DeepSeekCausalLM` (its variables belong to `strategy`).
@@ -51,24 +68,37 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
       teacher: a `DeepSeekCausalLM` with the same vocabulary, or None.
       distill_alpha, distill_temperature: a and tau (`losses.causal_lm_loss`).
       moe_mask: per MoE layer, whether its router bias is updated (default all).
-      step_counter: an int64 variable incremented by each step (checkpointed), or None.
+      step_counter: an int64 variable incremented by each applied step
+        (checkpointed), or None.
+      jit_compile: compile the step with XLA (see the module docstring).
+      moe_capacity_factor: None for the dropless MoE dispatch; a float cf for the
+        static-capacity dispatch (required by XLA).
 
     Returns:
-      The step function. Each call runs one optimizer step and returns
-      float32 (len(LOSS_TERMS),) loss terms (global means), the unscaled global
-      gradient norm (before clipping) and the expert load (M, E) of the global batch.
+      The step function. Each call runs one step and returns a dict of tensors:
+        terms: float32 (len(LOSS_TERMS),) loss terms (global means);
+        grad_norm: float32 scalar, the unscaled global gradient norm before clipping;
+        expert_load: float32 (M, E), tokens routed to each expert in the global batch;
+        moe_dropped: float32 (M,), (token, expert) pairs the capacity dropped;
+        skipped: bool scalar, True when the step changed nothing (not finite).
     """
     mtp_depths = len(model.mtp_layers)
     mtp_weight = model.config.mtp_loss_weight
     moe_mask = [True] * len(model.moe_layers) if moe_mask is None else list(moe_mask)
+    n_moe, n_experts = model.num_moe_layers, model.config.n_routed_experts
+    replicas = strategy.num_replicas_in_sync
+    whole_step_compiled = jit_compile and replicas == 1
+    forward_kwargs = {} if moe_capacity_factor is None else {
+        "moe_capacity_factor": moe_capacity_factor}
 
     def micro_step(input_ids, labels, targets):
-        """Loss terms (5,), expert load (M, E) and gradients of one micro-batch."""
+        """Loss terms (5,), expert load (M, E), dropped (M,) and gradients of one micro-batch."""
         scale = 1.0 / (micro_batches * tf.distribute.get_replica_context().num_replicas_in_sync)
         teacher_logits = (None if teacher is None else
                           tf.stop_gradient(teacher(input_ids, training=False)))  # (b, T, V)
         with tf.GradientTape() as tape:
-            outputs = model.forward_train(input_ids, training=True, recompute_blocks=recompute)
+            outputs = model.forward_train(input_ids, training=True, recompute_blocks=recompute,
+                                          **forward_kwargs)
             out = losses.causal_lm_loss(outputs, labels, mtp_weight, targets=targets,
                                         teacher_logits=teacher_logits,
                                         distill_alpha=distill_alpha,
@@ -81,7 +111,38 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
             scaled = optimizer.scale_loss(objective) if loss_scaling else objective
         grads = [tf.convert_to_tensor(g) for g in tape.gradient(scaled, variables)]
         terms = tf.stack([out[name] for name in LOSS_TERMS])  # (5,)
-        return terms, out["expert_load"], grads
+        dropped = out.get("moe_dropped")
+        dropped = tf.zeros([n_moe]) if dropped is None else tf.cast(dropped, tf.float32)  # (M,)
+        return terms, out["expert_load"], dropped, grads
+
+    def accumulate(ids, labels, targets):
+        """Sums over this replica's k micro-batches: terms, load, dropped, gradients."""
+        if micro_batches == 1:
+            return micro_step(ids[0], labels[0], targets)
+
+        def body(i, terms, load, dropped, grads):
+            t_i, l_i, d_i, g_i = micro_step(ids[i], labels[i], targets)
+            return (i + 1, terms + t_i, load + l_i, dropped + d_i,
+                    [g + gi for g, gi in zip(grads, g_i, strict=True)])
+
+        zeros = (tf.zeros([len(LOSS_TERMS)]), tf.zeros([n_moe, n_experts]), tf.zeros([n_moe]),
+                 [tf.zeros(v.shape, v.dtype) for v in variables])
+        _, terms, load, dropped, grads = tf.while_loop(lambda i, *_: i < micro_batches, body,
+                                                       (0, *zeros))
+        return terms, load, dropped, grads
+
+    if jit_compile and not whole_step_compiled:  # several replicas: compile the replica's part
+        accumulate = tf.function(accumulate, jit_compile=True, autograph=False)
+
+    def update_router_biases(load):
+        speed = model.config.router_bias_update_speed
+        for i, (moe, update) in enumerate(zip(model.moe_layers, moe_mask, strict=True)):
+            if update:  # every replica's copy gets the same update (the global load)
+                moe.update_bias(load[i], speed)
+
+    def count_step():
+        if step_counter is not None:
+            step_counter.assign_add(1)
 
     def replica_step(batch):
         """One optimizer step on this replica's [k, b, T] slice of the global batch."""
@@ -90,45 +151,59 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
         local = tf.add_n([losses.num_targets(labels[i], mtp_depths)
                           for i in range(micro_batches)])  # (1 + D,)
         targets = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)  # (1 + D,) global
-        if micro_batches == 1:
-            terms, load, grads = micro_step(ids[0], labels[0], targets)
-        else:
-            def body(i, terms, load, grads):
-                t_i, l_i, g_i = micro_step(ids[i], labels[i], targets)
-                return (i + 1, terms + t_i, load + l_i,
-                        [g + gi for g, gi in zip(grads, g_i, strict=True)])
+        terms, load, dropped, grads = accumulate(ids, labels, targets)
+        terms, load, dropped, grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                                                     (terms, load, dropped, grads))
+        grad_norm = tf.linalg.global_norm(grads)  # of the (loss-scaled) global gradient
+        finite = tf.logical_and(tf.math.is_finite(grad_norm),
+                                tf.reduce_all(tf.math.is_finite(terms)))
+        if loss_scaling:  # the LossScaleOptimizer skips a non-finite step itself (and
+            scale = tf.identity(optimizer.dynamic_scale)  # halves its scale): it must see
+            apply(grads, grad_norm, scale)  # the overflow
+            grad_norm = grad_norm / scale  # the unscaled norm
+        elif replicas == 1:  # (several replicas: applied from the cross-replica context)
+            tf.cond(finite, lambda: _then(apply(grads, grad_norm)), tf.no_op)
+        if whole_step_compiled:  # one replica: the rest of the step in the same XLA cluster
+            tf.cond(finite, lambda: _then(update_router_biases(load), count_step()), tf.no_op)
+        out = {"terms": terms, "grad_norm": grad_norm, "expert_load": load,
+               "moe_dropped": dropped, "skipped": tf.logical_not(finite)}
+        return out, (grads if replicas > 1 and not loss_scaling else [])
 
-            zeros = (tf.zeros([len(LOSS_TERMS)]),
-                     tf.zeros([model.num_moe_layers, model.config.n_routed_experts]),
-                     [tf.zeros(v.shape, v.dtype) for v in variables])
-            _, terms, load, grads = tf.while_loop(lambda i, *_: i < micro_batches, body,
-                                                  (0, *zeros))
-        terms, load, grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, (terms, load, grads))
-        grad_norm = tf.linalg.global_norm(grads)
+    def apply(grads, grad_norm, scale=None):
+        """Clips the global gradient (its norm `grad_norm`) and applies it (replica context).
+        With loss scaling, `scale` is the loss scale the gradients carry."""
         clip = grad_clip_norm
         if loss_scaling:
-            clip *= optimizer.dynamic_scale  # clipping scaled grads at clip*s = unscaled at clip
-            grad_norm_unscaled = grad_norm / optimizer.dynamic_scale
-        else:
-            grad_norm_unscaled = grad_norm
-        grads, _ = tf.clip_by_global_norm(grads, clip, use_norm=grad_norm)
-        optimizer.apply(grads, variables)
-        return terms, grad_norm_unscaled, load
+            clip *= scale  # clipping scaled grads at clip*s = unscaled at clip
+        clipped, _ = tf.clip_by_global_norm(grads, clip, use_norm=grad_norm)
+        optimizer.apply(clipped, variables)
+
+    if whole_step_compiled:
+        replica_step = tf.function(replica_step, jit_compile=True, autograph=False)
 
     # No autograph: the step has no Python control flow on tensors, and
     # converting Keras' code costs seconds of tracing.
     @tf.function(autograph=False)
     def train_step(iterator):
-        terms, grad_norm, load = strategy.run(replica_step, args=(next(iterator),))
+        out, grads = strategy.run(replica_step, args=(next(iterator),))
         # All replicas hold the same all-reduced values: take the first local one.
-        terms, grad_norm, load = (strategy.experimental_local_results(t)[0]
-                                  for t in (terms, grad_norm, load))
-        speed = model.config.router_bias_update_speed
-        for i, (moe, update) in enumerate(zip(model.moe_layers, moe_mask, strict=True)):
-            if update:  # cross-replica: every copy gets the same update
-                moe.update_bias(load[i], speed)
-        if step_counter is not None:
-            step_counter.assign_add(1)
-        return terms, grad_norm, load
+        out = {k: strategy.experimental_local_results(v)[0] for k, v in out.items()}
+        if not whole_step_compiled:
+            def update():  # cross-replica context: one update for every copy
+                if grads:  # several replicas: the optimizer's apply runs on each (a cond in
+                    # the replica context could not hold the optimizer's merge_call)
+                    norm = out["grad_norm"]
+                    strategy.run(lambda g: _then(apply(g, norm)), args=(grads,))
+                update_router_biases(out["expert_load"])
+                count_step()
+                return tf.no_op()
+
+            tf.cond(out["skipped"], tf.no_op, update)
+        return out
 
     return train_step
+
+
+def _then(*_):
+    """A no-op to end a `tf.cond` branch whose work is its side effects."""
+    return tf.no_op()

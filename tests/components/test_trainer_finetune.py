@@ -147,7 +147,8 @@ MIRRORED_SFT_SCRIPT = textwrap.dedent("""
         before = [v.numpy() for v in variables]
         step = make_train_step(model, sgd, variables, s, micro_batches=micro, grad_clip_norm=1e9)
         batches = data.distribute_global_batches(s, sft_batches(config, prompts, responses), micro)
-        terms, norm, _ = step(iter(batches))
+        result = step(iter(batches))
+        terms, norm = result["terms"], result["grad_norm"]
         out[name] = {"loss": float(terms[0]), "grad_norm": float(norm),
                      "replicas": s.num_replicas_in_sync,
                      "gradients": {trainable.weight_path(v): (b - v.numpy()).tolist()
