@@ -1,26 +1,28 @@
 """Training throughput of a preset on this machine: tokens/s, step time, MFU, peak memory.
 
   python benchmarks/train_throughput.py [--preset cpu_small] [--steps 20]
-      [--precision float32,mixed_bfloat16] [--grad-accum-steps K] [--recompute]
+      [--precision float32] [--jit-compile false,true] [--grad-accum-steps K] [--recompute]
 
 Runs the real training loop (`components/trainer/train_loop.py`: the same
 tf.function step, optimizer and router-bias update as the pipeline) on random
-tokens (throughput does not depend on the data), once per precision policy,
-each in a fresh process (so peak memory and thread pools are its own), and
-prints one JSON object.
+tokens (throughput does not depend on the data), once per (precision policy,
+XLA setting), each in a fresh process (so peak memory and thread pools are its
+own), one after the other, and prints one JSON object: the runs side by side.
 
   step_time_s        median wall time of one optimizer step, over the timed
-                     steps (the first `--skip` steps, which include tracing,
-                     are left out)
+                     steps (the first `--skip` steps, which include tracing and
+                     XLA compilation, are left out)
   tokens_per_second  global batch x seq_len / step_time_s
   mfu                tokens_per_second x flops_per_token / peak, where
                      flops_per_token = 6 N_active + attention
-                     (models/deepseek/flops.py) and peak = the float32 matmul
-                     probe of this machine (components/trainer/hardware.py),
-                     the best of probes taken just before and just after the
-                     run (other load on the machine lowers both)
-  mfu_vs_own_dtype_peak  the same against the probe in the run's compute dtype
-                     (bf16 matmul peak for mixed_bfloat16)
+                     (models/deepseek/flops.py) and peak = the matmul probe of
+                     the run's compute dtype (`hardware.probe_matmul_peak`,
+                     warmed up, repeated, best shape's median), taken once per
+                     run before training: the same probe and rule as the
+                     Trainer's (`run_fn.measure_cpu_peak`), so the two MFUs
+                     share a denominator
+  trainer_steady_mfu the Trainer's own steady-state MFU figure for the same run
+  moe_dropped_fraction  (token, expert) pairs the MoE capacity dropped (XLA runs)
   peak_memory_mb     the process's peak resident memory (CPU; whole process,
                      TensorFlow runtime included), or the device's peak (GPU)
 """
@@ -50,20 +52,20 @@ def run_one(args: argparse.Namespace) -> dict:
     overrides = {"train.train_steps": args.skip + args.steps, "train.log_every": 1,
                  "train.checkpoint_every": 10**9, "train.warmup_steps": 1,
                  "train.grad_accum_steps": args.grad_accum_steps,
-                 "train.recompute_activations": args.recompute}
+                 "train.recompute_activations": args.recompute,
+                 "train.jit_compile": args.jit_compile}
     config = get_config(args.preset, overrides)
     tc = config.train
     vocab = config.model.vocab_size
     policy = args.precision
     dtype = precision.compute_dtype(policy)
     accelerator = hardware.detect()
-
-    def probes():
-        f32 = hardware.peak_flops(accelerator, "float32")[0]
-        own = f32 if dtype == "float32" else hardware.peak_flops(accelerator, dtype)[0]
-        return f32, own
-
-    before = probes()
+    if accelerator.kind == "cpu":
+        probe = hardware.probe_matmul_peak(dtype)
+        peak, source, probe_figures = probe.peak_flops, probe.source, probe.figures()
+    else:
+        peak, source = hardware.peak_flops(accelerator, dtype)
+        probe_figures = {}
 
     def dataset_fn():
         shape = [tc.batch_size, tc.seq_len]
@@ -72,9 +74,7 @@ def run_one(args: argparse.Namespace) -> dict:
             "labels": tf.random.stateless_uniform(shape, [i, 1], 0, vocab, tf.int32)})
 
     with tempfile.TemporaryDirectory() as d:
-        result = train_loop.train(config, dataset_fn, d, None, precision=policy)
-    after = probes()
-    peak_f32, peak_own = max(before[0], after[0]), max(before[1], after[1])
+        result = train_loop.train(config, dataset_fn, d, None, precision=policy, peak_flops=peak)
 
     tokens_per_step = tc.batch_size * tc.seq_len
     timed = [tokens_per_step / h["tokens_per_second"] for h in result.history[args.skip:]]
@@ -87,16 +87,18 @@ def run_one(args: argparse.Namespace) -> dict:
         peak_memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     return {
         "precision": policy,
+        "jit_compile": result.jit_compile,
         "tokens_per_second": round(tps, 1),
         "step_time_s": round(step_time, 4),
         "step_time_s_mean": round(statistics.mean(timed), 4),
         "step_time_s_min": round(min(timed), 4),
-        "mfu": round(flops.mfu(tps, fpt, peak_f32), 4),
-        "mfu_vs_own_dtype_peak": round(flops.mfu(tps, fpt, peak_own), 4),
+        "mfu": round(flops.mfu(tps, fpt, peak), 4),
+        "trainer_steady_mfu": round(result.steady_mfu, 4),
         "achieved_gflops": round(tps * fpt / 1e9, 2),
-        "peak_gflops_float32": round(peak_f32 / 1e9, 1),
-        "peak_gflops_float32_probes": [round(before[0] / 1e9, 1), round(after[0] / 1e9, 1)],
-        "peak_gflops_own_dtype": round(peak_own / 1e9, 1),
+        "peak_gflops": round(peak / 1e9, 1),
+        "peak_source": source,
+        "peak_probe": probe_figures,
+        "moe_dropped_fraction": round(result.moe_dropped_fraction, 4),
         "peak_memory_mb": round(peak_memory, 1),
         "final_loss": round(result.final_loss, 4),
     }
@@ -107,8 +109,11 @@ def main() -> None:
     parser.add_argument("--preset", default="cpu_small")
     parser.add_argument("--steps", type=int, default=20, help="timed steps")
     parser.add_argument("--skip", type=int, default=3, help="untimed first steps (tracing)")
-    parser.add_argument("--precision", default="float32,mixed_bfloat16",
+    parser.add_argument("--precision", default="float32",
                         help="comma-separated dtype policies, each run in its own process")
+    parser.add_argument("--jit-compile", default="false,true",
+                        help="comma-separated train.jit_compile settings, each run in its own "
+                             "process, side by side")
     parser.add_argument("--grad-accum-steps", type=int, default=1)
     parser.add_argument("--recompute", action="store_true", help="activation recomputation")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -126,15 +131,16 @@ def main() -> None:
     config = get_config(args.preset)
     runs = []
     for policy in args.precision.split(","):
-        cmd = [sys.executable, os.path.abspath(__file__), "--one", "--preset", args.preset,
-               "--steps", str(args.steps), "--skip", str(args.skip), "--precision", policy,
-               "--grad-accum-steps", str(args.grad_accum_steps)] + (
-                   ["--recompute"] if args.recompute else [])
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT,
-                             env={**os.environ, "PYTHONPATH": PROJECT_ROOT})
-        if out.returncode != 0:
-            sys.exit(f"{policy}: benchmark failed:\n{out.stderr[-3000:]}")
-        runs.append(json.loads(out.stdout.split("RESULT ", 1)[1]))
+        for jit in args.jit_compile.split(","):
+            cmd = [sys.executable, os.path.abspath(__file__), "--one", "--preset", args.preset,
+                   "--steps", str(args.steps), "--skip", str(args.skip), "--precision", policy,
+                   "--jit-compile", jit, "--grad-accum-steps", str(args.grad_accum_steps)] + (
+                       ["--recompute"] if args.recompute else [])
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT,
+                                 env={**os.environ, "PYTHONPATH": PROJECT_ROOT})
+            if out.returncode != 0:
+                sys.exit(f"{policy}, jit_compile={jit}: benchmark failed:\n{out.stderr[-3000:]}")
+            runs.append(json.loads(out.stdout.split("RESULT ", 1)[1]))
     accelerator = hardware.detect()
     print(json.dumps({
         "preset": args.preset,

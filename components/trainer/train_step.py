@@ -88,7 +88,7 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
     n_moe, n_experts = model.num_moe_layers, model.config.n_routed_experts
     replicas = strategy.num_replicas_in_sync
     whole_step_compiled = jit_compile and replicas == 1
-    forward_kwargs = {} if moe_capacity_factor is None else {
+    forward_kwargs = {} if moe_capacity_factor is None or not n_moe else {
         "moe_capacity_factor": moe_capacity_factor}
 
     def micro_step(input_ids, labels, targets):
@@ -201,6 +201,9 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
             tf.cond(out["skipped"], tf.no_op, update)
         return out
 
+    # The XLA-compiled whole step (one replica), for compile-only checks of large shapes:
+    # `train_step.xla_step.experimental_get_compiler_ir(batch)(stage="hlo")`; else None.
+    train_step.xla_step = replica_step if whole_step_compiled else None
     return train_step
 
 
