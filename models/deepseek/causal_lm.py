@@ -131,7 +131,8 @@ class DeepSeekCausalLM(keras.Model):
             h, _, _ = block(h, training=training)  # (B, T, C)
         return self.logits_from_hidden(self.norm(h))
 
-    def forward_train(self, input_ids, training=True, recompute_blocks=False):
+    def forward_train(self, input_ids, training=True, recompute_blocks=False,
+                      moe_capacity_factor=None):
         """Main and MTP logits plus MoE statistics, for the training loss.
 
         Args:
@@ -142,6 +143,9 @@ class DeepSeekCausalLM(keras.Model):
             backward pass and recomputes its activations there
             (`tf.recompute_grad`); same values and gradients, less memory,
             about one more forward pass of compute.
+          moe_capacity_factor: None for the dropless MoE dispatch, or a float
+            > 0: every MoE layer (MTP blocks included) uses the static-shape
+            capacity dispatch (`DeepSeekMoE`), which XLA can compile.
 
         Returns:
           dict:
@@ -154,21 +158,27 @@ class DeepSeekCausalLM(keras.Model):
             `balance_loss`: float32 scalar, sum over all MoE layers (MTP
               blocks included) of aux_loss_alpha * L_Bal;
             `expert_load`: float32 (num_moe_layers, n_routed_experts), tokens
-              routed to each expert in this batch, rows as `moe_layers`.
+              routed to each expert in this batch (before any dropping), rows
+              as `moe_layers`;
+            `moe_dropped`: float32 (num_moe_layers,), (token, expert) pairs
+              dropped for lack of capacity (zeros when dropless);
+            `moe_pairs`: float32 (num_moe_layers,), the (token, expert) pairs
+              routed, N*K (= expert_load summed over experts); the dropped
+              fraction is moe_dropped / moe_pairs.
         """
+        moe_kwargs = dict(training=training, moe_capacity_factor=moe_capacity_factor)
         embeddings = self.embed_tokens(input_ids)  # (B, T, C)
         h = embeddings
-        loads, balance_losses = [], []
+        moe_stats = []  # (expert_load, balance_loss, dropped) per MoE layer
         for block in self.decoder_layers:
             def block_fn(x, block=block):
-                x, _, moe_aux = block(x, training=training)  # (B, T, C)
+                x, _, moe_aux = block(x, **moe_kwargs)  # (B, T, C)
                 return (x,) if moe_aux is None else (x, *moe_aux)
 
             outs = tf.recompute_grad(block_fn)(h) if recompute_blocks else block_fn(h)
             h = outs[0]  # (B, T, C)
             if len(outs) > 1:
-                loads.append(outs[1])
-                balance_losses.append(outs[2])
+                moe_stats.append(outs[1:])
         logits = self.logits_from_hidden(self.norm(h))  # (B, T, V)
 
         # MTP (DeepSeek-V3 §2.2): depth k combines h^{k-1}_i with Emb(t_{i+k}).
@@ -178,7 +188,7 @@ class DeepSeekCausalLM(keras.Model):
             h = h[:, : tf.shape(next_embeddings)[1]]  # (B, T-k, C)  h^{k-1}_i
 
             def mtp_fn(x, e, mtp=mtp):
-                x, normed, moe_aux = mtp(x, e, training=training)  # (B, T-k, C) x 2
+                x, normed, moe_aux = mtp(x, e, **moe_kwargs)  # (B, T-k, C) x 2
                 return (x, normed) if moe_aux is None else (x, normed, *moe_aux)
 
             outs = (tf.recompute_grad(mtp_fn)(h, next_embeddings) if recompute_blocks
@@ -186,18 +196,29 @@ class DeepSeekCausalLM(keras.Model):
             h = outs[0]  # (B, T-k, C)
             mtp_logits.append(self.logits_from_hidden(outs[1]))  # (B, T-k, V)
             if len(outs) > 2:
-                loads.append(outs[2])
-                balance_losses.append(outs[3])
+                moe_stats.append(outs[2:])
 
         n_experts = self.config.n_routed_experts
+        if moe_stats:
+            loads, balance_losses, dropped = (list(t) for t in zip(*moe_stats, strict=True))
+            expert_load = tf.stack(loads)  # (M, E)
+            balance_loss = tf.add_n(balance_losses)
+            moe_dropped = tf.stack(dropped)  # (M,)
+        else:
+            expert_load = tf.zeros([0, n_experts])
+            balance_loss = tf.constant(0.0)
+            moe_dropped = tf.zeros([0])
         return {
             "logits": logits,
             "mtp_logits": mtp_logits,
-            "balance_loss": tf.add_n(balance_losses) if balance_losses else tf.constant(0.0),
-            "expert_load": tf.stack(loads) if loads else tf.zeros([0, n_experts]),
+            "balance_loss": balance_loss,
+            "expert_load": expert_load,
+            "moe_dropped": moe_dropped,
+            "moe_pairs": tf.reduce_sum(expert_load, axis=-1),  # (M,) N*K per layer
         }
 
-    def compute_loss(self, input_ids, labels, training=True, recompute_blocks=False):
+    def compute_loss(self, input_ids, labels, training=True, recompute_blocks=False,
+                     moe_capacity_factor=None):
         """Training loss: lm_loss + mtp_loss_weight * mtp_loss + balance_loss.
 
         Args:
@@ -206,16 +227,18 @@ class DeepSeekCausalLM(keras.Model):
             is the token after input_ids[t]. Negative labels are ignored.
           training: passed to `forward_train`.
           recompute_blocks: activation recomputation, see `forward_train`.
+          moe_capacity_factor: MoE dispatch, see `forward_train`.
 
         Returns:
           dict of float32 tensors: `loss`, `lm_loss` (mean next-token
           cross-entropy), `mtp_loss` (mean over MTP depths of their mean
           cross-entropy, depth k scored against labels shifted k more; 0.0
-          without MTP), `balance_loss`, `expert_load` (num_moe_layers, E).
-          See `losses.causal_lm_loss`.
+          without MTP), `balance_loss`, `expert_load` (num_moe_layers, E),
+          `moe_dropped` (num_moe_layers,). See `losses.causal_lm_loss`.
         """
         outputs = self.forward_train(input_ids, training=training,
-                                     recompute_blocks=recompute_blocks)
+                                     recompute_blocks=recompute_blocks,
+                                     moe_capacity_factor=moe_capacity_factor)
         return causal_lm_loss(outputs, labels, self.config.mtp_loss_weight)
 
     def update_router_biases(self, expert_load, update_speed=None):

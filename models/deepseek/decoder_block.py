@@ -25,6 +25,7 @@ class DeepSeekDecoderBlock(keras.layers.Layer):
       hidden_states: float tensor (B, T, C).
       positions_offset, cache, cache_index, training: as for
         `MultiHeadLatentAttention`.
+      moe_capacity_factor: `capacity_factor` of DeepSeekMoE (None: dropless).
 
     Returns:
       (hidden_states, new_cache, moe_aux):
@@ -32,7 +33,7 @@ class DeepSeekDecoderBlock(keras.layers.Layer):
         new_cache: the updated latent cache (B, S, kv_lora_rank +
           qk_rope_head_dim), or None when no cache was given;
         moe_aux: None for a dense block, else (expert_load float32 (E,),
-          balance_loss float32 scalar) from DeepSeekMoE.
+          balance_loss float32 scalar, dropped float32 scalar) from DeepSeekMoE.
 
     Reference: HF transformers `modeling_deepseek_v3.py` (DeepseekV3DecoderLayer).
     """
@@ -66,7 +67,7 @@ class DeepSeekDecoderBlock(keras.layers.Layer):
         self.mlp.build(shape)
 
     def call(self, hidden_states, positions_offset=0, cache=None, cache_index=None,
-             training=False):
+             training=False, moe_capacity_factor=None):
         attn = self.self_attn(self.input_layernorm(hidden_states),
                               positions_offset=positions_offset, cache=cache,
                               cache_index=cache_index, training=training)
@@ -78,8 +79,9 @@ class DeepSeekDecoderBlock(keras.layers.Layer):
         h = self.post_attention_layernorm(hidden_states)
         moe_aux = None
         if self.is_moe:
-            h, expert_load, balance_loss = self.mlp(h, training=training)
-            moe_aux = (expert_load, balance_loss)
+            h, expert_load, balance_loss, dropped = self.mlp(
+                h, training=training, capacity_factor=moe_capacity_factor)
+            moe_aux = (expert_load, balance_loss, dropped)
         else:
             h = self.mlp(h)
         return hidden_states + h, new_cache, moe_aux  # (B, T, C)

@@ -95,7 +95,8 @@ def causal_lm_loss(outputs, labels, mtp_loss_weight, targets=None, teacher_logit
     Args:
       outputs: dict from `forward_train`: `logits` (B, T, V), `mtp_logits`
         (list; entry d has shape (B, T-d-1, V) and its position t predicts
-        labels[t+d+1]), `balance_loss` (scalar), `expert_load` (M, E).
+        labels[t+d+1]), `balance_loss` (scalar), `expert_load` (M, E), and
+        optionally `moe_dropped` (M,) (zeros when absent).
       labels: int tensor (B, T), labels[t] = the token after input_ids[t];
         negative labels are ignored.
       mtp_loss_weight: lambda.
@@ -113,7 +114,8 @@ def causal_lm_loss(outputs, labels, mtp_loss_weight, targets=None, teacher_logit
       where main = lm_loss, or with a teacher a * lm_loss + (1 - a) * distill_loss;
       `lm_loss` (cross-entropy); `mtp_loss` (mean over depths, 0.0 without MTP,
       not multiplied by lambda); `balance_loss`; `distill_loss` (tau^2 KL per
-      target token, 0.0 without a teacher); `expert_load` (M, E).
+      target token, 0.0 without a teacher); `expert_load` (M, E); `moe_dropped`
+      (M,), dropped (token, expert) pairs per MoE layer, passed through.
     """
     mtp = outputs["mtp_logits"]
     if targets is None:
@@ -144,4 +146,6 @@ def causal_lm_loss(outputs, labels, mtp_loss_weight, targets=None, teacher_logit
         "balance_loss": balance_loss,
         "distill_loss": distill_loss,
         "expert_load": outputs["expert_load"],
+        "moe_dropped": outputs.get("moe_dropped",
+                                   tf.zeros(tf.shape(outputs["expert_load"])[:1])),
     }

@@ -1,4 +1,4 @@
-"""DeepSeekMoE: shared experts plus top-k routed experts, sparse dispatch.
+"""DeepSeekMoE: shared experts plus top-k routed experts, two dispatches.
 
 DeepSeek-V3 (arXiv 2412.19437) §2.1.2 eq. 12:
 
@@ -6,10 +6,27 @@ DeepSeek-V3 (arXiv 2412.19437) §2.1.2 eq. 12:
 
 (the residual u_t is added by the decoder block). The N_s shared experts are
 fused into one SwiGLU of width moe_intermediate_size * n_shared_experts, as in
-HF. Routed compute scales with num_experts_per_tok, not n_routed_experts: the
-(token, expert) pairs are sorted by expert, each expert runs only on its own
-tokens (tf.split by per-expert counts), and the weighted outputs are summed
-back per token (unsorted_segment_sum).
+HF. Routed compute scales with num_experts_per_tok, not n_routed_experts. The
+N*K (token, expert) pairs of the N tokens of a call are dispatched one of two
+ways:
+
+- dropless (the default): the pairs are sorted by expert, each expert runs
+  only on its own tokens (tf.split by per-expert counts, a Python loop over
+  experts), and the weighted outputs are summed back per token
+  (unsorted_segment_sum). Shapes depend on the routing: XLA cannot compile it.
+- capacity (`capacity_factor` set): every expert gets S slots,
+
+      S = min(ceil(capacity_factor * N * K / E), N)
+
+  (an expert is picked at most once per token, so more than N slots would stay
+  empty). Pairs sorted by expert (stable, so by token order within an expert)
+  take the slots in order; the pairs of an expert beyond its S are dropped and
+  contribute zero (the token keeps its other experts, the shared expert and the
+  residual). All experts then run as one batched einsum on an (E, S, C)
+  buffer over their stacked kernels, so every shape is static when N is (the
+  GShard / Switch Transformer "expert capacity", as in MaxText's dense_matmul;
+  there the top-1 choices of all tokens take slots before any top-2 choice,
+  here earlier tokens come first).
 
 Also computed, for training: the per-expert load (tokens routed to each
 expert, the input of the auxiliary-loss-free bias update) and the
@@ -21,6 +38,8 @@ complementary sequence-wise balance loss (§2.1.2 eq. 17-20):
     L_Bal = alpha * sum_i f_i P_i     (per sequence, then batch mean) eq. 17
 """
 
+import fractions
+
 import keras
 import tensorflow as tf
 
@@ -28,6 +47,34 @@ from models.deepseek._tracking import with_layer_lists
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.mlp import SwiGLU
 from models.deepseek.router import DeepSeekTopKRouter
+
+
+def expert_capacity(n_tokens, n_experts: int, top_k: int, capacity_factor: float):
+    """Slots per expert, S = min(ceil(capacity_factor * N * K / E), N).
+
+    Exact integer arithmetic on the decimal value of `capacity_factor` (1.1 is
+    11/10, so 1.1 * 100 / 10 gives 11, not the 12 of float rounding).
+
+    Args:
+      n_tokens: N, a Python int or an int32 scalar tensor.
+      n_experts: E.
+      top_k: K, experts per token.
+      capacity_factor: a float > 0.
+
+    Returns:
+      S, a Python int if `n_tokens` is one, else an int32 scalar tensor.
+
+    Raises:
+      ValueError: if capacity_factor <= 0.
+    """
+    if not capacity_factor > 0:
+        raise ValueError(f"capacity_factor must be > 0, got {capacity_factor!r}")
+    ratio = fractions.Fraction(repr(float(capacity_factor)))  # decimal value, exactly
+    num, den = ratio.numerator * top_k, ratio.denominator * n_experts
+    if isinstance(n_tokens, int):
+        return min(-(-num * n_tokens // den), n_tokens)
+    n = tf.cast(n_tokens, tf.int64)
+    return tf.cast(tf.minimum((num * n + den - 1) // den, n), tf.int32)
 
 
 @keras.saving.register_keras_serializable(package="deepseek")
@@ -44,14 +91,20 @@ class DeepSeekMoE(keras.layers.Layer):
     Call args:
       hidden_states: float tensor (B, T, C).
       training: unused (routing is the same in training and inference).
+      capacity_factor: None for the dropless dispatch (inference and serving
+        use it), or a float > 0 for the static-shape capacity dispatch (module
+        docstring; `expert_capacity`).
 
     Returns:
-      (output, expert_load, balance_loss):
+      (output, expert_load, balance_loss, dropped):
         output: (B, T, C), dtype of `hidden_states`;
         expert_load: float32 (n_routed_experts,), number of tokens routed to
-          each expert in this call (B*T*num_experts_per_tok in total);
+          each expert in this call (B*T*num_experts_per_tok in total), before
+          any dropping;
         balance_loss: float32 scalar, aux_loss_alpha * L_Bal (eq. 17), the
-          mean over the B sequences.
+          mean over the B sequences;
+        dropped: float32 scalar, the (token, expert) pairs dropped for lack of
+          capacity (0.0 on the dropless path).
 
     Reference: DeepSeek-V3 arXiv 2412.19437 §2.1.2; HF transformers
     `modeling_deepseek_v3.py` (DeepseekV3MoE).
@@ -82,32 +135,24 @@ class DeepSeekMoE(keras.layers.Layer):
         if self.shared_experts is not None:
             self.shared_experts.build()
 
-    def call(self, hidden_states, training=False):
+    def call(self, hidden_states, training=False, capacity_factor=None):
         c = self.config
-        n_experts, top_k = c.n_routed_experts, c.num_experts_per_tok
+        n_experts = c.n_routed_experts
         batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
         x = tf.reshape(hidden_states, [-1, c.hidden_size])  # (N, C), N = B*T
-        n_tokens = tf.shape(x)[0]
 
         topk_indices, topk_weights, scores = self.gate(x)  # (N, K), (N, K), (N, E)
+        # Pairs per expert. tf.math.bincount derives its output size from the data,
+        # which XLA cannot compile; the raw op takes the constant size E.
+        counts = tf.raw_ops.DenseBincount(input=tf.reshape(topk_indices, [-1]), size=n_experts,
+                                          weights=tf.zeros([0], tf.int32))  # (E,) int32
 
-        # Dispatch: sort the N*K (token, expert) pairs by expert.
-        flat_expert = tf.reshape(topk_indices, [-1])  # (N*K,)
-        flat_token = tf.repeat(tf.range(n_tokens), top_k)  # (N*K,) token of each pair
-        flat_weight = tf.reshape(topk_weights, [-1])  # (N*K,)
-        order = tf.argsort(flat_expert, stable=True)  # (N*K,)
-        sorted_token = tf.gather(flat_token, order)  # (N*K,)
-        sorted_weight = tf.gather(flat_weight, order)  # (N*K,)
-        counts = tf.math.bincount(flat_expert, minlength=n_experts, maxlength=n_experts,
-                                  dtype=tf.int32)  # (E,)
-
-        # Each expert runs on its own tokens only.
-        expert_inputs = tf.split(tf.gather(x, sorted_token), counts, num=n_experts,
-                                 axis=0)  # E x (count_e, C)
-        expert_outputs = tf.concat(
-            [expert(xe) for expert, xe in zip(self.experts, expert_inputs, strict=True)], axis=0)  # (N*K, C)
-        expert_outputs *= tf.cast(sorted_weight, expert_outputs.dtype)[:, None]  # (N*K, C)
-        routed = tf.math.unsorted_segment_sum(expert_outputs, sorted_token, n_tokens)  # (N, C)
+        if capacity_factor is None:
+            routed = self._dropless(x, topk_indices, topk_weights, counts)  # (N, C)
+            dropped = tf.constant(0.0)
+        else:
+            routed, dropped = self._with_capacity(x, topk_indices, topk_weights, counts,
+                                                  capacity_factor)  # (N, C), scalar
 
         out = routed
         if self.shared_experts is not None:
@@ -116,7 +161,85 @@ class DeepSeekMoE(keras.layers.Layer):
 
         expert_load = tf.cast(counts, tf.float32)  # (E,)
         balance_loss = self._sequence_balance_loss(topk_indices, scores, batch, seq)
-        return out, expert_load, balance_loss
+        return out, expert_load, balance_loss, dropped
+
+    def _dropless(self, x, topk_indices, topk_weights, counts):
+        """Routed output (N, C): each expert on exactly its own tokens (dynamic shapes)."""
+        top_k = self.config.num_experts_per_tok
+        n_tokens = tf.shape(x)[0]
+        flat_expert = tf.reshape(topk_indices, [-1])  # (N*K,)
+        flat_token = tf.repeat(tf.range(n_tokens), top_k)  # (N*K,) token of each pair
+        flat_weight = tf.reshape(topk_weights, [-1])  # (N*K,)
+        order = tf.argsort(flat_expert, stable=True)  # (N*K,)
+        sorted_token = tf.gather(flat_token, order)  # (N*K,)
+        sorted_weight = tf.gather(flat_weight, order)  # (N*K,)
+
+        # Each expert runs on its own tokens only.
+        expert_inputs = tf.split(tf.gather(x, sorted_token), counts, num=len(self.experts),
+                                 axis=0)  # E x (count_e, C)
+        expert_outputs = tf.concat(
+            [expert(xe) for expert, xe in zip(self.experts, expert_inputs, strict=True)], axis=0)  # (N*K, C)
+        expert_outputs *= tf.cast(sorted_weight, expert_outputs.dtype)[:, None]  # (N*K, C)
+        return tf.math.unsorted_segment_sum(expert_outputs, sorted_token, n_tokens)  # (N, C)
+
+    def _with_capacity(self, x, topk_indices, topk_weights, counts, capacity_factor):
+        """Routed output (N, C) and dropped pairs (float32 scalar), S slots per expert.
+
+        Shapes are static when N is. With a dynamic N (e.g. a tf.function with
+        input_signature [None, None]) S is an int32 tensor and the buffer is
+        (E, S, C) with S known at run time only: a graph runs it as it is; XLA
+        (jit_compile) compiles it once per concrete input shape, where S is a
+        constant again.
+        """
+        c = self.config
+        n_experts, top_k = c.n_routed_experts, c.num_experts_per_tok
+        n_tokens = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
+        slots = expert_capacity(n_tokens, n_experts, top_k, capacity_factor)  # S
+        n_pairs = tf.size(topk_indices)  # N*K
+
+        # Rank of each pair within its expert: pairs sorted by expert (stable), minus
+        # the expert's first position (exclusive cumsum of the counts).
+        flat_expert = tf.reshape(topk_indices, [-1])  # (N*K,) pair p = token p // K
+        order = tf.argsort(flat_expert, stable=True)  # (N*K,) sorted position -> pair
+        sorted_expert = tf.gather(flat_expert, order)  # (N*K,)
+        starts = tf.cumsum(counts, exclusive=True)  # (E,) first sorted position per expert
+        sorted_rank = tf.range(n_pairs) - tf.gather(starts, sorted_expert)  # (N*K,)
+        # argsort(order) inverts the permutation. tf.math.invert_permutation compiles
+        # for this layer alone but not inside forward_train (TF 2.16 XLA: "Dynamic
+        # reshape is not implemented"); a second sort of N*K ints compiles in both.
+        rank = tf.gather(sorted_rank, tf.argsort(order))  # (N*K,) pair order
+        keep = rank < slots  # (N*K,)
+        dropped = tf.reduce_sum(tf.cast(tf.maximum(counts - slots, 0), tf.float32))
+
+        # Dispatch: slot (e, s) holds the pair at sorted position starts[e] + s when
+        # s < counts[e] (so the kept pairs, ranks 0..S-1), else zeros. A gather per
+        # slot, equivalent to scattering the kept pairs into the buffer.
+        s = tf.range(slots)  # (S,)
+        filled = s[None, :] < counts[:, None]  # (E, S)
+        position = tf.minimum(starts[:, None] + s[None, :], n_pairs - 1)  # (E, S)
+        slot_token = tf.gather(order, position) // top_k  # (E, S)
+        buffer = tf.where(filled[:, :, None], tf.gather(x, slot_token),
+                          tf.zeros([], x.dtype))  # (E, S, C)
+
+        # All experts at once, SwiGLU on stacked kernels. `kernel` includes the LoRA
+        # update when LoRA is enabled; cast to the compute dtype (mixed precision).
+        dtype = x.dtype
+        w_gate = tf.stack([tf.cast(e.gate_proj.kernel, dtype) for e in self.experts])  # (E, C, F)
+        w_up = tf.stack([tf.cast(e.up_proj.kernel, dtype) for e in self.experts])  # (E, C, F)
+        w_down = tf.stack([tf.cast(e.down_proj.kernel, dtype) for e in self.experts])  # (E, F, C)
+        h = (tf.nn.silu(tf.einsum("esc,ecf->esf", buffer, w_gate))
+             * tf.einsum("esc,ecf->esf", buffer, w_up))  # (E, S, F)
+        y = tf.einsum("esf,efc->esc", h, w_down)  # (E, S, C)
+
+        # Combine: each pair reads its slot (dropped pairs read zero), times its
+        # gating weight, then the K pairs of a token are summed (pair p = n*K + k).
+        slot = flat_expert * slots + tf.minimum(rank, slots - 1)  # (N*K,) row of (E*S, C)
+        y_pairs = tf.gather(tf.reshape(y, [-1, c.hidden_size]), slot)  # (N*K, C)
+        y_pairs = tf.where(keep[:, None], y_pairs, tf.zeros([], dtype))  # (N*K, C)
+        y_pairs *= tf.cast(tf.reshape(topk_weights, [-1]), dtype)[:, None]  # (N*K, C)
+        routed = tf.reduce_sum(tf.reshape(y_pairs, [-1, top_k, c.hidden_size]),
+                               axis=1)  # (N, K, C) -> (N, C)
+        return routed, dropped
 
     def _sequence_balance_loss(self, topk_indices, scores, batch, seq):
         """alpha * L_Bal, DeepSeek-V3 §2.1.2 eq. 17-20, float32 scalar."""

@@ -36,12 +36,14 @@ class MultiTokenPredictionLayer(keras.layers.Layer):
         (for k = 1: the main model's last hidden states before its final norm).
       token_embeddings: float tensor (B, T', C), Emb(t_{i+k}) for the same positions.
       training: passed to the block.
+      moe_capacity_factor: passed to the block (None: dropless MoE dispatch).
 
     Returns:
       (hidden_states, normed, moe_aux):
         hidden_states: h^k (B, T', C), the input of depth k + 1;
         normed: shared_head.norm(h^k) (B, T', C), to feed the shared output head;
-        moe_aux: (expert_load (E,), balance_loss scalar) of the block, or None if dense.
+        moe_aux: (expert_load (E,), balance_loss scalar, dropped scalar) of the
+          block, or None if dense.
 
     Reference: DeepSeek-V3 arXiv 2412.19437 §2.2 eq. 21-23.
     """
@@ -69,11 +71,12 @@ class MultiTokenPredictionLayer(keras.layers.Layer):
         self.block.build((None, None, c))
         self.shared_head_norm.build((None, None, c))
 
-    def call(self, hidden_states, token_embeddings, training=False):
+    def call(self, hidden_states, token_embeddings, training=False, moe_capacity_factor=None):
         h = tf.concat([self.enorm(token_embeddings), self.hnorm(hidden_states)],
                       axis=-1)  # (B, T', 2C)
         h = self.eh_proj(h)  # (B, T', C)
-        h, _, moe_aux = self.block(h, training=training)  # (B, T', C)
+        h, _, moe_aux = self.block(h, training=training,
+                                   moe_capacity_factor=moe_capacity_factor)  # (B, T', C)
         return h, self.shared_head_norm(h), moe_aux
 
     def get_config(self):

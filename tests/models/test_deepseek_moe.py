@@ -73,8 +73,9 @@ def test_moe_equals_dense_reference_and_reports_load(tiny_config):
     moe = DeepSeekMoE(tiny_config, name="mlp")
     moe.build()
     x = np.random.default_rng(3).normal(size=(2, 5, 32)).astype("float32")
-    out, load, balance_loss = moe(x)
+    out, load, balance_loss, dropped = moe(x)
     assert out.shape == (2, 5, 32) and load.dtype == tf.float32
+    assert dropped.dtype == tf.float32 and dropped.numpy() == 0.0  # dropless by default
 
     # Reference: run every expert on every token and mix with the gating weights.
     flat = x.reshape(10, 32)
@@ -95,7 +96,7 @@ def test_balance_loss_matches_paper_formula(tiny_config):
     moe = DeepSeekMoE(config)
     moe.build()
     x = np.random.default_rng(5).normal(size=(3, 4, 32)).astype("float32")
-    _, _, balance_loss = moe(x)
+    _, _, balance_loss, _ = moe(x)
     indices, _, scores = (t.numpy() for t in moe.gate(x.reshape(12, 32)))
     indices, scores = indices.reshape(3, 4, 2), scores.reshape(3, 4, 8)
     total = 0.0
@@ -113,7 +114,7 @@ def test_moe_in_tf_function_with_dynamic_shapes(tiny_config):
 
     @tf.function(input_signature=[tf.TensorSpec([None, None, 32], tf.float32)])
     def step(x):
-        out, load, _ = moe(x)
+        out, load, _, _ = moe(x)
         moe.update_bias(load, 0.001)
         return out
 
