@@ -107,7 +107,7 @@ def test_compute_loss_includes_mtp_and_call_skips_it(tiny_config):
     inputs, labels = ids[:, :-1], ids[:, 1:]
     losses = model.compute_loss(inputs, labels)
     assert set(losses) == {"loss", "lm_loss", "mtp_loss", "balance_loss", "distill_loss",
-                           "expert_load"}
+                           "expert_load", "moe_dropped"}
     assert losses["distill_loss"].numpy() == 0.0  # no teacher
     for name in ("loss", "lm_loss", "mtp_loss", "balance_loss"):
         assert losses[name].dtype == tf.float32 and losses[name].shape == ()
@@ -221,7 +221,7 @@ def test_tiny_overfit_trains_attention_moe_and_mtp(tiny_config):
         assert grad_norms[name] > 0, name
     routed = [n for p, n in grad_norms.items() if p.startswith("layers.1/mlp/experts.")]
     assert sum(n > 0 for n in routed) >= 2 * 3  # routed experts in use receive gradients
-    first = {k: float(v) for k, v in losses.items() if k != "expert_load"}
+    first = {k: float(v) for k, v in losses.items() if k not in ("expert_load", "moe_dropped")}
     for _ in range(39):
         losses, _ = train_step()
     # 4.2 (= ln 64) -> ~0.02 for both in practice.
