@@ -152,7 +152,7 @@ class ServingModule(tf.Module):
         lengths = tf.cast(ids.row_lengths(), tf.int32)  # [B]
         kept = tf.minimum(lengths, tf.maximum(self.max_context - max_new_tokens, 1))  # [B]
         dense = ids.to_tensor(default_value=self.pad_id)  # [B, T]
-        width = tf.reduce_max(kept)
+        width = tf.reduce_max(tf.concat([kept, [0]], axis=0))  # 0 for no prompts
         columns = tf.range(width)[None, :]  # [1, P]
         source = tf.minimum((lengths - kept)[:, None] + columns, tf.shape(dense)[1] - 1)
         cropped = tf.gather(dense, source, batch_dims=1)  # [B, P] each row's last `kept`
@@ -173,7 +173,7 @@ class ServingModule(tf.Module):
             stop_token_id=self.eos_id,
             prompt_lengths=lengths,
         )  # [B, P + max(max_new_tokens)]
-        steps = tf.range(tf.reduce_max(max_new_tokens))[None, :]  # [1, N]
+        steps = tf.range(tf.reduce_max(tf.concat([max_new_tokens, [0]], 0)))[None, :]  # [1, N]
         columns = tf.minimum(lengths[:, None] + steps, tf.shape(tokens)[1] - 1)  # [B, N]
         new_tokens = tf.gather(tokens, columns, batch_dims=1)  # [B, N] each row's new tokens
         # The first [EOS] and what follows it (or the row's max_new_tokens) are not

@@ -79,14 +79,15 @@ def generate(model, input_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1
     if use_cache:
         _check_context(input_ids, max_new_tokens, ends, max_positions)
     pad_id = 0 if stop_token_id is None else stop_token_id
-    tokens = tf.concat([input_ids, tf.fill([batch, tf.reduce_max(new_tokens)], pad_id)],
-                       axis=1)  # (B, P' + N)
+    most_new = (max_new_tokens if isinstance(max_new_tokens, int)
+                else tf.reduce_max(tf.concat([new_tokens, [1]], axis=0)))  # 1 if B = 0
+    tokens = tf.concat([input_ids, tf.fill([batch, most_new], pad_id)], axis=1)  # (B, P' + N)
     width = tf.shape(tokens)[1]
     columns = tf.range(width)[None, :]  # (1, P' + N)
     seeds = _row_seeds(seed, batch)  # (B,)
 
     if use_cache:
-        cache_len = tf.reduce_max(ends)
+        cache_len = tf.reduce_max(tf.concat([ends, [1]], axis=0))  # 1 if B = 0
         cache = model.init_cache(batch, cache_len)  # (L, B, S, R+Dr)
         logits, cache = model.call_with_cache(input_ids, cache, 0, absorb=absorb)  # (B, P', V)
         logits = tf.gather(logits, prompt_lengths - 1, batch_dims=1)  # (B, V)
@@ -176,7 +177,8 @@ def _window_logits(model, tokens, ends, max_positions):
     Args: tokens int32 (B, W); ends int32 (B,), each in [1, W].
     Returns: float32 (B, V).
     """
-    window = tf.minimum(tf.reduce_max(ends), max_positions)  # one width for all rows
+    longest = tf.reduce_max(tf.concat([ends, [1]], axis=0))  # 1 if B = 0
+    window = tf.minimum(longest, max_positions)  # one width for all rows
     starts = tf.maximum(ends - window, 0)  # (B,)
     columns = starts[:, None] + tf.range(window)[None, :]  # (B, window), all < W
     logits = model(tf.gather(tokens, columns, batch_dims=1), training=False)  # (B, window, V)

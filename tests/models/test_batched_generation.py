@@ -119,6 +119,12 @@ def test_batched_generate_in_tf_function(tiny_model):
         serve(padded, [3, 8, 5], *knobs)
 
 
+def test_an_empty_batch_gives_no_rows(tiny_model):
+    for mode in (dict(use_cache=True), dict(use_cache=False)):
+        tokens, lengths = generate(tiny_model, tf.zeros([0, 3], tf.int32), 4, **mode)
+        assert tokens.shape == (0, 7) and lengths.shape == (0,)
+
+
 def test_sliding_window_rows_of_different_lengths(tiny_config):
     keras.utils.set_random_seed(5)
     model = DeepSeekCausalLM(tiny_config.replace(max_position_embeddings=8))

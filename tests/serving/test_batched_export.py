@@ -81,3 +81,9 @@ def test_serving_default_broadcasts_the_defaults_with_seed_0(signatures):
     expected = _call(signatures["generate"], PROMPTS, defaults)
     assert out["completion"].numpy().tolist() == expected["completion"]
     assert out["text"].numpy().tolist() == expected["text"]
+
+
+def test_no_prompts_give_no_rows(signatures):
+    out = _call(signatures["generate"], tf.zeros([0], tf.string),
+                {k: tf.zeros([0], d) for k, d in DTYPES.items()})
+    assert out == {"completion": [], "text": [], "num_generated": []}
