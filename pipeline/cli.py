@@ -493,13 +493,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             print(f"note: {model_dir} has no chat template; --raw changes nothing",
                   file=sys.stderr)
+    prompts = tf.constant([args.prompt])
+    n = tf.shape(prompts)[0]  # the signature takes one value of each knob per prompt
     out = loaded.signatures[signature](
-        prompt=tf.constant([args.prompt]),
-        max_new_tokens=tf.constant(args.max_new_tokens, tf.int32),
-        temperature=tf.constant(args.temperature, tf.float32),
-        top_k=tf.constant(args.top_k, tf.int32),
-        top_p=tf.constant(args.top_p, tf.float32),
-        seed=tf.constant(args.seed, tf.int32),
+        prompt=prompts,
+        max_new_tokens=tf.fill([n], tf.constant(args.max_new_tokens, tf.int32)),
+        temperature=tf.fill([n], tf.constant(args.temperature, tf.float32)),
+        top_k=tf.fill([n], tf.constant(args.top_k, tf.int32)),
+        top_p=tf.fill([n], tf.constant(args.top_p, tf.float32)),
+        seed=tf.fill([n], tf.constant(args.seed, tf.int32)),
     )
     sys.stdout.write(out["text"][0].numpy().decode("utf-8") + "\n")
     return 0

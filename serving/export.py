@@ -4,9 +4,11 @@
 tokenizer, with signatures:
 
   serving_default  prompt tf.string [batch] -> completion, text tf.string [batch]
-                   (sampling with the config's generation defaults)
-  generate         prompt, max_new_tokens, temperature, top_k, top_p, seed
-                   -> completion, text, num_generated int32 [batch]
+                   (sampling with the config's generation defaults, seed 0 in every row)
+  generate         prompt tf.string [batch], and one value per prompt of
+                   max_new_tokens int32 [batch], temperature float32 [batch],
+                   top_k int32 [batch], top_p float32 [batch], seed int32 [batch]
+                   -> completion, text tf.string [batch], num_generated int32 [batch]
   logits           input_ids int32 [batch, seq] -> logits float32 [batch, seq, vocab]
   tokenize         text tf.string [batch] -> input_ids int32 [batch, max_len] (padded
                    with the pad id), lengths int32 [batch]
@@ -22,6 +24,16 @@ completion). Such a model also has
 
   generate_raw     the inputs and outputs of `generate`, on the prompt as given
                    (no template; `deepseek-tfx generate --raw`)
+
+Generation runs all the prompts of a call as one batch, each row on its own: the
+prompts are tokenized in one call, each is prefixed with [EOS] (the document
+separator; a plain language model) or wrapped in the chat affixes, cropped to its
+last max_position_embeddings - max_new_tokens tokens, and one batched
+`models.deepseek.generate` decodes them all (right-padded, per-row positions, stops,
+knobs and seed streams). Row b samples step t with the stateless seed (seed[b], t),
+so a row's completion does not depend on the other rows of the call: a server may
+concatenate the rows of different requests into one call. Each completion ends
+before its first [EOS].
 
 It loads with only `tensorflow` and `tensorflow_text` imported (the regex ops live
 in tensorflow_text), which is what TensorFlow Serving needs too.
@@ -58,16 +70,17 @@ from pipeline.configs import GenerationConfig, PipelineConfig
 from serving.hf_interop import GENERATION_CONFIG_NAME, generation_config_to_hf
 from serving.hf_interop import PIPELINE_CONFIG_ASSET as CONFIG_ASSET
 
-CHAT_PROMPT_ASSET = "chat_prompt.json"
-# The inputs of `generate` and `generate_raw`.
+CHAT_PROMPT_ASSET = "chat_prompt.json"  # assets.extra/: the chat template's prompt affixes
+# The inputs of `generate` and `generate_raw`: one value of each per prompt, so rows
+# of different requests can share one call.
 GENERATE_SIGNATURE = [
     tf.TensorSpec([None], tf.string, name="prompt"),
-    tf.TensorSpec([], tf.int32, name="max_new_tokens"),
-    tf.TensorSpec([], tf.float32, name="temperature"),
-    tf.TensorSpec([], tf.int32, name="top_k"),
-    tf.TensorSpec([], tf.float32, name="top_p"),
-    tf.TensorSpec([], tf.int32, name="seed"),
-]  # assets.extra/: the chat template's prompt affixes
+    tf.TensorSpec([None], tf.int32, name="max_new_tokens"),
+    tf.TensorSpec([None], tf.float32, name="temperature"),
+    tf.TensorSpec([None], tf.int32, name="top_k"),
+    tf.TensorSpec([None], tf.float32, name="top_p"),
+    tf.TensorSpec([None], tf.int32, name="seed"),
+]
 
 
 class ServingModule(tf.Module):
@@ -116,19 +129,39 @@ class ServingModule(tf.Module):
         return {"logits": tf.cast(self.model(input_ids, training=False), tf.float32)}
 
     # -- generation ---------------------------------------------------------------
-    def _generate_one(self, prompt, max_new_tokens, temperature, top_k, top_p, seed,
-                      templated=False):
-        if templated:  # the chat template's prefix (its BOS included) and suffix
+    def _prompt_ids(self, prompt, max_new_tokens, templated):
+        """All prompts tokenized in one call, right-padded, each cropped to fit its output.
+
+        Args:
+          prompt: tf.string [B]. max_new_tokens: int32 [B].
+          templated: wrap each prompt in the chat template's prefix (its BOS
+            included) and suffix; else start each from [EOS], the document
+            separator (a plain prompt continues a document).
+
+        Returns:
+          (ids int32 [B, P] right-padded with pad_id, lengths int32 [B]): row b
+          keeps its last max(max_context - max_new_tokens[b], 1) tokens.
+        """
+        if templated:
             prefix, suffix = self.chat_prompt
-            prompt = tf.strings.join([prefix, prompt, suffix])
-        ids, lengths = self._encode(tf.reshape(prompt, [1]))
-        ids = ids[:, : lengths[0]]  # (1, T0)
+            prompt = tf.strings.join([prefix, prompt, suffix])  # [B]
+        ids = tf.cast(self.encoder.encode(prompt), tf.int32)  # [B, (T)]
         if not templated:
-            # A plain prompt continues a document: it starts from [EOS], the separator.
-            ids = tf.concat([tf.fill([1, 1], self.eos_id), ids], axis=1)
-        keep = tf.maximum(self.max_context - max_new_tokens, 1)
-        ids = ids[:, -keep:]  # crop the prompt to leave room for the new tokens
-        prompt_len = tf.shape(ids)[1]
+            eos = tf.fill([tf.shape(prompt)[0], 1], self.eos_id)  # [B, 1]
+            ids = tf.concat([tf.RaggedTensor.from_tensor(eos), ids], axis=1)  # [B, (1+T)]
+        lengths = tf.cast(ids.row_lengths(), tf.int32)  # [B]
+        kept = tf.minimum(lengths, tf.maximum(self.max_context - max_new_tokens, 1))  # [B]
+        dense = ids.to_tensor(default_value=self.pad_id)  # [B, T]
+        width = tf.reduce_max(tf.concat([kept, [0]], axis=0))  # 0 for no prompts
+        columns = tf.range(width)[None, :]  # [1, P]
+        source = tf.minimum((lengths - kept)[:, None] + columns, tf.shape(dense)[1] - 1)
+        cropped = tf.gather(dense, source, batch_dims=1)  # [B, P] each row's last `kept`
+        return tf.where(columns < kept[:, None], cropped, self.pad_id), kept
+
+    def _generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, raw=False):
+        """One batched `generate` over all prompts, each with its own knobs ([B] each)."""
+        templated = self.chat_prompt is not None and not raw
+        ids, lengths = self._prompt_ids(prompt, max_new_tokens, templated)  # [B, P], [B]
         tokens, _ = generate(
             self.model,
             ids,
@@ -138,41 +171,34 @@ class ServingModule(tf.Module):
             top_p=top_p,
             seed=seed,
             stop_token_id=self.eos_id,
-        )
-        new_tokens = tokens[:, prompt_len:]  # (1, max_new_tokens)
-        # Tokens after the first [EOS] are not part of the completion.
-        is_eos = tf.cast(tf.equal(new_tokens, self.eos_id), tf.int32)
-        alive = tf.equal(tf.cumsum(is_eos, axis=1), 0)
-        new_tokens = tf.where(alive, new_tokens, self.pad_id)
-        completion = self.encoder.decode(new_tokens)[0]
-        return completion, tf.reduce_sum(tf.cast(alive, tf.int32))
-
-    def _generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, raw=False):
-        templated = self.chat_prompt is not None and not raw
-
-        def one(p):
-            return self._generate_one(p, max_new_tokens, temperature, top_k, top_p, seed,
-                                      templated)
-
-        completion, num_generated = tf.map_fn(
-            one, prompt, fn_output_signature=(tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int32))
-        )
+            prompt_lengths=lengths,
+        )  # [B, P + max(max_new_tokens)]
+        steps = tf.range(tf.reduce_max(tf.concat([max_new_tokens, [0]], 0)))[None, :]  # [1, N]
+        columns = tf.minimum(lengths[:, None] + steps, tf.shape(tokens)[1] - 1)  # [B, N]
+        new_tokens = tf.gather(tokens, columns, batch_dims=1)  # [B, N] each row's new tokens
+        # The first [EOS] and what follows it (or the row's max_new_tokens) are not
+        # part of the completion.
+        before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(new_tokens, self.eos_id), tf.int32),
+                                        axis=1), 0)
+        alive = tf.logical_and(before_eos, steps < max_new_tokens[:, None])  # [B, N]
+        completion = self.encoder.decode(tf.where(alive, new_tokens, self.pad_id))  # [B]
         return {
             "completion": completion,
             "text": tf.strings.join([prompt, completion]),
-            "num_generated": num_generated,
+            "num_generated": tf.reduce_sum(tf.cast(alive, tf.int32), axis=1),
         }
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="prompt")])
     def serving_default(self, prompt):
         g = self.generation
+        batch = tf.shape(prompt)[0]
         out = self._generate(
             prompt,
-            tf.constant(g.max_new_tokens),
-            tf.constant(g.temperature),
-            tf.constant(g.top_k),
-            tf.constant(g.top_p),
-            tf.constant(0),
+            tf.fill([batch], g.max_new_tokens),
+            tf.fill([batch], tf.cast(g.temperature, tf.float32)),
+            tf.fill([batch], g.top_k),
+            tf.fill([batch], tf.cast(g.top_p, tf.float32)),
+            tf.zeros([batch], tf.int32),
         )
         return {"completion": out["completion"], "text": out["text"]}
 

@@ -276,14 +276,20 @@ class DeepSeekCausalLM(keras.Model):
             [c.num_hidden_layers, batch_size, max_length, c.kv_lora_rank + c.qk_rope_head_dim],
             dtype=self.compute_dtype)
 
-    def call_with_cache(self, input_ids, cache, cache_index):
+    def call_with_cache(self, input_ids, cache, cache_index, absorb=True):
         """Logits of new tokens given the cache of the tokens before them.
 
         Args:
-          input_ids: int32 tensor (B, T), the tokens at positions
-            cache_index .. cache_index + T - 1 (T = prompt length to prefill, or 1).
+          input_ids: int32 tensor (B, T), the tokens of row b at positions
+            cache_index[b] .. cache_index[b] + T - 1 (T = prompt length to
+            prefill, or 1).
           cache: tensor from `init_cache` or a previous call, (L, B, S, R + Dr).
-          cache_index: int32 scalar, number of positions already in the cache.
+          cache_index: int32 scalar, or (B,) vector, the number of positions
+            already in the cache of each row (rows of a right-padded batch
+            decode at their own positions; see `MultiHeadLatentAttention`).
+          absorb: attend in the latent space (W_UK and W_UV absorbed, the cache
+            never re-expanded); False expands the cache through kv_b_proj. Same
+            logits up to float32 rounding.
 
         Returns:
           (logits float32 (B, T, V), new_cache (L, B, S, R + Dr)).
@@ -294,7 +300,8 @@ class DeepSeekCausalLM(keras.Model):
         h = self.embed_tokens(input_ids)  # (B, T, C)
         new_caches = []
         for i, block in enumerate(self.decoder_layers):
-            h, layer_cache, _ = block(h, cache=cache[i], cache_index=cache_index)  # (B, T, C)
+            h, layer_cache, _ = block(h, cache=cache[i], cache_index=cache_index,
+                                      absorb=absorb)  # (B, T, C)
             new_caches.append(layer_cache)  # (B, S, R + Dr)
         return self.logits_from_hidden(self.norm(h)), tf.stack(new_caches)  # (L, B, S, R+Dr)
 

@@ -23,7 +23,7 @@ class DeepSeekDecoderBlock(keras.layers.Layer):
 
     Call args:
       hidden_states: float tensor (B, T, C).
-      positions_offset, cache, cache_index, training: as for
+      positions_offset, cache, cache_index, training, absorb: as for
         `MultiHeadLatentAttention`.
       moe_capacity_factor: `capacity_factor` of DeepSeekMoE (None: dropless).
 
@@ -67,10 +67,10 @@ class DeepSeekDecoderBlock(keras.layers.Layer):
         self.mlp.build(shape)
 
     def call(self, hidden_states, positions_offset=0, cache=None, cache_index=None,
-             training=False, moe_capacity_factor=None):
+             training=False, moe_capacity_factor=None, absorb=True):
         attn = self.self_attn(self.input_layernorm(hidden_states),
                               positions_offset=positions_offset, cache=cache,
-                              cache_index=cache_index, training=training)
+                              cache_index=cache_index, training=training, absorb=absorb)
         new_cache = None
         if cache is not None:
             attn, new_cache = attn

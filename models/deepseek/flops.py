@@ -12,6 +12,8 @@ width d_v = v_head_dim) matmuls over the T context positions, 2 FLOPs each
 forward, x3 for forward + backward; with d_qk = d_v = Q it is nanoGPT's
 12 * L * H * Q * T. Like nanoGPT it counts the full T x T score matrix, not the
 causal half. L_attn counts the MTP blocks when they are included.
+`decode_flops_per_token` counts the forward FLOPs of one generated token with
+the latent cache, with and without MLA's weight absorption.
 This module imports neither TensorFlow nor Keras.
 """
 
@@ -109,6 +111,53 @@ def flops_per_token(config: DeepSeekConfig, seq_len: int, include_mtp: bool = Tr
     layers = c.num_hidden_layers + (c.num_nextn_predict_layers if include_mtp else 0)
     attention = 6 * layers * c.num_attention_heads * seq_len * (c.qk_head_dim + c.v_head_dim)
     return 6 * activated_params(c, include_mtp=include_mtp) + attention
+
+
+def decode_flops_per_token(config: DeepSeekConfig, context_len: int,
+                           absorbed: bool = True) -> int:
+    """Forward FLOPs to generate one token with MLA's latent cache at context length S.
+
+    S = context_len, the cached positions the new token attends (itself
+    included). Matmuls count 2 FLOPs per multiply-add (as `flops_per_token`).
+    With H heads, R = kv_lora_rank, Dn/Dr/Dv = qk_nope/qk_rope/v head dims,
+    per layer:
+
+      absorbed (DeepSeek-V2 §2.1.2, W_UK absorbed into the query, W_UV into
+      the output; `MultiHeadLatentAttention` with absorb=True):
+          2*H*Dn*R            q_lat = q_nope W_UK^T
+        + 2*S*H*(R + Dr)      scores of [q_lat | q_pe] against the cache [c_kv | k_pe]
+        + 2*S*H*R             o_lat = probs c_kv
+        + 2*H*R*Dv            o = o_lat W_UV
+      expanded (absorb=False: the S cached latents re-expanded every step):
+          2*S*R*H*(Dn + Dv)   kv_b_proj on the S latents
+        + 2*S*H*(Dn + Dr)     scores
+        + 2*S*H*Dv            probs v
+
+    plus, either way, 2 * (N_active - L*R*H*(Dn + Dv)): every other per-token
+    matmul as `activated_params` counts it (projections, MLP or routed and
+    shared experts, router, lm_head; no MTP), kv_b_proj being counted above.
+    So absorbed = 2*N_active + L * 2*S*H*(2R + Dr), linear in S with a small
+    slope, while expanded grows by 2*R*H*(Dn + Dv) per layer and cached token.
+
+    Note: `generate` attends over its whole cache buffer (S = the longest
+    prompt + max_new_tokens of the batch, masked beyond each row's position),
+    so its work per step is this formula at that S.
+
+    Raises:
+      ValueError: if context_len < 1.
+    """
+    if context_len < 1:
+        raise ValueError(f"context_len={context_len} must be >= 1")
+    c, s = config, context_len
+    h, r, dn, dr, dv = (c.num_attention_heads, c.kv_lora_rank, c.qk_nope_head_dim,
+                        c.qk_rope_head_dim, c.v_head_dim)
+    kv_b = r * h * (dn + dv)  # kv_b_proj parameters of one layer
+    rest = 2 * (activated_params(c) - c.num_hidden_layers * kv_b)
+    if absorbed:
+        attention = 2 * h * dn * r + 2 * s * h * (r + dr) + 2 * s * h * r + 2 * h * r * dv
+    else:
+        attention = 2 * s * kv_b + 2 * s * h * (dn + dr) + 2 * s * h * dv
+    return rest + c.num_hidden_layers * attention
 
 
 def mfu(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> float:

@@ -1,14 +1,27 @@
-"""Autoregressive generation as pure TensorFlow (tf.while_loop, fixed-size buffers).
+"""Batched autoregressive generation as pure TensorFlow (tf.while_loop, fixed-size buffers).
 
 Usable eagerly or inside a `tf.function` (e.g. a serving signature): the output
-buffer has the final size from the start, and the loop stops early once every
-row has emitted `stop_token_id`.
+buffer has its final size from the start, and the loop stops early once every
+row has finished.
+
+One batch holds prompts of different lengths, right-padded: row b's prompt is
+input_ids[b, :prompt_lengths[b]] and its new tokens follow it in place, so
+every row sits at its own absolute positions (RoPE and cache slots) exactly as
+if it ran alone. A query at position p attends the slots <= p of its own row,
+so the padding after a prompt is never attended: the next token overwrites it
+before any real query reaches it. Each row also has its own stop (its first
+`stop_token_id`, or its own max_new_tokens), its own sampling knobs and its own
+seed stream, so a row's tokens do not depend on its batch-mates (up to float32
+rounding of sums over the padded width, which never flips a greedy choice
+unless two logits tie within it).
 
 Decoding: greedy when temperature == 0, else sampling from
 softmax(logits / temperature) restricted to the top_k most likely tokens
 (top_k > 0) and to the smallest set whose probability reaches top_p (nucleus
-sampling, Holtzman et al. 2019, arXiv 1904.09751). Sampling uses stateless ops
-seeded with (seed, step), so a seed makes results reproducible.
+sampling, Holtzman et al. 2019, arXiv 1904.09751). Row b at step t draws one
+uniform u from `tf.random.stateless_uniform(seed=(seed_b, t))` and takes the
+first token whose cumulative probability exceeds u (inverse-CDF sampling), so a
+seed makes a row's results reproducible whatever else is in the batch.
 """
 
 import tensorflow as tf
@@ -17,146 +30,219 @@ _INT32_MAX = 2**31 - 1
 
 
 def generate(model, input_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
-             seed=None, stop_token_id=None, use_cache=True):
-    """Extends each prompt by up to `max_new_tokens` tokens.
+             seed=None, stop_token_id=None, use_cache=True, prompt_lengths=None, absorb=True):
+    """Extends each prompt by up to its `max_new_tokens` tokens.
+
+    Every knob may be a scalar (all rows) or a (B,) vector (one value per row).
 
     Args:
       model: a DeepSeekCausalLM (anything with `config`, `__call__`,
         `init_cache`, `call_with_cache`).
-      input_ids: int32 tensor (B, P), P >= 1 (all rows the same length).
-      max_new_tokens: Python int or int32 scalar tensor N >= 1.
-      temperature: float or float32 scalar tensor; 0 = greedy (argmax).
-      top_k: int or int32 scalar tensor; 0 = no top-k filter.
-      top_p: float or float32 scalar tensor in (0, 1]; 1.0 = no nucleus filter.
-      seed: int or int32 scalar tensor; None = a random seed per call.
-      stop_token_id: int or None. A row that emits it is finished: its later
-        positions hold `stop_token_id`.
+      input_ids: int32 tensor (B, P), the prompts, right-padded (with any id).
+      max_new_tokens: int or int32 tensor, scalar or (B,), each >= 1.
+      temperature: float or float32 tensor, scalar or (B,); 0 = greedy (argmax).
+      top_k: int or int32 tensor, scalar or (B,); 0 = no top-k filter.
+      top_p: float or float32 tensor, scalar or (B,), in (0, 1]; 1.0 = no filter.
+      seed: int or int32 tensor, scalar or (B,): row b samples step t with the
+        stateless seed (seed_b, t). None = a random seed per row and call.
+      stop_token_id: int or None. A row that emits it is finished.
       use_cache: decode with the latent KV cache (one token per step). Requires
-        P + N <= config.max_position_embeddings. Without the cache every step
-        re-runs the model on the last max_position_embeddings tokens (a sliding
-        window), so any P + N works, at a much higher cost.
+        prompt_lengths[b] + max_new_tokens[b] <= config.max_position_embeddings
+        in every row. Without the cache every step re-runs the model on each
+        row's last max_position_embeddings tokens (a sliding window), so any
+        length works, at a much higher cost.
+      prompt_lengths: int32 (B,), each in [1, P]; None = every row is P long.
+      absorb: cached decoding attends in MLA's latent space (see
+        `MultiHeadLatentAttention`); False re-expands the cache every step.
 
     Returns:
       (tokens, lengths):
-        tokens: int32 (B, P + N), the prompt then the generated tokens; rows
-          that stopped early are padded with stop_token_id (with 0 if
-          stop_token_id is None, which cannot happen);
-        lengths: int32 (B,), P + number of generated tokens up to and including
-          the first stop token (P + N for rows that never stopped).
+        tokens: int32 (B, P' + N), P' = max(prompt_lengths), N =
+          max(max_new_tokens): row b holds its prompt then its generated tokens
+          (up to and including its first stop token), then stop_token_id (0 if
+          stop_token_id is None) up to the end;
+        lengths: int32 (B,), prompt_lengths[b] + the number of tokens row b
+          generated (prompt_lengths[b] + max_new_tokens[b] if it never stopped).
 
     Raises:
-      ValueError: if max_new_tokens < 1, or if use_cache and the static
-        P + N exceeds max_position_embeddings.
-      InvalidArgumentError (at run time): the same check when P is not static.
+      ValueError: if a static max_new_tokens < 1, or if use_cache and the
+        static P + max_new_tokens exceeds max_position_embeddings.
+      InvalidArgumentError (at run time): the same checks on tensors, a prompt
+        length outside [1, P], or a (B,) knob of another length than B.
     """
-    if isinstance(max_new_tokens, int):
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    else:  # a scalar tensor (e.g. a serving-signature input)
-        max_new_tokens = tf.cast(max_new_tokens, tf.int32)
-        tf.debugging.assert_greater_equal(max_new_tokens, 1, message="max_new_tokens must be >= 1")
-    max_positions = model.config.max_position_embeddings
     input_ids = tf.cast(input_ids, tf.int32)
-    batch, prompt_len = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
-    total_len = prompt_len + max_new_tokens
-
+    batch = tf.shape(input_ids)[0]
+    input_ids, prompt_lengths = _prompts(input_ids, prompt_lengths)  # (B, P'), (B,)
+    new_tokens = _max_new_tokens(max_new_tokens, batch)  # (B,)
+    ends = prompt_lengths + new_tokens  # (B,) the length of each finished row
+    max_positions = model.config.max_position_embeddings
     if use_cache:
-        static_len = input_ids.shape[1]
-        if (static_len is not None and isinstance(max_new_tokens, int)
-                and static_len + max_new_tokens > max_positions):
-            raise ValueError(
-                f"prompt length {static_len} + max_new_tokens {max_new_tokens} exceeds "
-                f"max_position_embeddings={max_positions}; use use_cache=False for a "
-                "sliding window")
-        tf.debugging.assert_less_equal(
-            total_len, max_positions,
-            message="prompt + max_new_tokens exceeds max_position_embeddings (cached mode)")
-
+        _check_context(input_ids, max_new_tokens, ends, max_positions)
     pad_id = 0 if stop_token_id is None else stop_token_id
-    tokens = tf.concat([input_ids, tf.fill([batch, max_new_tokens], pad_id)], axis=1)  # (B, P+N)
-    if seed is None:
-        seed = tf.random.uniform([], 0, _INT32_MAX, dtype=tf.int32)
-    seed = tf.cast(seed, tf.int32)
-
-    def next_logits_uncached(tokens, end):
-        """Logits after tokens[:, :end], from the last max_positions tokens only."""
-        start = tf.maximum(end - max_positions, 0)
-        return model(tokens[:, start:end], training=False)[:, -1]  # (B, V)
+    most_new = (max_new_tokens if isinstance(max_new_tokens, int)
+                else tf.reduce_max(tf.concat([new_tokens, [1]], axis=0)))  # 1 if B = 0
+    tokens = tf.concat([input_ids, tf.fill([batch, most_new], pad_id)], axis=1)  # (B, P' + N)
+    width = tf.shape(tokens)[1]
+    columns = tf.range(width)[None, :]  # (1, P' + N)
+    seeds = _row_seeds(seed, batch)  # (B,)
 
     if use_cache:
-        cache = model.init_cache(batch, total_len)  # (L, B, P+N, R+Dr)
-        logits, cache = model.call_with_cache(input_ids, cache, 0)  # (B, P, V)
-        logits = logits[:, -1]  # (B, V)
+        cache_len = tf.reduce_max(tf.concat([ends, [1]], axis=0))  # 1 if B = 0
+        cache = model.init_cache(batch, cache_len)  # (L, B, S, R+Dr)
+        logits, cache = model.call_with_cache(input_ids, cache, 0, absorb=absorb)  # (B, P', V)
+        logits = tf.gather(logits, prompt_lengths - 1, batch_dims=1)  # (B, V)
     else:
         cache = tf.zeros([0])  # unused loop variable
-        logits = next_logits_uncached(tokens, prompt_len)  # (B, V)
-
-    finished = tf.zeros([batch], tf.bool)
-    lengths = tf.fill([batch], total_len)
+        logits = _window_logits(model, tokens, prompt_lengths, max_positions)  # (B, V)
 
     def cond(step, tokens, cache, logits, finished, lengths):
-        return tf.logical_and(step < max_new_tokens,
-                              tf.logical_not(tf.reduce_all(finished)))
+        return tf.logical_not(tf.reduce_all(finished))
 
     def body(step, tokens, cache, logits, finished, lengths):
-        position = prompt_len + step
-        next_token = _choose(logits, temperature, top_k, top_p,
-                             tf.stack([seed, step]))  # (B,)
+        positions = prompt_lengths + step  # (B,) where this step's token goes
+        active = tf.logical_not(finished)  # (B,)
+        next_token = _choose(logits, temperature, top_k, top_p, seeds, step)  # (B,)
+        next_token = tf.where(active, next_token, pad_id)
         if stop_token_id is not None:
-            next_token = tf.where(finished, stop_token_id, next_token)
-            stopped = tf.logical_and(tf.logical_not(finished),
-                                     tf.equal(next_token, stop_token_id))  # (B,)
-            lengths = tf.where(stopped, position + 1, lengths)
+            stopped = tf.logical_and(active, tf.equal(next_token, stop_token_id))  # (B,)
+            lengths = tf.where(stopped, positions + 1, lengths)
             finished = tf.logical_or(finished, stopped)
-        indices = tf.stack([tf.range(batch), tf.fill([batch], position)], axis=1)  # (B, 2)
-        tokens = tf.tensor_scatter_nd_update(tokens, indices, next_token)  # (B, P+N)
+        finished = tf.logical_or(finished, step + 1 >= new_tokens)
+        write = tf.logical_and(tf.equal(columns, positions[:, None]), active[:, None])
+        tokens = tf.where(write, next_token[:, None], tokens)  # (B, P' + N)
         # Logits for the following step (computed, unused, after the last one).
         if use_cache:
-            step_logits, cache = model.call_with_cache(next_token[:, None], cache, position)
+            index = tf.minimum(positions, cache_len - 1)  # finished rows may run past their end
+            step_logits, cache = model.call_with_cache(next_token[:, None], cache, index,
+                                                       absorb=absorb)  # (B, 1, V)
             logits = step_logits[:, -1]  # (B, V)
         else:
-            logits = next_logits_uncached(tokens, position + 1)  # (B, V)
+            logits = _window_logits(model, tokens, positions + 1, max_positions)  # (B, V)
         return step + 1, tokens, cache, logits, finished, lengths
 
     _, tokens, _, _, _, lengths = tf.while_loop(
-        cond, body, (tf.constant(0), tokens, cache, logits, finished, lengths))
-    return tokens, lengths
+        cond, body, (tf.constant(0), tokens, cache, logits, tf.zeros([batch], tf.bool), ends))
+    return tf.where(columns < lengths[:, None], tokens, pad_id), lengths
 
 
-def _choose(logits, temperature, top_k, top_p, seed):
-    """One token per row from float32 logits (B, V) -> int32 (B,)."""
+def _prompts(input_ids, prompt_lengths):
+    """(input_ids cropped to the longest prompt (B, P'), prompt lengths int32 (B,))."""
+    batch, width = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
+    if prompt_lengths is None:
+        return input_ids, tf.fill([batch], width)
+    prompt_lengths = tf.broadcast_to(tf.cast(prompt_lengths, tf.int32), [batch])
+    tf.debugging.assert_greater_equal(prompt_lengths, 1, message="prompt_lengths must be >= 1")
+    tf.debugging.assert_less_equal(prompt_lengths, width,
+                                   message="prompt_lengths must be <= input_ids.shape[1]")
+    input_ids = input_ids[:, : tf.reduce_max(prompt_lengths)]  # (B, P')
+    padding = tf.range(tf.shape(input_ids)[1])[None, :] >= prompt_lengths[:, None]  # (B, P')
+    return tf.where(padding, 0, input_ids), prompt_lengths  # any padding id is fine
+
+
+def _max_new_tokens(max_new_tokens, batch):
+    """max_new_tokens as int32 (B,), checked >= 1 (ValueError if static, else at run time)."""
+    if isinstance(max_new_tokens, int):
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    else:
+        tf.debugging.assert_greater_equal(tf.cast(max_new_tokens, tf.int32), 1,
+                                          message="max_new_tokens must be >= 1")
+    return tf.broadcast_to(tf.cast(max_new_tokens, tf.int32), [batch])
+
+
+def _check_context(input_ids, max_new_tokens, ends, max_positions):
+    """Cached decoding: every row's prompt + new tokens within max_position_embeddings."""
+    static_len = input_ids.shape[1]
+    if (static_len is not None and isinstance(max_new_tokens, int)
+            and static_len + max_new_tokens > max_positions):
+        raise ValueError(
+            f"prompt length {static_len} + max_new_tokens {max_new_tokens} exceeds "
+            f"max_position_embeddings={max_positions}; use use_cache=False for a "
+            "sliding window")
+    tf.debugging.assert_less_equal(
+        tf.reduce_max(ends), max_positions,
+        message="prompt + max_new_tokens exceeds max_position_embeddings (cached mode)")
+
+
+def _row_seeds(seed, batch):
+    """Per-row seeds, int32 (B,): the given scalar or vector, or random ones."""
+    if seed is None:
+        return tf.random.uniform([batch], 0, _INT32_MAX, dtype=tf.int32)
+    return tf.broadcast_to(tf.cast(seed, tf.int32), [batch])
+
+
+def _window_logits(model, tokens, ends, max_positions):
+    """Logits after tokens[b, :ends[b]], from each row's last max_positions tokens.
+
+    Args: tokens int32 (B, W); ends int32 (B,), each in [1, W].
+    Returns: float32 (B, V).
+    """
+    longest = tf.reduce_max(tf.concat([ends, [1]], axis=0))  # 1 if B = 0
+    window = tf.minimum(longest, max_positions)  # one width for all rows
+    starts = tf.maximum(ends - window, 0)  # (B,)
+    columns = starts[:, None] + tf.range(window)[None, :]  # (B, window), all < W
+    logits = model(tf.gather(tokens, columns, batch_dims=1), training=False)  # (B, window, V)
+    # Causal attention: a row shorter than the window is not affected by what follows it.
+    return tf.gather(logits, ends - starts - 1, batch_dims=1)  # (B, V)
+
+
+def _choose(logits, temperature, top_k, top_p, seeds, step):
+    """One token per row from logits (B, V) -> int32 (B,); see the module docstring."""
     logits = tf.cast(logits, tf.float32)
     greedy = tf.argmax(logits, axis=-1, output_type=tf.int32)  # (B,)
     if isinstance(temperature, (int, float)) and temperature == 0:
         return greedy
 
-    temperature = tf.cast(temperature, tf.float32)
-    logits = logits / tf.where(temperature > 0, temperature, 1.0)
-    if not (isinstance(top_k, int) and top_k == 0):
-        logits = _top_k_filter(logits, top_k)
-    if not (isinstance(top_p, (int, float)) and top_p >= 1.0):
-        logits = _top_p_filter(logits, top_p)
-    sampled = tf.random.stateless_categorical(logits, 1, seed, dtype=tf.int32)[:, 0]  # (B,)
+    batch = tf.shape(logits)[0]
+    temperature = tf.broadcast_to(tf.cast(temperature, tf.float32), [batch])  # (B,)
+    logits = logits / tf.where(temperature > 0, temperature, 1.0)[:, None]  # (B, V)
+    logits = _filter(logits, top_k, top_p)
+    sampled = _sample(logits, seeds, step)
     return tf.where(temperature > 0, sampled, greedy)
 
 
-def _top_k_filter(logits, top_k):
-    """Keeps the top_k largest logits per row (all if top_k <= 0); (B, V) -> (B, V)."""
-    vocab = tf.shape(logits)[-1]
-    k = tf.cast(top_k, tf.int32)
-    k = tf.where(k > 0, tf.minimum(k, vocab), vocab)
-    kth_largest = tf.math.top_k(logits, k=k).values[:, -1:]  # (B, 1)
-    return tf.where(logits < kth_largest, float("-inf"), logits)
+def _filter(logits, top_k, top_p):
+    """Sets to -inf the logits outside each row's top_k and top_p sets; (B, V) -> (B, V).
 
-
-def _top_p_filter(logits, top_p):
-    """Keeps the smallest set of most likely tokens whose probability reaches top_p."""
-    top_p = tf.cast(top_p, tf.float32)
+    top_k, top_p: scalars or (B,) vectors; top_k <= 0 and top_p >= 1 keep everything.
+    One sort serves both: the k-th largest value is gathered per row (so k may
+    differ between rows), and the nucleus is cut on the top-k-filtered sort.
+    """
+    no_top_k = isinstance(top_k, int) and top_k == 0
+    no_top_p = isinstance(top_p, (int, float)) and top_p >= 1.0
+    if no_top_k and no_top_p:
+        return logits
+    batch, vocab = tf.shape(logits)[0], tf.shape(logits)[1]
     sorted_logits = tf.sort(logits, axis=-1, direction="DESCENDING")  # (B, V)
-    mass_before = tf.cumsum(tf.nn.softmax(sorted_logits, axis=-1), axis=-1,
-                            exclusive=True)  # (B, V)
-    kept = tf.where(mass_before < top_p, sorted_logits, float("inf"))  # (B, V)
-    threshold = tf.minimum(tf.reduce_min(kept, axis=-1, keepdims=True),
-                           sorted_logits[:, :1])  # (B, 1), the best token is always kept
-    filtered = tf.where(logits < threshold, float("-inf"), logits)
-    return tf.where(top_p >= 1.0, logits, filtered)
+    if not no_top_k:
+        k = tf.broadcast_to(tf.cast(top_k, tf.int32), [batch])  # (B,)
+        k = tf.where(k > 0, tf.minimum(k, vocab), vocab)
+        kth_largest = tf.gather(sorted_logits, k - 1, batch_dims=1)[:, None]  # (B, 1)
+        logits = tf.where(logits < kth_largest, float("-inf"), logits)
+        sorted_logits = tf.where(sorted_logits < kth_largest, float("-inf"), sorted_logits)
+    if not no_top_p:
+        top_p = tf.broadcast_to(tf.cast(top_p, tf.float32), [batch])[:, None]  # (B, 1)
+        mass_before = tf.cumsum(tf.nn.softmax(sorted_logits, axis=-1), axis=-1,
+                                exclusive=True)  # (B, V)
+        kept = tf.where(mass_before < top_p, sorted_logits, float("inf"))  # (B, V)
+        threshold = tf.minimum(tf.reduce_min(kept, axis=-1, keepdims=True),
+                               sorted_logits[:, :1])  # (B, 1), the best token is always kept
+        filtered = tf.where(logits < threshold, float("-inf"), logits)
+        logits = tf.where(top_p >= 1.0, logits, filtered)
+    return logits
+
+
+def _sample(logits, seeds, step):
+    """Inverse-CDF sampling: row b takes the first token whose cumulative probability
+    exceeds u_b * total, u_b = stateless_uniform(seed=(seeds[b], step)).
+
+    Args: logits float32 (B, V) (-inf = excluded); seeds int32 (B,); step int32 scalar.
+    Returns: int32 (B,); a token of probability 0 is never chosen (its cumulative
+      probability equals its predecessor's).
+    """
+    u = tf.map_fn(lambda s: tf.random.stateless_uniform([], tf.stack([s, step])), seeds,
+                  fn_output_signature=tf.float32)  # (B,) one draw per row, batch-independent
+    cdf = tf.cumsum(tf.nn.softmax(logits, axis=-1), axis=-1)  # (B, V)
+    target = u[:, None] * cdf[:, -1:]  # (B, 1), below the total
+    token = tf.reduce_sum(tf.cast(cdf <= target, tf.int32), axis=-1)  # (B,) first cdf > target
+    return tf.minimum(token, tf.shape(logits)[1] - 1)

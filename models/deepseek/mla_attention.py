@@ -13,11 +13,30 @@ DeepSeek-V2 (arXiv 2405.04434) §2.1, in the layout of HF transformers
             scale = d_qk^-0.5 (times mscale^2 with YaRN rope_scaling)
     out   = o W_O                               eq. 19  (o_proj)
 
+Scores are one einsum of [q_nope | q_pe] against [k_nope | k_pe] (k_pe
+broadcast to every head), with the scale folded into q and the sum and the
+softmax in float32 whatever the compute dtype; probs * v runs in the compute
+dtype.
+
 The KV cache holds, per token, the normalized latent c_kv (after
 kv_a_layernorm) and the already rotated k_pe: kv_lora_rank + qk_rope_head_dim
 numbers per token per layer, instead of 2 * n_h * d_h for standard MHA.
-Each decoding step re-expands the cached latents with kv_b_proj (no weight
-absorption yet: simple, exact, O(cache length) extra matmul per step).
+
+Cached calls absorb the up-projections into the query and the output
+(DeepSeek-V2 §2.1.2: "W_UK can be absorbed into W_UQ, and W_UV into W_O"; the
+`attn_impl == "absorb"` path of DeepSeek-V3's `inference/model.py`), so the
+cached latents are never re-expanded through kv_b_proj. With kv_b_proj's kernel
+W (R, H*(Dn+Dv)) split per head into W_UK (R, H, Dn) and W_UV (R, H, Dv):
+
+    q_lat  = q_nope W_UK^T                      (B, T, H, R)   q_nope.k_nope = q_lat.c_kv
+    scores = ([q_lat | q_pe] . [c_kv | k_pe]) * scale          one einsum against the cache
+    o_lat  = softmax(scores) c_kv               (B, T, H, R)
+    o      = o_lat W_UV                         (B, T, H, Dv)  then o_proj
+
+Per generated token this costs O(S * H * (R + Dr)) instead of expanding the S
+cached latents (O(S * R * H * (Dn + Dv))); `flops.decode_flops_per_token`
+gives both. `absorb=False` selects the expanding path (same logits up to
+float32 rounding).
 """
 
 import keras
@@ -47,10 +66,14 @@ class MultiHeadLatentAttention(keras.layers.Layer):
       cache: optional float tensor (B, S, kv_lora_rank + qk_rope_head_dim), the
         latent cache of this layer: per slot the normalized c_kv then the
         rotated k_pe. S is the maximum length (see `init_cache`).
-      cache_index: int32 scalar, the slot (= absolute position) where the first
-        of the T tokens is written; required with `cache`. Slots at and after
-        cache_index + T are ignored (masked), whatever they hold.
+      cache_index: int32 scalar or (B,) vector, the slot (= absolute position)
+        where the first of the T tokens of each row is written; required with
+        `cache`. A query at position p sees the slots <= p of its row only, so
+        slots after it are ignored whatever they hold: rows of different
+        lengths (right-padded) decode in one batch, each at its own index.
       training: enables attention dropout.
+      absorb: with a cache, attend in the latent space (module docstring)
+        instead of expanding the cache through kv_b_proj. Ignored without cache.
 
     Returns:
       Without cache: the output, float tensor (B, T, C).
@@ -58,7 +81,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
 
     Raises:
       ValueError: if `cache` is given without `cache_index`.
-      InvalidArgumentError (at run time): if cache_index + T > S.
+      InvalidArgumentError (at run time): if cache_index + T > S in some row, or
+        cache_index is neither a scalar nor (B,).
 
     Reference: DeepSeek-V2 arXiv 2405.04434 §2.1; HF transformers
     `modeling_deepseek_v3.py` (DeepseekV3Attention).
@@ -110,10 +134,9 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         self.o_proj.build((None, None, c.num_attention_heads * c.v_head_dim))
 
     def call(self, hidden_states, positions_offset=0, cache=None, cache_index=None,
-             training=False):
+             training=False, absorb=True):
         c = self.config
-        nh, dn, dr, dv, r = (c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
-                             c.v_head_dim, c.kv_lora_rank)
+        nh, dn, dr, r = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank
         batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
 
         # Queries: low-rank (or plain) projection, split into no-RoPE and RoPE parts.
@@ -129,64 +152,133 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         c_kv, k_pe = tf.split(kv_a, [r, dr], axis=-1)  # (B, T, R), (B, T, Dr)
         c_kv = self.kv_a_layernorm(c_kv)  # (B, T, R)
 
-        if cache is not None:
+        if cache is None:
+            q_positions = tf.cast(positions_offset, tf.int32) + tf.range(seq)  # (T,)
+        else:
             if cache_index is None:
                 raise ValueError("cache_index is required when a cache is given")
-            offset = tf.cast(cache_index, tf.int32)
+            index = tf.broadcast_to(tf.cast(cache_index, tf.int32), [batch])  # (B,)
+            q_positions = index[:, None] + tf.range(seq)[None, :]  # (B, T)
+        q_pe = self._rotate(q_pe, q_positions)  # (B, T, H, Dr)
+        k_pe = self._rotate(k_pe[:, :, None, :], q_positions)[:, :, 0, :]  # (B, T, Dr)
+
+        if cache is None:
+            causal = q_positions[None, :] <= q_positions[:, None]  # (T, S = T)
+            out = self._expanded_attention(q_nope, q_pe, c_kv, k_pe, causal[None, None],
+                                           training)  # (B, T, H, Dv)
         else:
-            offset = tf.cast(positions_offset, tf.int32)
-        q_positions = offset + tf.range(seq)  # (T,)
-        cos, sin = rope_cos_sin(q_positions, dr, c.rope_theta, c.rope_scaling)  # (T, Dr)
-        q_pe = apply_rotary_pos_emb(q_pe, cos, sin, c.rope_interleave)  # (B, T, H, Dr)
-        k_pe = apply_rotary_pos_emb(k_pe[:, :, None, :], cos, sin, c.rope_interleave)
-        k_pe = k_pe[:, :, 0, :]  # (B, T, Dr)
+            new_cache = _write_cache(cache, tf.concat([c_kv, k_pe], axis=-1), index)  # (B,S,R+Dr)
+            slots = tf.range(tf.shape(new_cache)[1])  # (S,)
+            causal = slots[None, None, :] <= q_positions[:, :, None]  # (B, T, S)
+            if absorb:
+                out = self._absorbed_attention(q_nope, q_pe, new_cache, causal[:, None],
+                                               training)  # (B, T, H, Dv)
+            else:
+                c_kv, k_pe = tf.split(new_cache, [r, dr], axis=-1)  # (B, S, R), (B, S, Dr)
+                out = self._expanded_attention(q_nope, q_pe, c_kv, k_pe, causal[:, None],
+                                               training)  # (B, T, H, Dv)
 
-        if cache is not None:
-            new_cache = _write_cache(cache, tf.concat([c_kv, k_pe], axis=-1), offset)  # (B,S,R+Dr)
-            c_kv, k_pe = tf.split(new_cache, [r, dr], axis=-1)  # (B, S, R), (B, S, Dr)
-            k_positions = tf.range(tf.shape(new_cache)[1])  # (S,)
-        else:
-            k_positions = q_positions  # (S = T,)
-
-        # Expand latents to per-head keys and values.
-        kv = self.kv_b_proj(c_kv)  # (B, S, H*(Dn+Dv))
-        kv = tf.reshape(kv, [batch, -1, nh, dn + dv])  # (B, S, H, Dn+Dv)
-        k_nope, v = tf.split(kv, [dn, dv], axis=-1)  # (B, S, H, Dn), (B, S, H, Dv)
-
-        # Scores: q.k = q_nope.k_nope + q_pe.k_pe (same as concatenating [nope | pe]);
-        # the shared k_pe is broadcast to every head by the einsum.
-        scores = (tf.einsum("bthd,bshd->bhts", q_nope, k_nope)
-                  + tf.einsum("bthd,bsd->bhts", q_pe, k_pe))  # (B, H, T, S)
-        scores = tf.cast(scores, tf.float32) * self.scale
-        causal = k_positions[None, :] <= q_positions[:, None]  # (T, S)
-        scores = tf.where(causal[None, None, :, :], scores, _MASK_VALUE)  # (B, H, T, S)
-        probs = tf.cast(tf.nn.softmax(scores, axis=-1), v.dtype)  # (B, H, T, S)
-        if self.dropout is not None:
-            probs = self.dropout(probs, training=training)
-
-        out = tf.einsum("bhts,bshd->bthd", probs, v)  # (B, T, H, Dv)
-        out = tf.reshape(out, [batch, seq, nh * dv])  # (B, T, H*Dv)
+        out = tf.reshape(out, [batch, seq, nh * c.v_head_dim])  # (B, T, H*Dv)
         out = self.o_proj(out)  # (B, T, C)
         if cache is not None:
             return out, new_cache
         return out
+
+    def _rotate(self, x, positions):
+        """RoPE of x (B, T, H, Dr) at positions (T,) shared by the rows, or (B, T) per row."""
+        c = self.config
+        if positions.shape.rank == 1:
+            cos, sin = rope_cos_sin(positions, c.qk_rope_head_dim, c.rope_theta,
+                                    c.rope_scaling)  # (T, Dr)
+            return apply_rotary_pos_emb(x, cos, sin, c.rope_interleave)  # (B, T, H, Dr)
+        # Per-row positions: rotate the B*T tokens as one sequence of B*T positions.
+        cos, sin = rope_cos_sin(tf.reshape(positions, [-1]), c.qk_rope_head_dim, c.rope_theta,
+                                c.rope_scaling)  # (B*T, Dr)
+        shape = tf.shape(x)
+        flat = tf.reshape(x, [1, -1, shape[2], c.qk_rope_head_dim])  # (1, B*T, H, Dr)
+        flat = apply_rotary_pos_emb(flat, cos, sin, c.rope_interleave)  # (1, B*T, H, Dr)
+        return tf.reshape(flat, shape)  # (B, T, H, Dr)
+
+    def _softmax(self, q, k, equation, mask, dtype, training):
+        """Attention probabilities, scale folded into q, scores and softmax in float32.
+
+        Args:
+          q: (B, T, H, D) queries; k: keys (B, S, H, D) or latents (B, S, D), as
+            `equation` says; mask: bool (B or 1, 1, T, S), True where attended.
+          dtype: the dtype of the returned probabilities (the compute dtype).
+
+        Returns:
+          (B, H, T, S) probabilities in `dtype`, after attention dropout.
+        """
+        q = tf.cast(q, tf.float32) * self.scale  # (B, T, H, D)
+        scores = tf.einsum(equation, q, tf.cast(k, tf.float32))  # (B, H, T, S) float32
+        scores = tf.where(mask, scores, _MASK_VALUE)  # (B, H, T, S)
+        probs = tf.cast(tf.nn.softmax(scores, axis=-1), dtype)  # (B, H, T, S)
+        if self.dropout is not None:
+            probs = self.dropout(probs, training=training)
+        return probs
+
+    def _expanded_attention(self, q_nope, q_pe, c_kv, k_pe, mask, training):
+        """Attention with per-head keys and values expanded from the latents by kv_b_proj.
+
+        Args: q_nope (B, T, H, Dn), q_pe (B, T, H, Dr) rotated, c_kv (B, S, R),
+          k_pe (B, S, Dr) rotated, mask bool (B or 1, 1, T, S).
+        Returns: (B, T, H, Dv).
+        """
+        c = self.config
+        nh, dn, dr, dv = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        batch, keys = tf.shape(c_kv)[0], tf.shape(c_kv)[1]
+        kv = self.kv_b_proj(c_kv)  # (B, S, H*(Dn+Dv))
+        kv = tf.reshape(kv, [batch, keys, nh, dn + dv])  # (B, S, H, Dn+Dv)
+        k_nope, v = tf.split(kv, [dn, dv], axis=-1)  # (B, S, H, Dn), (B, S, H, Dv)
+        k_pe = tf.broadcast_to(k_pe[:, :, None, :], [batch, keys, nh, dr])  # (B, S, H, Dr)
+        q = tf.concat([q_nope, q_pe], axis=-1)  # (B, T, H, Dqk)
+        k = tf.concat([k_nope, tf.cast(k_pe, k_nope.dtype)], axis=-1)  # (B, S, H, Dqk)
+        probs = self._softmax(q, k, "bthd,bshd->bhts", mask, v.dtype, training)  # (B, H, T, S)
+        return tf.einsum("bhts,bshd->bthd", probs, v)  # (B, T, H, Dv)
+
+    def _absorbed_attention(self, q_nope, q_pe, cache, mask, training):
+        """Attention in the latent space: W_UK absorbed into q, W_UV applied after.
+
+        Args: q_nope (B, T, H, Dn), q_pe (B, T, H, Dr) rotated, cache (B, S, R + Dr)
+          = [c_kv | k_pe], mask bool (B, 1, T, S).
+        Returns: (B, T, H, Dv), equal to `_expanded_attention` in exact arithmetic.
+        """
+        c = self.config
+        nh, dn, dv, r = c.num_attention_heads, c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank
+        # The public `kernel` (LoRA merged in when enabled), in the compute dtype.
+        w = tf.cast(self.kv_b_proj.kernel, q_nope.dtype)  # (R, H*(Dn+Dv))
+        w = tf.reshape(w, [r, nh, dn + dv])  # (R, H, Dn+Dv)
+        w_uk, w_uv = tf.split(w, [dn, dv], axis=-1)  # (R, H, Dn), (R, H, Dv)
+        q_lat = tf.einsum("bthd,rhd->bthr", q_nope, w_uk)  # (B, T, H, R)
+        q = tf.concat([q_lat, q_pe], axis=-1)  # (B, T, H, R+Dr)
+        probs = self._softmax(q, cache, "bthc,bsc->bhts", mask, q_nope.dtype,
+                              training)  # (B, H, T, S)
+        c_kv = tf.cast(cache[:, :, :r], q_nope.dtype)  # (B, S, R)
+        o_lat = tf.einsum("bhts,bsr->bthr", probs, c_kv)  # (B, T, H, R)
+        return tf.einsum("bthr,rhd->bthd", o_lat, w_uv)  # (B, T, H, Dv)
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}
 
 
 def _write_cache(cache, new_entries, index):
-    """cache[:, index:index+T] = new_entries.
+    """cache[b, index[b]:index[b]+T] = new_entries[b] for every row b.
 
     Args:
-      cache: (B, S, D). new_entries: (B, T, D). index: int32 scalar.
+      cache: (B, S, D). new_entries: (B, T, D). index: int32 (B,).
 
     Returns:
       The updated cache (B, S, D).
+
+    Raises:
+      InvalidArgumentError (at run time): if index[b] + T > S for some b.
     """
     batch, seq = tf.shape(new_entries)[0], tf.shape(new_entries)[1]
     tf.debugging.assert_less_equal(
-        index + seq, tf.shape(cache)[1], message="KV cache overflow: cache_index + T > S")
-    rows, slots = tf.meshgrid(tf.range(batch), index + tf.range(seq), indexing="ij")  # (B, T)
+        tf.reduce_max(index) + seq, tf.shape(cache)[1],
+        message="KV cache overflow: cache_index + T > S")
+    slots = index[:, None] + tf.range(seq)[None, :]  # (B, T)
+    rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(slots))  # (B, T)
     indices = tf.stack([rows, slots], axis=-1)  # (B, T, 2)
     return tf.tensor_scatter_nd_update(cache, indices, tf.cast(new_entries, cache.dtype))

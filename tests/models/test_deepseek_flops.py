@@ -3,7 +3,13 @@
 import pytest
 
 from models.deepseek.config import DeepSeekConfig
-from models.deepseek.flops import activated_params, flops_per_token, mfu, total_params
+from models.deepseek.flops import (
+    activated_params,
+    decode_flops_per_token,
+    flops_per_token,
+    mfu,
+    total_params,
+)
 
 
 def test_counts_for_tiny_config(tiny_config):
@@ -57,3 +63,32 @@ def test_kv_cache_bytes_by_hand(tiny_config):
     assert kv_cache_bytes_per_token(v3, 2, layout="mha") == 4_997_120
     with pytest.raises(ValueError, match="layout"):
         kv_cache_bytes_per_token(v3, layout="gqa")
+
+
+def test_decode_flops_by_hand(tiny_config):
+    # L=2, H=4, R=16, Dn=8, Dr=4, Dv=8, N_active=21224, S=10.
+    # kv_b_proj per layer: R*H*(Dn+Dv) = 16*4*16 = 1024; the rest 2*(21224 - 2*1024) = 38352.
+    # Absorbed per layer: q 2*4*8*16 = 1024, scores 2*10*4*(16+4) = 1600,
+    #   values 2*10*4*16 = 1280, output 2*4*16*8 = 1024 -> 4928; x2 layers = 9856.
+    assert decode_flops_per_token(tiny_config, 10) == 38352 + 9856
+    # Expanded per layer: kv_b_proj 2*10*1024 = 20480, scores 2*10*4*(8+4) = 960,
+    #   values 2*10*4*8 = 640 -> 22080; x2 layers = 44160.
+    assert decode_flops_per_token(tiny_config, 10, absorbed=False) == 38352 + 44160
+    # Absorbed = 2*N_active + L*2*S*H*(2R + Dr) = 42448 + 2*2*10*4*36 = 48208.
+    assert decode_flops_per_token(tiny_config, 10) == 2 * 21224 + 2 * 2 * 10 * 4 * 36
+    with pytest.raises(ValueError, match="context_len"):
+        decode_flops_per_token(tiny_config, 0)
+
+
+def test_decode_flops_of_deepseek_v3_at_4k():
+    from models.deepseek.config import deepseek_v3_config
+
+    v3 = deepseek_v3_config()
+    # Per layer and cached token, expanding costs 2*512*128*(128+128) = 33.6 MFLOPs
+    # against 2*128*(2*512+64) = 0.28 MFLOPs absorbed.
+    absorbed, expanded = (decode_flops_per_token(v3, 4096, a) for a in (True, False))
+    slope_absorbed = decode_flops_per_token(v3, 4097) - absorbed
+    slope_expanded = decode_flops_per_token(v3, 4097, absorbed=False) - expanded
+    assert slope_absorbed == 61 * 2 * 128 * (2 * 512 + 64)
+    assert slope_expanded == 61 * (2 * 512 * 128 * 256 + 2 * 128 * (128 + 64) + 2 * 128 * 128)
+    assert expanded > 4 * absorbed
