@@ -18,7 +18,6 @@ import tempfile
 import textwrap
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from components.trainer import data, train_loop
@@ -43,11 +42,12 @@ def run(config, train_file, tmp_path, name):
     return train_loop.train(config, dataset_fn, str(tmp_path / name), None)
 
 
-@pytest.mark.parametrize("micro", [1, 2])
-def test_xla_step_equals_the_eager_step_when_nothing_is_dropped(train_file, tmp_path, micro):
+def test_xla_step_equals_the_eager_step_when_nothing_is_dropped(train_file, tmp_path):
+    """Two micro-batches (the accumulation loop inside the compiled step; the e2e test
+    runs one)."""
     # tiny: E = 8 routed experts, K = 2 per token; cf = E / K = 4 gives
     # capacity = ceil(4 * N * 2 / 8) = N: an expert can take every token, none is dropped.
-    kwargs = dict(train_steps=8, warmup_steps=2, grad_accum_steps=micro)
+    kwargs = dict(train_steps=8, warmup_steps=2, grad_accum_steps=2)
     eager = run(config_for(jit_compile="false", **kwargs), train_file, tmp_path, "eager")
     xla = run(config_for(jit_compile="true", moe_capacity_factor=4.0, **kwargs), train_file,
               tmp_path, "xla")
@@ -60,16 +60,6 @@ def test_xla_step_equals_the_eager_step_when_nothing_is_dropped(train_file, tmp_
     np.testing.assert_allclose(b, a, rtol=1e-4)
     for v, w in zip(eager.model.weights, xla.model.weights, strict=True):
         np.testing.assert_allclose(w.numpy(), v.numpy(), rtol=1e-3, atol=1e-5, err_msg=v.path)
-
-
-def test_xla_step_counts_dropped_pairs_at_a_small_capacity(train_file, tmp_path):
-    # cf = 0.5: capacity = ceil(0.5 * N * 2 / 8) = N / 8, half the balanced load: at least
-    # half of the 2N pairs of each MoE layer are dropped.
-    result = run(config_for(jit_compile="true", moe_capacity_factor=0.5, train_steps=3),
-                 train_file, tmp_path, "small")
-    assert result.moe_dropped_fraction >= 0.5
-    assert all(h["moe_dropped_fraction"] >= 0.5 for h in result.history)
-    assert np.isfinite(result.final_loss)
 
 
 def test_cpu_small_step_compiles_and_trains():

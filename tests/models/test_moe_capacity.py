@@ -16,7 +16,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY
 from numerics import assert_float32_close
 
 from models.deepseek.config import DeepSeekConfig
@@ -87,10 +86,10 @@ def test_capacity_covering_every_load_equals_dropless(tiny_config):
     assert sum(float(tf.norm(g)) > 0 for g in expert_grads) >= 3 * 6
 
 
-def _crafted():
+def _crafted(tiny_kwargs):
     """E = 4 experts, K = 2, N = 8 tokens; all tokens pick expert 1, tokens 0-3 expert 2,
     tokens 4-7 expert 3: expert load [0, 8, 4, 4]."""
-    config = DeepSeekConfig(**{**TINY, "n_routed_experts": 4, "n_group": 1, "topk_group": 1})
+    config = DeepSeekConfig(**{**tiny_kwargs, "n_routed_experts": 4, "n_group": 1, "topk_group": 1})
     moe = _moe(config, seed=4)
     weight = np.zeros((4, 32), np.float32)
     weight[2, 0], weight[3, 0] = 5.0, -5.0  # s_2 = sigmoid(5 x_0), s_3 = sigmoid(-5 x_0)
@@ -101,8 +100,8 @@ def _crafted():
     return moe, tf.constant(x)
 
 
-def test_small_capacity_drops_the_pairs_counted_by_hand():
-    moe, x = _crafted()
+def test_small_capacity_drops_the_pairs_counted_by_hand(tiny_kwargs):
+    moe, x = _crafted(tiny_kwargs)
     out, load, _, dropped = moe(x, capacity_factor=1.25)
     np.testing.assert_array_equal(load, [0, 8, 4, 4])  # routed load, before dropping
     # capacity = ceil(1.25 * 8 * 2 / 4) = 5: expert 1 keeps tokens 0-4 and drops the
