@@ -650,6 +650,14 @@ def make_handler(server: ModelServer):
     return Handler
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    """A thread per connection; a listen backlog for many clients at once (socketserver's
+    default of 5 refuses connections when 32 clients connect together)."""
+
+    daemon_threads = True
+    request_queue_size = 256
+
+
 def make_http_server(serving_dir: str, host: str = "127.0.0.1", port: int = 8501,
                      model_name: str = "deepseek",
                      serve: ServeConfig | None = None) -> ThreadingHTTPServer:
@@ -662,7 +670,6 @@ def make_http_server(serving_dir: str, host: str = "127.0.0.1", port: int = 8501
       FileNotFoundError: see `newest_version`.
     """
     model_server = ModelServer(serving_dir, model_name, serve)
-    httpd = ThreadingHTTPServer((host, port), make_handler(model_server))
-    httpd.daemon_threads = True
+    httpd = _HTTPServer((host, port), make_handler(model_server))
     httpd.model_server = model_server
     return httpd
