@@ -335,18 +335,21 @@ def test_batcher_retries_a_failed_batch_request_by_request():
         batcher.close()
 
 
-def test_batcher_serves_keys_oldest_first_and_a_slow_call_holds_one_thread():
+def test_batcher_serves_keys_oldest_first_and_a_slow_call_holds_one_thread_and_key():
     calls = _Calls()
     batcher = Batcher(calls, ServeConfig(max_batch_size=4, batch_timeout_micros=0,
                                          num_batch_threads=2))
     try:
         slow = _submit(batcher, "slow", 0)
         _wait_for(lambda: calls.log == [("slow", 1)])
-        # The other thread serves other keys while `slow` runs.
+        # The other thread serves other keys while `slow` runs; more 'slow' requests
+        # gather until its call ends (a partial batch never runs beside its own key).
+        later = [_submit(batcher, "slow", 1), _submit(batcher, "slow", 2)]
         assert _submit(batcher, "fast", 1).result(5)["y"].tolist() == [10]
-        assert not slow.done()
+        assert not slow.done() and calls.log == [("slow", 1), ("fast", 1)]
         calls.hold.set()
-        assert slow.result(5)["y"].tolist() == [0]
+        assert [f.result(5)["y"].tolist() for f in [slow, *later]] == [[0], [10], [20]]
+        assert calls.log == [("slow", 1), ("fast", 1), ("slow", 2)]
     finally:
         batcher.close()
 
