@@ -12,6 +12,8 @@ the logic lives in the modules it calls.
                          [--top-k K] [--top-p P] [--seed S] [--raw]
   deepseek-tfx evaluate  --model DIR --data PATH [--seq-len N]
   deepseek-tfx serve     --model SERVING_DIR [--port P] [--host H] [--model-name NAME]
+                         [--max-batch-size ROWS] [--batch-timeout-micros US]
+                         [--max-enqueued-batches N] [--num-batch-threads N]
   deepseek-tfx mlmd      --output DIR {runs|artifacts|lineage MODEL_DIR} [--json]
   deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer]
   deepseek-tfx hf-export MODEL_DIR OUT_DIR [--max-shard-size BYTES] [--config-form 4.x|5.x]
@@ -527,11 +529,20 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from pipeline.configs import ServeConfig
+
+    try:
+        serve = ServeConfig(max_batch_size=args.max_batch_size,
+                            batch_timeout_micros=args.batch_timeout_micros,
+                            max_enqueued_batches=args.max_enqueued_batches,
+                            num_batch_threads=args.num_batch_threads)
+    except ValueError as e:
+        raise SystemExit(f"error: serve: {e}") from e
     from serving.server import make_http_server
 
     try:
         httpd = make_http_server(args.model, host=args.host, port=args.port,
-                                 model_name=args.model_name)
+                                 model_name=args.model_name, serve=serve)
     except FileNotFoundError as e:
         raise SystemExit(f"error: {e}") from e
     server = httpd.model_server
@@ -540,12 +551,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"serving {server.path} (version {server.version}) as '{server.name}' on "
           f"http://{host}:{port}/v1/models/{server.name}  (Ctrl-C stops)", flush=True)
     print(f"  signatures: {', '.join(sorted(server.signatures))}{kind}", flush=True)
+    print(f"  batching: max_batch_size {serve.max_batch_size} rows, batch_timeout_micros "
+          f"{serve.batch_timeout_micros} ({serve.batch_timeout_micros / 1000:g} ms), "
+          f"max_enqueued_batches {serve.max_enqueued_batches}, num_batch_threads "
+          f"{serve.num_batch_threads}", flush=True)
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         httpd.server_close()
+        server.close()
+        stats = server.stats()
+        print(f"served {stats['requests']} requests in {stats['calls']} model calls "
+              f"({stats['rows'] / max(stats['calls'], 1):.1f} rows per call, at most "
+              f"{stats['max_rows']}; {stats['retried_batches']} failed batches run again "
+              f"request by request; {stats['refused']} refused with 503)", flush=True)
     return 0
 
 
@@ -711,6 +732,21 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8501, help="default 8501, as TF Serving's REST")
     srv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
     srv.add_argument("--model-name", default="deepseek", help="the <name> of /v1/models/<name>")
+    from pipeline.configs import ServeConfig
+
+    batching = ServeConfig()  # TF Serving's batching parameters, same names
+    srv.add_argument("--max-batch-size", type=int, default=batching.max_batch_size,
+                     metavar="ROWS", help="most prompts (rows) in one model call, and in one "
+                     f"request (default {batching.max_batch_size})")
+    srv.add_argument("--batch-timeout-micros", type=int, default=batching.batch_timeout_micros,
+                     metavar="US", help="how long the oldest queued request waits for "
+                     f"batch-mates, microseconds (default {batching.batch_timeout_micros})")
+    srv.add_argument("--max-enqueued-batches", type=int, default=batching.max_enqueued_batches,
+                     metavar="N", help="queued rows beyond N x max batch size get a 503 "
+                     f"(default {batching.max_enqueued_batches})")
+    srv.add_argument("--num-batch-threads", type=int, default=batching.num_batch_threads,
+                     metavar="N", help="batches run at the same time "
+                     f"(default {batching.num_batch_threads})")
     srv.set_defaults(fn=cmd_serve)
 
     md = sub.add_parser("mlmd", help="what ML Metadata recorded: runs, artifacts, lineage")

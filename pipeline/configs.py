@@ -417,6 +417,39 @@ class GenerationConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    """Request batching of `deepseek-tfx serve`, named as TF Serving's batching config
+    (`--enable_batching --batching_parameters_file`).
+
+    Concurrent requests for the same signature (and the same scalar inputs, input
+    shapes and max_new_tokens bucket: `serving/server.py`) are run as one model call.
+
+    Attributes:
+      max_batch_size: the most rows (prompts) in one model call; also the most rows
+        one request may have (more is a 400).
+      batch_timeout_micros: how long (microseconds) the oldest queued request waits
+        for batch-mates before a partial batch runs.
+      max_enqueued_batches: queued rows beyond max_enqueued_batches * max_batch_size
+        are refused at once (HTTP 503) instead of waiting.
+      num_batch_threads: batches run at the same time (each one model call).
+    """
+
+    max_batch_size: int = 32
+    batch_timeout_micros: int = 5000
+    max_enqueued_batches: int = 16
+    num_batch_threads: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_enqueued_batches", "num_batch_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"serve.{name}={value} must be an integer >= 1")
+        if not isinstance(self.batch_timeout_micros, int) or self.batch_timeout_micros < 0:
+            raise ValueError(
+                f"serve.batch_timeout_micros={self.batch_timeout_micros} must be an integer >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class PipelineConfig:
     """Everything one pipeline run needs. Build it with `get_config(...)`."""
 
@@ -428,6 +461,7 @@ class PipelineConfig:
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     validation: ValidationConfig = dataclasses.field(default_factory=ValidationConfig)
     generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
+    serve: ServeConfig = dataclasses.field(default_factory=ServeConfig)
 
     def __post_init__(self) -> None:
         if not self.tokenizer.path and self.model.vocab_size != self.tokenizer.vocab_size:
@@ -451,6 +485,7 @@ class PipelineConfig:
             "eval": dataclasses.asdict(self.eval),
             "validation": dataclasses.asdict(self.validation),
             "generation": dataclasses.asdict(self.generation),
+            "serve": dataclasses.asdict(self.serve),
         }
 
     def to_json(self) -> str:
@@ -465,6 +500,7 @@ class PipelineConfig:
             "eval": EvalConfig,
             "validation": ValidationConfig,
             "generation": GenerationConfig,
+            "serve": ServeConfig,
         }
         unknown = set(d) - set(sections) - {"preset", "model"}
         if unknown:

@@ -9,30 +9,76 @@ Requests and responses follow TF Serving's REST API, so a client can move to
 `tensorflow_model_server --rest_api_port=... --model_base_path=<serving dir>`
 unchanged: row format (`instances`: a list of prompts or of objects with the
 signature's inputs) answers `{"predictions": [...]}`, columnar format (`inputs`)
-answers `{"outputs": ...}`. Bad requests get a 4xx with `{"error": "..."}`
-naming what is wrong; the server keeps serving. The newest numbered version
-under the serving directory is loaded (as TF Serving's default version policy); a
-SavedModel directory itself (e.g. what `hf-import` wrote) is served as version 1.
-A SavedModel without a tokenizer (logits only) serves `logits` and `serving_default`
-(token ids in, logits out); asking it for text says that it has no tokenizer.
+answers `{"outputs": ...}`. The newest numbered version under the serving directory
+is loaded (as TF Serving's default version policy); a SavedModel directory itself
+(e.g. what `hf-import` wrote) is served as version 1. A SavedModel without a
+tokenizer (logits only) serves `logits` and `serving_default` (token ids in, logits
+out); asking it for text says that it has no tokenizer.
 
-Needs only TensorFlow and tensorflow_text (and the standard library's HTTP server,
-threaded; model calls are serialized by TensorFlow itself).
+Inputs. A signature input of rank >= 1 has one row per prompt (`prompt`, `input_ids`,
+and the sampling inputs of `generate` when the model takes them per prompt); a rank-0
+input is one value for the whole call (the sampling inputs of older exports). In row
+format each instance fills the per-row inputs with its own values (a scalar input must
+then be the same in every instance); in columnar format a single value given for a
+per-row input is repeated for every prompt.
+
+Validation, before any model work: a bad request gets a 400 with `{"error": ...}`
+naming the field and its allowed range, and the server keeps serving:
+  max_new_tokens   in [1, context - prompt tokens], the context being
+                   `max_position_embeddings` (assets.extra/config.json) and the prompt
+                   counted by the `tokenize` signature as the model sees it (plain
+                   LMs: one [EOS] separator first; chat models: inside the chat
+                   template's prefix and suffix, assets.extra/chat_prompt.json, except
+                   for `generate_raw`); for `serving_default`, the generation default
+                   (generation_config.json) bounds the prompt instead;
+  temperature >= 0, top_k >= 0, 0 < top_p <= 1;
+  input_ids        in [0, vocab_size) (`logits`, `detokenize`, a logits-only
+                   `serving_default`);
+  rows             at most `serve.max_batch_size` prompts per request.
+A model without config.json (nor the pipeline config) skips the checks that need the
+context or the vocabulary; the model itself then rejects what it cannot run.
+
+Batching (TF Serving's `--enable_batching`, same knob names: `pipeline.configs.
+ServeConfig`). There is no lock around the model: each request is validated in its
+HTTP thread and queued; `num_batch_threads` batch threads each take the queued
+requests of one batching key, up to `max_batch_size` rows, once that many rows wait
+or the oldest has waited `batch_timeout_micros`, concatenate their per-row inputs
+along axis 0, call the signature once and hand each request its rows of the outputs.
+The batching key is the signature, the values of its scalar inputs, the shape of
+its inputs past the row axis (e.g. the length of `input_ids`, so no padding changes a
+request's logits) and, for per-row `max_new_tokens`, its power-of-two bucket
+(1, 2-3, 4-7, 8-15, ...): a batched `generate` runs until its longest row is done,
+so a request for 8 tokens is never held up by one for 200, at most by one for 15.
+Keys are served oldest request first, so no key starves another, and a long
+`generate` batch occupies one batch thread while the others go on. When a batched
+call fails, each of its requests is run again alone, so only the request at fault
+gets the error (400 when the model rejects its inputs, 500 otherwise). More than
+`max_enqueued_batches * max_batch_size` queued rows: 503 at once, as TF Serving's
+full batch queue.
+
+Needs only TensorFlow and tensorflow_text (and the standard library's threaded HTTP
+server).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import re
 import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the regex ops of the tokenizer)
+
+from pipeline.configs import ServeConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +87,23 @@ _STATUS = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)
                      r"(?P<metadata>/metadata)?$")
 MAX_BODY_BYTES = 10 * 1024 * 1024
 _TEXT_SIGNATURES = ("generate", "tokenize", "detokenize")
+# assets.extra/ of a SavedModel (serving/export.py, serving/hf_interop.py)
+_MODEL_CONFIG, _GENERATION_CONFIG = "config.json", "generation_config.json"
+_PIPELINE_CONFIG, _CHAT_PROMPT = "deepseek_tfx_config.json", "chat_prompt.json"
+# Sampling inputs: (allowed, what the 400 says).
+_SAMPLING_RANGES = {
+    "temperature": (lambda v: v >= 0, "must be >= 0 (0 = greedy)"),
+    "top_k": (lambda v: v >= 0, "must be >= 0 (0 = no top-k filter)"),
+    "top_p": (lambda v: (v > 0) & (v <= 1), "must be in (0, 1] (1 = no nucleus filter)"),
+}
 
 
 class BadRequest(ValueError):
     """A request the model cannot answer; becomes HTTP 400 with the message."""
+
+
+class Unavailable(RuntimeError):
+    """The batch queue is full or the server is stopping; becomes HTTP 503."""
 
 
 def newest_version(serving_dir: str) -> tuple[str, int]:
@@ -66,16 +125,235 @@ def newest_version(serving_dir: str) -> tuple[str, int]:
     return os.path.join(serving_dir, str(version)), version
 
 
-class ModelServer:
-    """The loaded SavedModel and the request logic, independent of HTTP."""
+# ----------------------------------------------------------------------------- batching
 
-    def __init__(self, serving_dir: str, model_name: str = "deepseek"):
+
+@dataclasses.dataclass
+class _Task:
+    """One request's inputs (numpy, per-row inputs with `rows` rows) and its answer."""
+
+    key: tuple
+    inputs: dict[str, np.ndarray]
+    rows: int
+    enqueued: float  # time.monotonic() seconds
+    future: Future = dataclasses.field(default_factory=Future)
+
+
+class Batcher:
+    """Runs queued requests that share a batching key as one call (TF Serving's batching).
+
+    Args:
+      call: `call(signature_name, inputs) -> outputs`, dicts of numpy arrays. Inputs
+        with a row axis (ndim >= 1) arrive concatenated along axis 0 over the batch;
+        scalars (ndim 0) are equal within a batch (they belong to the key) and are
+        passed once. Outputs whose leading dimension is the batch's total rows are
+        split back per request; others go whole to every request.
+      config: max_batch_size (rows per call), batch_timeout_micros (the longest the
+        oldest request waits for batch-mates, microseconds), max_enqueued_batches,
+        num_batch_threads.
+    """
+
+    def __init__(self, call: Callable[[str, dict], dict], config: ServeConfig):
+        self._call = call
+        self.config = config
+        self._timeout_s = config.batch_timeout_micros / 1e6
+        self._max_queued_rows = config.max_enqueued_batches * config.max_batch_size
+        self._queues: dict[tuple, list[_Task]] = {}
+        self._queued_rows = 0
+        self._running: dict[tuple, int] = {}  # key -> calls in flight
+        self._cond = threading.Condition()
+        self._closed = False
+        self._stats = {"requests": 0, "calls": 0, "rows": 0, "max_rows": 0,
+                       "retried_batches": 0, "refused": 0}
+        self._threads = [threading.Thread(target=self._loop, name=f"batch-{i}", daemon=True)
+                         for i in range(config.num_batch_threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, key: tuple, inputs: dict[str, np.ndarray], rows: int) -> Future:
+        """Queues one request; its Future gets the request's outputs or the error.
+
+        `key[0]` is the signature name; requests with equal keys may share a call.
+
+        Raises:
+          Unavailable: the queue holds max_enqueued_batches * max_batch_size rows
+            already, or the batcher is closed.
+        """
+        task = _Task(key, inputs, rows, time.monotonic())
+        with self._cond:
+            if self._closed:
+                raise Unavailable("the server is stopping")
+            if self._queued_rows + rows > self._max_queued_rows:
+                self._stats["refused"] += 1
+                raise Unavailable(
+                    f"the batch queue is full ({self._queued_rows} rows waiting; "
+                    f"max_enqueued_batches={self.config.max_enqueued_batches} x "
+                    f"max_batch_size={self.config.max_batch_size}); retry later")
+            self._queues.setdefault(key, []).append(task)
+            self._queued_rows += rows
+            self._stats["requests"] += 1
+            self._cond.notify()
+        return task.future
+
+    def stats(self) -> dict:
+        """Counts so far: requests, calls (model calls), rows, max_rows (largest batch),
+        retried_batches (failed batches run again request by request), refused (503)."""
+        with self._cond:
+            return dict(self._stats)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stops the batch threads; queued requests get Unavailable."""
+        with self._cond:
+            self._closed = True
+            pending = [t for queue in self._queues.values() for t in queue]
+            self._queues.clear()
+            self._queued_rows = 0
+            self._cond.notify_all()
+        for task in pending:
+            task.future.set_exception(Unavailable("the server is stopping"))
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    def _next_batch(self) -> list[_Task] | None:
+        """Blocks until a batch is due; None once closed.
+
+        Keys are tried oldest request first. A batch is due when it is full, or when
+        its oldest request has waited batch_timeout_micros and no call of its key is
+        running (then it gathers requests until that call ends: on a CPU two calls of
+        one signature side by side mostly split the cores, one larger call does more).
+        """
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                next_due = None
+                for key, queue in sorted(self._queues.items(), key=lambda kv: kv[1][0].enqueued):
+                    due = queue[0].enqueued + self._timeout_s
+                    if sum(t.rows for t in queue) < self.config.max_batch_size and (
+                            now < due or self._running.get(key)):
+                        if not self._running.get(key):  # else: woken when that call ends
+                            next_due = due if next_due is None else min(next_due, due)
+                        continue
+                    batch, rows = [], 0
+                    while queue and (not batch or rows + queue[0].rows
+                                     <= self.config.max_batch_size):
+                        rows += queue[0].rows
+                        batch.append(queue.pop(0))
+                    if not queue:
+                        del self._queues[key]
+                    self._queued_rows -= rows
+                    self._running[key] = self._running.get(key, 0) + 1
+                    return batch
+                self._cond.wait(None if next_due is None else next_due - now)
+            return None
+
+    def _loop(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            try:
+                self._run(batch)
+            finally:
+                with self._cond:
+                    key = batch[0].key
+                    self._running[key] -= 1
+                    if not self._running[key]:
+                        del self._running[key]
+                    self._cond.notify_all()
+
+    def _counted_call(self, name: str, inputs: dict, rows: int) -> dict:
+        with self._cond:
+            self._stats["calls"] += 1
+            self._stats["rows"] += rows
+            self._stats["max_rows"] = max(self._stats["max_rows"], rows)
+        return self._call(name, inputs)
+
+    def _run(self, batch: list[_Task]) -> None:
+        name = batch[0].key[0]
+        if len(batch) == 1:
+            task = batch[0]
+            try:
+                task.future.set_result(self._counted_call(name, task.inputs, task.rows))
+            except Exception as e:  # noqa: BLE001 (the request's answer)
+                task.future.set_exception(e)
+            return
+        inputs = {k: np.concatenate([t.inputs[k] for t in batch]) if v.ndim else v
+                  for k, v in batch[0].inputs.items()}
+        total = sum(t.rows for t in batch)
+        try:
+            outputs = self._counted_call(name, inputs, total)
+        except Exception as e:  # noqa: BLE001
+            # Only the request at fault should fail: run each alone.
+            log.info("a batch of %d %s requests failed (%s); running each alone",
+                     len(batch), name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+            with self._cond:
+                self._stats["retried_batches"] += 1
+            for task in batch:
+                self._run([task])
+            return
+        start = 0
+        for task in batch:
+            end = start + task.rows
+            task.future.set_result({k: v[start:end] if v.ndim and v.shape[0] == total else v
+                                    for k, v in outputs.items()})
+            start = end
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class ModelServer:
+    """The loaded SavedModel, request validation and batching, independent of HTTP.
+
+    Args:
+      serving_dir: a serving directory (its newest numbered version is loaded) or a
+        SavedModel directory (version 1).
+      model_name: the <name> of /v1/models/<name>.
+      serve: batching knobs; `ServeConfig()` when None.
+
+    Raises:
+      FileNotFoundError: see `newest_version`.
+    """
+
+    def __init__(self, serving_dir: str, model_name: str = "deepseek",
+                 serve: ServeConfig | None = None):
         self.path, self.version = newest_version(serving_dir)
         self.name = model_name
+        self.serve = serve or ServeConfig()
         self.model = tf.saved_model.load(self.path)
         self.signatures = dict(self.model.signatures)
         self.has_tokenizer = os.path.isfile(os.path.join(self.path, "assets", "tokenizer.json"))
-        self._lock = threading.Lock()
+        # What validation needs, from assets.extra/ (None: not checked before the model).
+        extra = os.path.join(self.path, "assets.extra")
+        hf = _read_json(os.path.join(extra, _MODEL_CONFIG))
+        pipeline = _read_json(os.path.join(extra, _PIPELINE_CONFIG))
+        model = pipeline.get("model") or {}
+        self.context = hf.get("max_position_embeddings") or model.get("max_position_embeddings")
+        self.vocab_size = hf.get("vocab_size") or model.get("vocab_size")
+        self.default_max_new_tokens = (
+            _read_json(os.path.join(extra, _GENERATION_CONFIG)).get("max_new_tokens")
+            or (pipeline.get("generation") or {}).get("max_new_tokens"))
+        chat = _read_json(os.path.join(extra, _CHAT_PROMPT))
+        self.chat_prompt = (chat["prefix"], chat["suffix"]) if chat else None
+        if self.context is None or self.vocab_size is None:
+            log.warning("%s has no assets.extra/%s (nor %s): max_new_tokens and token ids are "
+                        "not checked before the model runs", self.path, _MODEL_CONFIG,
+                        _PIPELINE_CONFIG)
+        self.batcher = Batcher(self._call, self.serve)
+
+    def close(self) -> None:
+        """Stops the batch threads (queued requests get Unavailable)."""
+        self.batcher.close()
+
+    def stats(self) -> dict:
+        """The batcher's counts: requests, calls, rows, max_rows, retried_batches, refused."""
+        return self.batcher.stats()
 
     def status(self) -> dict:
         return {"model_version_status": [{
@@ -96,17 +374,23 @@ class ModelServer:
                 "metadata": {"signature_def": sigs}}
 
     def predict(self, body: dict) -> dict:
-        """Runs a TF Serving REST predict request body; raises BadRequest."""
+        """Answers a TF Serving REST predict request body; blocks until its batch ran.
+
+        Raises:
+          BadRequest: the request is malformed or out of range (validated before it is
+            queued), or the model rejected its inputs (InvalidArgumentError).
+          Unavailable: the batch queue is full.
+          Exception: anything else the model raised (HTTP 500).
+        """
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         name = body.get("signature_name", "serving_default")
-        if name not in self.signatures:
+        if not isinstance(name, str) or name not in self.signatures:
             why = "" if self.has_tokenizer or name not in _TEXT_SIGNATURES else (
                 " (it has no tokenizer: logits only, token ids in)")
             raise BadRequest(f"unknown signature_name '{name}'; the model has "
                              f"{sorted(self.signatures)}{why}")
-        fn = self.signatures[name]
-        specs = fn.structured_input_signature[1]
+        specs = self.signatures[name].structured_input_signature[1]
         if ("instances" in body) == ("inputs" in body):
             raise BadRequest('give exactly one of "instances" (row format) or "inputs" '
                              "(columnar format)")
@@ -119,18 +403,18 @@ class ModelServer:
                     raise BadRequest(f'"inputs" must be an object with keys {sorted(specs)}')
                 columns = {next(iter(specs)): columns}
         try:
-            tensors = self._to_tensors(columns, specs)
+            inputs, rows = self._to_arrays(columns, specs)
         except BadRequest as e:
             if self.has_tokenizer or not _has_text(columns):
                 raise
             raise BadRequest(f"{e} (the model has no tokenizer: it takes token ids, "
                              "not text)") from e
-        with self._lock:
-            try:
-                outputs = fn(**tensors)
-            except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
-                raise BadRequest(f"the model rejected the inputs: {str(e).splitlines()[0]}") from e
-        outputs = {k: _to_json(v.numpy()) for k, v in outputs.items()}
+        self._validate(name, inputs, rows)
+        outputs = self.batcher.submit(self._batch_key(name, inputs), inputs, rows).result()
+        if "input_ids" in outputs and "lengths" in outputs:  # tokenize: the batch's padding off
+            longest = int(outputs["lengths"].max()) if outputs["lengths"].size else 0
+            outputs = {**outputs, "input_ids": outputs["input_ids"][:, :longest]}
+        outputs = {k: _to_json(v) for k, v in outputs.items()}
         if "instances" in body:
             n = len(body["instances"])
             batched = {k: v for k, v in outputs.items() if isinstance(v, list) and len(v) == n}
@@ -139,6 +423,7 @@ class ModelServer:
             return {"predictions": [{k: v[i] for k, v in batched.items()} for i in range(n)]}
         return {"outputs": outputs}
 
+    # -- parsing ------------------------------------------------------------------
     @staticmethod
     def _rows_to_columns(instances, specs) -> dict:
         if not isinstance(instances, list) or not instances:
@@ -167,25 +452,127 @@ class ModelServer:
         return columns
 
     @staticmethod
-    def _to_tensors(columns: dict, specs) -> dict:
+    def _to_arrays(columns: dict, specs) -> tuple[dict[str, np.ndarray], int]:
+        """(numpy inputs of the signature's dtypes and shapes, rows). A single value for
+        a per-row (rank-1) input is repeated for every row."""
         unknown = sorted(set(columns) - set(specs))
         if unknown:
             raise BadRequest(f"unknown inputs {unknown}; the signature takes {sorted(specs)}")
         missing = sorted(set(specs) - set(columns))
         if missing:
             raise BadRequest(f"missing inputs {missing}")
-        tensors = {}
+        arrays = {}
         for key, spec in specs.items():
             try:
-                tensor = tf.constant(columns[key], dtype=spec.dtype)
+                arrays[key] = tf.constant(columns[key], dtype=spec.dtype).numpy()
             except (TypeError, ValueError) as e:
                 raise BadRequest(f"input '{key}' must be {spec.dtype.name} "
                                  f"{spec.shape.as_list()}: {e}") from e
-            if not spec.shape.is_compatible_with(tensor.shape):
-                raise BadRequest(f"input '{key}' has shape {tensor.shape.as_list()}, "
+        row_counts = {k: a.shape[0] for k, a in arrays.items() if specs[k].shape.rank and a.ndim}
+        if len(set(row_counts.values())) > 1:
+            raise BadRequest(f"the inputs have different numbers of rows: {row_counts}")
+        rows = next(iter(row_counts.values()), 0)
+        for key, spec in specs.items():
+            if spec.shape.rank == 1 and arrays[key].ndim == 0 and row_counts:
+                arrays[key] = np.full([rows], arrays[key])  # one value for every prompt
+            if not spec.shape.is_compatible_with(arrays[key].shape):
+                raise BadRequest(f"input '{key}' has shape {list(arrays[key].shape)}, "
                                  f"expected {spec.shape.as_list()}")
-            tensors[key] = tensor
-        return tensors
+        return arrays, rows
+
+    # -- validation ---------------------------------------------------------------
+    def _validate(self, name: str, inputs: dict[str, np.ndarray], rows: int) -> None:
+        """Raises BadRequest naming the field and its allowed range (see the module doc)."""
+        limit = self.serve.max_batch_size
+        if rows > limit:
+            raise BadRequest(f"a request may have at most max_batch_size={limit} rows "
+                             f"(prompts); this one has {rows}: split it (or start serve with "
+                             "a larger --max-batch-size)")
+        for field, (allowed, what) in _SAMPLING_RANGES.items():
+            if field in inputs:
+                values = inputs[field]
+                bad = np.flatnonzero(~allowed(values.reshape(-1)))
+                if bad.size:
+                    at = f" (prompt {bad[0]})" if values.ndim and rows > 1 else ""
+                    raise BadRequest(f"{field}={values.reshape(-1)[bad[0]]} {what}{at}")
+        ids = inputs.get("input_ids")
+        if ids is not None and self.vocab_size and ids.size:
+            bad = np.argwhere((ids < 0) | (ids >= self.vocab_size))
+            if bad.size:
+                where = ", ".join(str(i) for i in bad[0])
+                raise BadRequest(f"input_ids must be in [0, {self.vocab_size}) (vocab_size); "
+                                 f"input_ids[{where}] = {ids[tuple(bad[0])]}")
+        if "prompt" in inputs and rows and self.context and "tokenize" in self.signatures:
+            self._check_room(name, inputs, rows)
+
+    def _check_room(self, name: str, inputs: dict[str, np.ndarray], rows: int) -> None:
+        """max_new_tokens in [1, context - prompt tokens], for every prompt."""
+        if "max_new_tokens" in inputs:
+            new = np.broadcast_to(inputs["max_new_tokens"], [rows])
+        elif name == "serving_default" and self.default_max_new_tokens:
+            new = np.full([rows], self.default_max_new_tokens)
+        else:
+            return
+        templated = self.chat_prompt is not None and name != "generate_raw"
+        prompts = list(inputs["prompt"])
+        if templated:
+            prefix, suffix = (s.encode("utf-8") for s in self.chat_prompt)
+            prompts = [prefix + p + suffix for p in prompts]
+        lengths = self.signatures["tokenize"](text=tf.constant(prompts))["lengths"].numpy()
+        used = lengths + (0 if templated else 1)  # a plain prompt starts with [EOS]
+        seen = "in the chat template" if templated else "with the [EOS] separator first"
+        for i in range(rows):
+            room, at = self.context - int(used[i]), f" (prompt {i})" if rows > 1 else ""
+            if 1 <= new[i] <= room:
+                continue
+            if "max_new_tokens" not in inputs:
+                raise BadRequest(
+                    f"prompt is {used[i]} tokens ({seen}){at}; {name} generates "
+                    f"max_new_tokens={new[i]} (the model's generation defaults), so the prompt "
+                    f"may have at most {self.context - int(new[i])} tokens of the "
+                    f"{self.context}-token context (max_position_embeddings); the generate "
+                    "signature takes a smaller max_new_tokens")
+            if room < 1:
+                raise BadRequest(
+                    f"prompt is {used[i]} tokens ({seen}){at}; with max_new_tokens={new[i]} "
+                    f"it may have at most {self.context - max(int(new[i]), 1)} tokens of the "
+                    f"{self.context}-token context (max_position_embeddings)")
+            raise BadRequest(
+                f"max_new_tokens={new[i]} must be in [1, {room}]{at}: the prompt is {used[i]} "
+                f"tokens ({seen}) of the {self.context}-token context "
+                "(max_position_embeddings)")
+
+    # -- batching -----------------------------------------------------------------
+    @staticmethod
+    def _batch_key(name: str, inputs: dict[str, np.ndarray]) -> tuple:
+        """(signature, scalar inputs, shapes past the row axis, max_new_tokens bucket)."""
+        scalars = tuple(sorted((k, v.item()) for k, v in inputs.items() if v.ndim == 0))
+        shapes = tuple(sorted((k, v.shape[1:]) for k, v in inputs.items() if v.ndim >= 2))
+        new = inputs.get("max_new_tokens")
+        bucket = int(new.max()).bit_length() if new is not None and new.ndim and new.size else 0
+        return name, scalars, shapes, bucket
+
+    def _call(self, name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One signature call (a batch thread's). Raises BadRequest when the model
+        rejects the inputs; anything else the model raised as is."""
+        specs = self.signatures[name].structured_input_signature[1]
+        tensors = {k: tf.constant(v, dtype=specs[k].dtype) for k, v in inputs.items()}
+        try:
+            outputs = self.signatures[name](**tensors)
+        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
+            raise BadRequest(f"the model rejected the inputs: {_error_summary(e)}") from e
+        return {k: v.numpy() for k, v in outputs.items()}
+
+
+def _error_summary(error: Exception) -> str:
+    """The informative line of a TensorFlow error (not 'Graph execution error:')."""
+    text = getattr(error, "message", None) or str(error)
+    for line in text.splitlines():
+        line = re.sub(r"\s*\[Op:[^\]]*\]$", "", line.strip())
+        if line and not line.startswith(("Graph execution error", "Detected at node", "<stack",
+                                         "[[")):
+            return line
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _has_text(value) -> bool:
@@ -206,6 +593,9 @@ def _to_json(value):
     if isinstance(value, list):
         return [_to_json(v) for v in value]
     return value
+
+
+# ----------------------------------------------------------------------------- HTTP
 
 
 def make_handler(server: ModelServer):
@@ -265,6 +655,8 @@ def make_handler(server: ModelServer):
                 self._send(HTTPStatus.OK, server.predict(body))
             except BadRequest as e:
                 self._send(HTTPStatus.BAD_REQUEST, {"error": str(e)})
+            except Unavailable as e:
+                self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(e)})
             except Exception as e:  # noqa: BLE001 (a server keeps serving)
                 log.exception("predict failed")
                 self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {e}"})
@@ -275,11 +667,26 @@ def make_handler(server: ModelServer):
     return Handler
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    """A thread per connection; a listen backlog for many clients at once (socketserver's
+    default of 5 refuses connections when 32 clients connect together)."""
+
+    daemon_threads = True
+    request_queue_size = 256
+
+
 def make_http_server(serving_dir: str, host: str = "127.0.0.1", port: int = 8501,
-                     model_name: str = "deepseek") -> ThreadingHTTPServer:
-    """Loads the newest version and returns a ready (not yet serving) HTTP server."""
-    model_server = ModelServer(serving_dir, model_name)
-    httpd = ThreadingHTTPServer((host, port), make_handler(model_server))
-    httpd.daemon_threads = True
+                     model_name: str = "deepseek",
+                     serve: ServeConfig | None = None) -> ThreadingHTTPServer:
+    """Loads the newest version and returns a ready (not yet serving) HTTP server.
+
+    `httpd.model_server` is the `ModelServer`; call its `close()` after
+    `httpd.server_close()` to stop the batch threads.
+
+    Raises:
+      FileNotFoundError: see `newest_version`.
+    """
+    model_server = ModelServer(serving_dir, model_name, serve)
+    httpd = _HTTPServer((host, port), make_handler(model_server))
     httpd.model_server = model_server
     return httpd
