@@ -33,7 +33,7 @@ import tensorflow as tf
 from pipeline.configs import PipelineConfig
 
 RUNTIME_ONLY_TRAIN_FIELDS = ("distribution_strategy", "grad_accum_steps", "recompute_activations",
-                             "checkpoint_every", "log_every", "eval_batches")
+                             "checkpoint_every", "log_every", "eval_batches", "max_skipped_steps")
 _CHUNK = 1 << 20
 
 
