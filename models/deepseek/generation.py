@@ -195,10 +195,15 @@ def _choose(logits, temperature, top_k, top_p, seeds, step):
 
     batch = tf.shape(logits)[0]
     temperature = tf.broadcast_to(tf.cast(temperature, tf.float32), [batch])  # (B,)
-    logits = logits / tf.where(temperature > 0, temperature, 1.0)[:, None]  # (B, V)
-    logits = _filter(logits, top_k, top_p)
-    sampled = _sample(logits, seeds, step)
-    return tf.where(temperature > 0, sampled, greedy)
+
+    def sample():
+        scaled = logits / tf.where(temperature > 0, temperature, 1.0)[:, None]  # (B, V)
+        sampled = _sample(_filter(scaled, top_k, top_p), seeds, step)
+        return tf.where(temperature > 0, sampled, greedy)
+
+    # A batch of greedy rows (e.g. a server's batch of greedy requests) skips the
+    # sort, softmax and draws of sampling altogether.
+    return tf.cond(tf.reduce_any(temperature > 0), sample, lambda: greedy)
 
 
 def _filter(logits, top_k, top_p):
