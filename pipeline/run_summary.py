@@ -30,7 +30,7 @@ def _custom_properties(artifact) -> dict:
     out = {}
     for key, value in artifact.custom_properties.items():
         kind = value.WhichOneof("value")
-        if kind in ("int_value", "double_value", "string_value"):
+        if kind in ("int_value", "double_value", "string_value", "bool_value"):
             out[key] = getattr(value, kind)
     return out
 
