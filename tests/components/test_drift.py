@@ -56,9 +56,12 @@ def test_shakespeare_does_not_drift_from_itself_but_code_does(shakespeare, tmp_p
     assert max(measured["num_chars"], measured["num_words"]) < 0.05 and measured["tokens"] < 0.15
 
     _, measured, drifted = compare(source, first, THRESHOLDS)
-    # Paragraphs of code are about as long as Shakespeare's; their tokens are not.
-    assert set(drifted) == {"tokens"}, measured
+    # Paragraphs of code are of lengths comparable to Shakespeare's (how comparable moves
+    # with this project's own sources: num_chars 0.16 at the time of writing); their
+    # tokens are not: the token distribution is what drifts most, by far.
+    assert "tokens" in drifted, measured
     assert measured["tokens"] > 0.5
+    assert measured["tokens"] > 2 * max(measured["num_chars"], measured["num_words"]), measured
     assert "Jensen-Shannon" in drifted["tokens"]
 
 

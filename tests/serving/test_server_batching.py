@@ -24,8 +24,9 @@ import pytest
 import tensorflow as tf
 
 from pipeline.configs import ServeConfig
+from serving.batcher import Batcher, Unavailable
 from serving.load_test import post_json
-from serving.server import Batcher, Unavailable, make_http_server
+from serving.server import make_http_server
 
 UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 5, " over": 7,
          "\n\n": 10}
