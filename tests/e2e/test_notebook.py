@@ -69,11 +69,13 @@ def executed(tmp_path_factory, shakespeare):
     tmp.mkdir()
     mp = pytest.MonkeyPatch()
     mp.setenv("TMPDIR", str(tmp))  # the kernel inherits it: tempfile.mkdtemp() lands here
+    km = None
     try:
         nb = nbformat.read(NOTEBOOK, as_version=4)
+        km = _venv_kernel_manager(workdir / "kernels")
         client = NotebookClient(
             nb,
-            km=_venv_kernel_manager(workdir / "kernels"),
+            km=km,
             timeout=CELL_TIMEOUT_S,
             allow_errors=False,
             resources={"metadata": {"path": str(workdir)}},
@@ -83,6 +85,10 @@ def executed(tmp_path_factory, shakespeare):
         wall = time.perf_counter() - start
     finally:
         mp.undo()
+        # nbclient leaves a kernel it was handed running (~3 GB resident after the
+        # notebook's pipeline run): stop it, so the rest of the suite has that memory.
+        if km is not None and km.has_kernel:
+            km.shutdown_kernel(now=True)
     print(f"\nnotebook executed in {wall:.0f} s")
     return nb, wall, tmp
 
