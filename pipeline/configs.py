@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import types
+import typing
 from typing import Any
 
 from models.deepseek.config import DeepSeekConfig, deepseek_v3_config
@@ -508,7 +511,12 @@ class PipelineConfig:
         unknown = set(d) - set(sections) - {"preset", "model"}
         if unknown:
             raise ValueError(f"unknown config sections: {sorted(unknown)}")
-        kwargs: dict[str, Any] = {"preset": d["preset"], "model": DeepSeekConfig.from_dict(d["model"])}
+        model = d["model"]
+        if isinstance(model, dict):
+            known = {f.name for f in dataclasses.fields(DeepSeekConfig)}
+            model = {**model, **typed_section("model", DeepSeekConfig,
+                                              {k: v for k, v in model.items() if k in known})}
+        kwargs: dict[str, Any] = {"preset": d["preset"], "model": DeepSeekConfig.from_dict(model)}
         for name, section_cls in sections.items():
             if name in d:
                 kwargs[name] = _section_from_dict(name, section_cls, d[name])
@@ -524,7 +532,84 @@ def _section_from_dict(name: str, section_cls: type, values: dict[str, Any]) -> 
     unknown = set(values) - fields
     if unknown:
         raise ValueError(f"unknown keys in config section '{name}': {sorted(unknown)}")
-    return section_cls(**values)
+    return section_cls(**typed_section(name, section_cls, values))
+
+
+def typed_section(name: str, section_cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with each one converted to its field's declared type (`coerce`)."""
+    hints = typing.get_type_hints(section_cls)
+    return {k: coerce(f"{name}.{k}", v, hints[k]) if k in hints else v
+            for k, v in values.items()}
+
+
+def coerce(key: str, value: Any, hint: Any) -> Any:
+    """`value` (from --set, parsed as JSON where it parses, or from a config file) as the
+    declared type `hint` of the field `key`.
+
+    int: an int, an integral float, or a string of one; float: a finite number or a
+    string of one; bool: true/false (any case), 1/0; str: a string, or the JSON text of
+    a number or bool given for it (`--set x=123`); `X | None`: None/"none"/"null" or
+    an X; dict: a JSON object.
+
+    Raises:
+      ValueError: naming the key, the value and the type expected.
+    """
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = [t for t in typing.get_args(hint) if t is not type(None)]
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")):
+            if len(options) < len(typing.get_args(hint)):
+                return None
+        errors = []
+        for option in options:
+            try:
+                return coerce(key, value, option)
+            except ValueError as e:
+                errors.append(str(e))
+        names = " or ".join(_TYPE_NAMES.get(t, getattr(t, "__name__", str(t))) for t in options)
+        raise ValueError(f"{key}={value!r}: expected {names} or none")
+    expected = _TYPE_NAMES.get(hint)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+            return value.strip().lower() in ("true", "1")
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip().replace("_", ""))
+            except ValueError:
+                pass
+    elif hint is float:
+        number = value
+        if isinstance(value, str):
+            try:
+                number = float(value.strip())
+            except ValueError:
+                number = None
+        if (isinstance(number, (int, float)) and not isinstance(number, bool)
+                and math.isfinite(number)):
+            return float(number)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (bool, int, float)):
+            return json.dumps(value)  # --set data.field=123 meant the text "123"
+    elif hint is dict or typing.get_origin(hint) is dict:
+        if isinstance(value, dict):
+            return value
+    else:
+        return value  # a type without a rule here: the section validates it
+    raise ValueError(f"{key}={value!r}: expected {expected}")
+
+
+_TYPE_NAMES = {int: "an integer", float: "a finite number (e.g. 3e-4)",
+               bool: "true or false", str: "a string", dict: "a JSON object"}
 
 
 # --------------------------------------------------------------------------- presets

@@ -40,3 +40,47 @@ def test_bad_overrides_name_key_and_value(overrides, message):
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         configs.get_config("huge")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("train.learning_rate", "abc", r"train\.learning_rate='abc': expected a finite number"),
+    ("train.train_steps", -3, r"train\.train_steps=-3 must be > 0"),
+    ("train.train_steps", "many", r"train\.train_steps='many': expected an integer"),
+    ("data.normalization", "XYZ", r"data\.normalization='XYZ' must be one of"),
+    ("train.recompute_activations", "yes", r"train\.recompute_activations='yes': expected true"),
+    ("model.q_lora_rank", "x", r"model\.q_lora_rank='x': expected an integer or none"),
+    ("eval.max_bits_per_byte", "nan", r"eval\.max_bits_per_byte='nan': expected a finite"),
+])
+def test_overrides_are_parsed_into_the_declared_type_or_refused_by_name(key, value, message):
+    with pytest.raises(ValueError, match=message):
+        configs.get_config("tiny", {key: value})
+
+
+def test_overrides_given_as_text_take_the_declared_type():
+    c = configs.get_config("tiny", {"train.train_steps": "12", "train.learning_rate": "3e-4",
+                                    "train.recompute_activations": "True",
+                                    "model.q_lora_rank": "none", "data.csv_text_column": 123})
+    assert c.train.train_steps == 12 and c.train.learning_rate == 3e-4
+    assert c.train.recompute_activations is True and c.model.q_lora_rank is None
+    assert c.data.csv_text_column == "123"
+
+
+def test_a_config_file_with_a_wrong_type_is_refused_by_name():
+    d = configs.get_config("tiny").to_dict()
+    d["train"]["learning_rate"] = "fast"
+    with pytest.raises(ValueError, match=r"train\.learning_rate='fast'"):
+        configs.PipelineConfig.from_dict(d)
+    assert configs.PipelineConfig.from_json(configs.get_config("tiny").to_json()) == \
+        configs.get_config("tiny")
+
+
+@pytest.mark.parametrize("setting", ["train.learning_rate=abc", "train.train_steps=-3",
+                                     "data.normalization=XYZ"])
+def test_cli_refuses_a_bad_set_with_one_line_naming_the_key(setting, capsys):
+    from pipeline import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "--preset", "tiny", "--set", setting])
+    message = str(info.value.code)
+    assert message.startswith("error: ") and "\n" not in message
+    assert setting.split("=")[0] in message
