@@ -45,7 +45,7 @@ def run_one(args: argparse.Namespace) -> dict:
     """Trains `args.steps + args.skip` steps in this process; the figures of one precision."""
     import tensorflow as tf
 
-    from components.trainer import hardware, precision, train_loop
+    from components.trainer import data, hardware, precision, train_loop
     from models.deepseek import flops
     from pipeline.configs import get_config
 
@@ -68,10 +68,7 @@ def run_one(args: argparse.Namespace) -> dict:
         probe_figures = {}
 
     def dataset_fn():
-        shape = [tc.batch_size, tc.seq_len]
-        return tf.data.Dataset.range(2**62).map(lambda i: {
-            "input_ids": tf.random.stateless_uniform(shape, [i, 0], 0, vocab, tf.int32),
-            "labels": tf.random.stateless_uniform(shape, [i, 1], 0, vocab, tf.int32)})
+        return data.random_token_batches(tc.batch_size, tc.seq_len, vocab)
 
     with tempfile.TemporaryDirectory() as d:
         result = train_loop.train(config, dataset_fn, d, None, precision=policy, peak_flops=peak)

@@ -85,6 +85,19 @@ def make_train_dataset(
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
+def random_token_batches(batch_size: int, seq_len: int, vocab_size: int) -> tf.data.Dataset:
+    """Endless global batches of uniform random ids, for throughput and compile checks.
+
+    Returns:
+      A dataset of {"input_ids", "labels"}: int32 (batch_size, seq_len), ids in
+      [0, vocab_size); batch i is the same in every call (stateless seeds (i, 0), (i, 1)).
+    """
+    shape = [batch_size, seq_len]
+    return tf.data.Dataset.range(2**62).map(lambda i: {
+        "input_ids": tf.random.stateless_uniform(shape, [i, 0], 0, vocab_size, tf.int32),
+        "labels": tf.random.stateless_uniform(shape, [i, 1], 0, vocab_size, tf.int32)})
+
+
 def make_eval_dataset(file_pattern, seq_len: int, batch_size: int,
                       eos_id: int = EOS_ID) -> tf.data.Dataset:
     """One pass over the eval documents, in file order, packed the same way."""

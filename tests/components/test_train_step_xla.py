@@ -18,7 +18,6 @@ import tempfile
 import textwrap
 
 import numpy as np
-import tensorflow as tf
 
 from components.trainer import data, train_loop
 from pipeline.configs import get_config
@@ -68,10 +67,7 @@ def test_cpu_small_step_compiles_and_trains():
     vocab = config.model.vocab_size
 
     def dataset_fn():
-        shape = [tc.batch_size, tc.seq_len]
-        return tf.data.Dataset.range(2**62).map(lambda i: {
-            "input_ids": tf.random.stateless_uniform(shape, [i, 0], 0, vocab, tf.int32),
-            "labels": tf.random.stateless_uniform(shape, [i, 1], 0, vocab, tf.int32)})
+        return data.random_token_batches(tc.batch_size, tc.seq_len, vocab)
 
     with tempfile.TemporaryDirectory() as d:
         result = train_loop.train(config, dataset_fn, d, None)
