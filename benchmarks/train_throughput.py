@@ -60,12 +60,7 @@ def run_one(args: argparse.Namespace) -> dict:
     policy = args.precision
     dtype = precision.compute_dtype(policy)
     accelerator = hardware.detect()
-    if accelerator.kind == "cpu":
-        probe = hardware.probe_matmul_peak(dtype)
-        peak, source, probe_figures = probe.peak_flops, probe.source, probe.figures()
-    else:
-        peak, source = hardware.peak_flops(accelerator, dtype)
-        probe_figures = {}
+    peak, source, probe_figures = hardware.peak_flops(accelerator, dtype)  # as the Trainer
 
     def dataset_fn():
         return data.random_token_batches(tc.batch_size, tc.seq_len, vocab)

@@ -186,19 +186,16 @@ def probe_matmul_peak(dtype: str = "float32", shapes=PROBE_SHAPES, repeats: int 
     return PeakProbe(best, dtype, per_shape, warmup_s, repeats, time.perf_counter() - begin)
 
 
-def matmul_peak_flops(dtype: str = "float32", **kwargs) -> float:
-    """`probe_matmul_peak(dtype, **kwargs).peak_flops`, FLOP/s."""
-    return probe_matmul_peak(dtype, **kwargs).peak_flops
-
-
-def peak_flops(accelerator: Accelerator, compute_dtype: str) -> tuple[float, str]:
-    """Peak FLOP/s of ONE device of `accelerator` in `compute_dtype`, and its source.
+def peak_flops(accelerator: Accelerator, compute_dtype: str) -> tuple[float, str, dict]:
+    """Peak FLOP/s of ONE device of `accelerator` in `compute_dtype`, its source, and the
+    probe's figures.
 
     GPUs/TPUs: the published table, else a probe on the first device. CPU: the
     probe (the whole host: all cores together form one device here).
 
     Returns:
-      (flop_per_s, source) with source "table:<key>" or "probe:<dtype> matmul".
+      (flop_per_s, source, probe) with source "table:<key>" or "probe:<dtype> matmul",
+      and probe the `PeakProbe.figures()` of a probe ({} for a table value).
     """
     if accelerator.kind in ("gpu", "tpu"):
         import tensorflow as tf
@@ -208,11 +205,11 @@ def peak_flops(accelerator: Accelerator, compute_dtype: str) -> tuple[float, str
                 and (accelerator.compute_capability or (0, 0)) >= (8, 0))
         peak = flops.table_peak_flops(accelerator.name, compute_dtype, tf32=tf32)
         if peak:
-            return peak, f"table:{accelerator.name}"
+            return peak, f"table:{accelerator.name}", {}
         if accelerator.kind == "tpu":
             raise ValueError(f"no peak FLOP/s known for {accelerator.name!r}")
         probe = probe_matmul_peak(compute_dtype, shapes=((8192, 8192, 8192),), device="/GPU:0")
-        return probe.peak_flops, probe.source
+        return probe.peak_flops, probe.source, probe.figures()
     probe = probe_matmul_peak(compute_dtype)
-    return probe.peak_flops, probe.source
+    return probe.peak_flops, probe.source, probe.figures()
 

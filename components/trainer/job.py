@@ -98,7 +98,8 @@ def run(job: TrainingJob):
 
     peak, source = job.peak_flops_per_device, job.peak_flops_source
     if peak <= 0:
-        peak, source = hardware.peak_flops(accelerator, precision.compute_dtype(policy))
+        peak, source, job.peak_probe = hardware.peak_flops(accelerator,
+                                                           precision.compute_dtype(policy))
     # CPUs: one probe covers a whole host, and loopback workers share one host.
     devices = strategy.cluster_hosts() if accelerator.kind == "cpu" else dist.num_replicas_in_sync
     total_peak = peak * devices

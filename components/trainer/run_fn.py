@@ -163,14 +163,14 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
 
 
 def measure_cpu_peak(job: job_lib.TrainingJob) -> None:
-    """On CPUs, probe the matmul peak for MFU (`hardware.probe_matmul_peak`) into `job`.
+    """On CPUs, probe the matmul peak for MFU (`hardware.peak_flops`) into `job`.
 
     Called once per run before training (and before any worker starts: loopback
     workers share this host and its probe)."""
     accelerator, _, policy, _ = job_lib.plan(job)
     if accelerator.kind == "cpu":
-        probe = hardware.probe_matmul_peak(precision.compute_dtype(policy))
-        job.peak_flops_per_device, job.peak_flops_source = probe.peak_flops, probe.source
-        job.peak_probe = probe.figures()
+        job.peak_flops_per_device, job.peak_flops_source, job.peak_probe = hardware.peak_flops(
+            accelerator, precision.compute_dtype(policy))
         log.info("peak: %.1f GFLOP/s (%s; per shape median/min/max GFLOP/s %s)",
-                 probe.peak_flops / 1e9, probe.source, probe.shapes)
+                 job.peak_flops_per_device / 1e9, job.peak_flops_source,
+                 job.peak_probe["shapes_gflops_median_min_max"])

@@ -78,9 +78,10 @@ def test_peak_flops_table_and_probe():
     assert flops.table_peak_flops("Tesla T4", "bfloat16") is None  # no bf16 on Turing
     assert flops.table_peak_flops("TPU v4", "bfloat16") == 275e12
     assert flops.table_peak_flops("Some New GPU", "bfloat16") is None
-    probe = hardware.matmul_peak_flops("float32", shapes=((256, 256, 256),), repeats=2)
+    probe = hardware.probe_matmul_peak("float32", shapes=((256, 256, 256),), repeats=2,
+                                       warmup_s=0.0).peak_flops
     assert 1e8 < probe < 1e14
-    peak, source = hardware.peak_flops(A100, "bfloat16")
+    peak, source, _ = hardware.peak_flops(A100, "bfloat16")
     assert (peak, source) == (312e12, "table:NVIDIA A100-SXM4-40GB")
 
 
