@@ -335,9 +335,8 @@ def train(
     moe_names = [layer.name for layer in _moe_block_names(model)]
     history: list[dict] = []
     pending_losses: list[tuple[int, tf.Tensor]] = []
-    window_load = None
+    window_load = window_dropped = None  # (M, E) routed and (M,) dropped pairs, summed
     dropped_total, pairs_total, consecutive_skips = 0.0, 0.0, 0
-    window_dropped, window_pairs = 0.0, 0.0
     start = time.perf_counter()
     first_step_done = None
     window_start, window_steps = start, 0
@@ -356,14 +355,13 @@ def train(
                 continue
             consecutive_skips = 0
             terms, grad_norm, load = out["terms"], out["grad_norm"], out["expert_load"]
-            if jit:  # (token, expert) pairs the capacity dropped, of all routed pairs
-                window_dropped += float(tf.reduce_sum(out["moe_dropped"]))
-                window_pairs += float(tf.reduce_sum(load))
             step += 1
             window_steps += 1
             progress.step(step, terms[0])
             pending_losses.append((step, terms[0]))
             window_load = load if window_load is None else window_load + load
+            dropped = out["moe_dropped"]  # pairs the capacity dropped (0 without XLA)
+            window_dropped = dropped if window_dropped is None else window_dropped + dropped
             last_terms, last_norm = terms, grad_norm
             is_first = first_step_done is None
             if is_first:
@@ -377,6 +375,8 @@ def train(
             pending_losses = []
             if is_log:
                 now = time.perf_counter()
+                load_np = window_load.numpy()  # routed pairs = the load before dropping
+                window_pairs, window_drops = float(load_np.sum()), float(window_dropped.numpy().sum())
                 timed = window_steps if not is_first else 0  # the first step: tracing
                 tps = timed * tokens_per_step / (now - window_start) if timed else float("nan")
                 record = {"step": step,
@@ -385,7 +385,7 @@ def train(
                           "tokens_per_second": tps,
                           "mfu": flops.mfu(tps, fpt, peak_flops) if peak_flops and timed
                           else float("nan"),
-                          "moe_dropped_fraction": (window_dropped / window_pairs
+                          "moe_dropped_fraction": (window_drops / window_pairs
                                                    if window_pairs else 0.0),
                           "skipped_steps": int(state.skipped.numpy())}
                 history.append(record)
@@ -395,10 +395,10 @@ def train(
                                 "moe_dropped_fraction", "skipped_steps"):
                         if math.isfinite(record[key]):
                             tf.summary.scalar(f"train/{key}", record[key])
-                    _write_moe_summaries(model, moe_names, window_load.numpy())
-                window_start, window_steps, window_load = time.perf_counter(), 0, None
-                dropped_total, pairs_total = dropped_total + window_dropped, pairs_total + window_pairs
-                window_dropped, window_pairs = 0.0, 0.0
+                    _write_moe_summaries(model, moe_names, load_np)
+                window_start, window_steps = time.perf_counter(), 0
+                window_load = window_dropped = None
+                dropped_total, pairs_total = dropped_total + window_drops, pairs_total + window_pairs
             if is_ckpt:
                 if not bool(weights_finite()):
                     raise FloatingPointError(
