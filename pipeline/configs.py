@@ -302,8 +302,6 @@ class TrainConfig:
     max_skipped_steps: int = 10
 
     def __post_init__(self) -> None:
-        if isinstance(self.jit_compile, bool):  # --set train.jit_compile=true parses as a bool
-            object.__setattr__(self, "jit_compile", str(self.jit_compile).lower())
         _check_choice("train.jit_compile", self.jit_compile, JIT_COMPILE)
         _check_positive("train.moe_capacity_factor", self.moe_capacity_factor)
         _check_trainable(self.trainable)
