@@ -735,18 +735,15 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.configs import ServeConfig
 
     batching = ServeConfig()  # TF Serving's batching parameters, same names
-    srv.add_argument("--max-batch-size", type=int, default=batching.max_batch_size,
-                     metavar="ROWS", help="most prompts (rows) in one model call, and in one "
-                     f"request (default {batching.max_batch_size})")
-    srv.add_argument("--batch-timeout-micros", type=int, default=batching.batch_timeout_micros,
-                     metavar="US", help="how long the oldest queued request waits for "
-                     f"batch-mates, microseconds (default {batching.batch_timeout_micros})")
-    srv.add_argument("--max-enqueued-batches", type=int, default=batching.max_enqueued_batches,
-                     metavar="N", help="queued rows beyond N x max batch size get a 503 "
-                     f"(default {batching.max_enqueued_batches})")
-    srv.add_argument("--num-batch-threads", type=int, default=batching.num_batch_threads,
-                     metavar="N", help="batches run at the same time "
-                     f"(default {batching.num_batch_threads})")
+    for field, metavar, what in (
+            ("max_batch_size", "ROWS", "most prompts (rows) in one model call, and in one request"),
+            ("batch_timeout_micros", "US", "how long the oldest queued request waits for "
+                                           "batch-mates, microseconds"),
+            ("max_enqueued_batches", "N", "queued rows beyond N x max batch size get a 503"),
+            ("num_batch_threads", "N", "batches run at the same time")):
+        default = getattr(batching, field)
+        srv.add_argument("--" + field.replace("_", "-"), type=int, default=default,
+                         metavar=metavar, help=f"{what} (default {default})")
     srv.set_defaults(fn=cmd_serve)
 
     md = sub.add_parser("mlmd", help="what ML Metadata recorded: runs, artifacts, lineage")
