@@ -73,8 +73,12 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the regex ops of the tokenizer)
 
+from models.deepseek.hf_checkpoint import CONFIG_NAME as _MODEL_CONFIG
 from pipeline.configs import ServeConfig
 from serving.batcher import Batcher, Unavailable
+from serving.export import CHAT_PROMPT_ASSET as _CHAT_PROMPT  # assets.extra/ of a SavedModel
+from serving.hf_interop import GENERATION_CONFIG_NAME as _GENERATION_CONFIG
+from serving.hf_interop import PIPELINE_CONFIG_ASSET as _PIPELINE_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +87,6 @@ _STATUS = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)
                      r"(?P<metadata>/metadata)?$")
 MAX_BODY_BYTES = 10 * 1024 * 1024
 _TEXT_SIGNATURES = ("generate", "tokenize", "detokenize")
-# assets.extra/ of a SavedModel (serving/export.py, serving/hf_interop.py)
-_MODEL_CONFIG, _GENERATION_CONFIG = "config.json", "generation_config.json"
-_PIPELINE_CONFIG, _CHAT_PROMPT = "deepseek_tfx_config.json", "chat_prompt.json"
 # Sampling inputs: (allowed, what the 400 says).
 _SAMPLING_RANGES = {
     "temperature": (lambda v: v >= 0, "must be >= 0 (0 = greedy)"),
