@@ -18,6 +18,10 @@ the logic lives in the modules it calls.
   deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer]
   deepseek-tfx hf-export MODEL_DIR OUT_DIR [--max-shard-size BYTES] [--config-form 4.x|5.x]
                          [--dtype float32|bfloat16]
+
+run, validate, generate, evaluate, serve, hf-import and hf-export show the project's own
+lines only; the libraries' logs and warnings go to a log file (`pipeline/console.py`):
+  [-v|--verbose]  show them on the console too     [--log-dir DIR]  where the log goes
 """
 
 from __future__ import annotations
