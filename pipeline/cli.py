@@ -18,6 +18,10 @@ the logic lives in the modules it calls.
   deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer]
   deepseek-tfx hf-export MODEL_DIR OUT_DIR [--max-shard-size BYTES] [--config-form 4.x|5.x]
                          [--dtype float32|bfloat16]
+
+run, validate, generate, evaluate, serve, hf-import and hf-export show the project's own
+lines only; the libraries' logs and warnings go to a log file (`pipeline/console.py`):
+  [-v|--verbose]  show them on the console too     [--log-dir DIR]  where the log goes
 """
 
 from __future__ import annotations
@@ -29,11 +33,15 @@ import json
 import logging
 import os
 import re
+import shlex
 import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from pipeline import console
+from pipeline.console import failure_message
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS_NAME = "tinyshakespeare.txt"
@@ -56,7 +64,8 @@ def default_corpus() -> Path:
             return candidate
     local = PROJECT_ROOT / "data" / DEFAULT_CORPUS_NAME
     if not local.is_file():
-        print(f"fetching Tiny Shakespeare from {DEFAULT_CORPUS_URL} -> {local}", file=sys.stderr)
+        print(f"fetching Tiny Shakespeare from {DEFAULT_CORPUS_URL} -> {local}",
+              file=console.stderr())
         tmp = local.with_suffix(".part")
         try:
             urllib.request.urlretrieve(DEFAULT_CORPUS_URL, tmp)
@@ -265,14 +274,22 @@ def warm_start(args: argparse.Namespace, config, output_dir: str):
     return config, args.base_model if args.base_model == ws.LATEST else base_dir
 
 
+def default_output(args: argparse.Namespace) -> str:
+    """`run`: runs/<corpus>-<preset>; `validate`: runs/validate-<corpus>."""
+    input_base, pattern = split_data_path(args.data or str(default_corpus()))
+    if args.command == "validate":
+        return os.path.join("runs", f"validate-{Path(pattern).stem}")
+    corpus = Path(pattern).stem if pattern != "*" else Path(input_base).name
+    return os.path.join("runs", f"{corpus}-{args.preset}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.num_workers < 1:
         raise SystemExit(f"error: --num-workers {args.num_workers}: must be >= 1")
     data = args.data or str(default_corpus())
     input_base, pattern = split_data_path(data)
-    name = f"{Path(pattern).stem if pattern != '*' else Path(input_base).name}-{config.preset}"
-    output_dir = args.output or os.path.join("runs", name)
+    output_dir = args.output or default_output(args)
     config, base_model = warm_start(args, config, output_dir)
     teacher = None
     if args.teacher:
@@ -321,7 +338,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SystemExit(f"error: {e}") from e
     input_base, pattern = split_data_path(args.data)
-    output_dir = args.output or os.path.join("runs", f"validate-{Path(pattern).stem}")
+    output_dir = args.output or default_output(args)
     print(f"deepseek-tfx validate: data {os.path.join(input_base, pattern)}")
     from pipeline.local_runner import run_local, run_paths
 
@@ -354,18 +371,6 @@ def cmd_compile_kfp(args: argparse.Namespace) -> int:
     print(f"  image {args.image}, data {args.data or CONTAINER_CORPUS}, "
           f"pipeline root {args.pipeline_root}")
     return 0
-
-
-def failure_message(error: BaseException) -> str:
-    """The messages of an exception and its causes (orchestrators wrap the real one)."""
-    messages, seen = [], set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        text = str(error).strip()
-        if text and text not in messages:
-            messages.append(text)
-        error = error.__cause__ or error.__context__
-    return "\n".join(messages) or "unknown error (see the log above)"
 
 
 def print_data_report(metadata_path: str) -> None:
@@ -494,7 +499,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             signature = "generate_raw"
         else:
             print(f"note: {model_dir} has no chat template; --raw changes nothing",
-                  file=sys.stderr)
+                  file=console.stderr())
     prompts = tf.constant([args.prompt])
     n = tf.shape(prompts)[0]  # the signature takes one value of each knob per prompt
     out = loaded.signatures[signature](
@@ -523,7 +528,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if metrics["config"] == "defaults":
         print(f"note: {model_dir} has no pipeline config (assets.extra/deepseek_tfx_config.json): "
               f"documents read with the default data config, windows of {metrics['seq_len']} "
-              "tokens (--seq-len changes it)", file=sys.stderr)
+              "tokens (--seq-len changes it)", file=console.stderr())
     print(json.dumps(metrics, indent=2))
     return 0
 
@@ -667,6 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="distill from this model (a pushed SavedModel or Hugging Face "
                      "directory with the same tokenizer): train.distill_alpha, "
                      "train.distill_temperature")
+    console.add_arguments(run, "run")
     run.set_defaults(fn=cmd_run)
 
     val = sub.add_parser("validate", help="ingest, validate (TFDV) and clean only; print the "
@@ -676,6 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--output", help="output directory (default: runs/validate-<corpus>)")
     val.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                      help="override any config field, e.g. --set data.invalid_utf8=reject")
+    console.add_arguments(val, "validate")
     val.set_defaults(fn=cmd_validate)
 
     kfp = sub.add_parser("compile-kfp", help="compile the pipeline to a Kubeflow Pipelines v2 "
@@ -714,6 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=50, help="0 = off")
     gen.add_argument("--top-p", type=float, default=0.95, help="1.0 = off")
     gen.add_argument("--seed", type=int, default=0)
+    console.add_arguments(gen, "generate")
     gen.set_defaults(fn=cmd_generate)
 
     ev = sub.add_parser("evaluate", help="bits per byte and perplexity of a pushed model on text")
@@ -723,6 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="scoring window in tokens (default: the pipeline's train.seq_len; "
                     "min(max_position_embeddings, 1024) for a model without a pipeline config, "
                     "e.g. from hf-import)")
+    console.add_arguments(ev, "evaluate")
     ev.set_defaults(fn=cmd_evaluate)
 
     srv = sub.add_parser("serve", help="serve the newest pushed version over HTTP on the "
@@ -744,6 +753,7 @@ def build_parser() -> argparse.ArgumentParser:
         default = getattr(batching, field)
         srv.add_argument("--" + field.replace("_", "-"), type=int, default=default,
                          metavar=metavar, help=f"{what} (default {default})")
+    console.add_arguments(srv, "serve")
     srv.set_defaults(fn=cmd_serve)
 
     md = sub.add_parser("mlmd", help="what ML Metadata recorded: runs, artifacts, lineage")
@@ -761,6 +771,7 @@ def build_parser() -> argparse.ArgumentParser:
     hf_in.add_argument("out_dir", help="where the SavedModel is written")
     hf_in.add_argument("--no-tokenizer", action="store_true",
                        help="import the weights only (logits), ignoring tokenizer.json")
+    console.add_arguments(hf_in, "hf-import")
     hf_in.set_defaults(fn=cmd_hf_import)
 
     hf_out = sub.add_parser("hf-export", help="SavedModel -> HF DeepSeek-V3 checkpoint")
@@ -775,18 +786,47 @@ def build_parser() -> argparse.ArgumentParser:
                         help="config.json as transformers 4.x (rope_scaling) or 5.x "
                         "(rope_parameters) writes it")
     hf_out.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    console.add_arguments(hf_out, "hf-export")
     hf_out.set_defaults(fn=cmd_hf_export)
     return parser
 
 
+def log_dir(args: argparse.Namespace) -> str:
+    """--log-dir; else <output>/logs for commands with --output (`default_output` when not
+    given), else the per-user `console.default_log_dir()`."""
+    if args.log_dir:
+        return args.log_dir
+    if console.QUIET_COMMANDS[args.command].logs_under_output:
+        args.output = args.output or default_output(args)
+        return os.path.join(args.output, "logs")
+    return console.default_log_dir()
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("absl", "apache_beam", "tensorflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
-    return args.fn(args)
+    quiet = console.QUIET_COMMANDS.get(args.command)
+    if quiet is None:  # libraries log on the console, TensorFlow's C++ INFO and WARNING muted
+        logging.basicConfig(level=logging.INFO, format=console.LOG_FORMAT)
+        for noisy in ("absl", "apache_beam", "tensorflow"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        return args.fn(args)
+    command_line = shlex.join(["deepseek-tfx"] + list(sys.argv[1:] if argv is None else argv))
+    with console.session(console.log_path(args.command, log_dir(args)), verbose=args.verbose,
+                         announce=quiet.announce, header=command_line):
+        return args.fn(args)
+
+
+def entry() -> int:
+    """The `deepseek-tfx` command: `main`, with an error already shown on the console (its
+    messages and the log's path; the traceback is in the log) ending in exit code 1."""
+    try:
+        return main()
+    except Exception as e:
+        if console.reported(e):
+            return 1
+        raise
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -13,6 +13,12 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CORPUS = PROJECT_ROOT.parent / "shared" / "corpora" / "tinyshakespeare.txt"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cli_log_dir(tmp_path_factory):
+    """The CLI's log files of commands without --output go here, not to ~/.cache."""
+    os.environ["DEEPSEEK_TFX_LOG_DIR"] = str(tmp_path_factory.mktemp("cli_logs"))
+
+
 @pytest.fixture(scope="session")
 def shakespeare() -> str:
     """Tiny Shakespeare (real text). Tests that need it skip loudly when absent."""

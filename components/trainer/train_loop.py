@@ -36,9 +36,12 @@ min/max/mean |b|.
 Progress (chief): a log line after the first step and every `log_every` steps,
 always; in a terminal, also a progress bar (tqdm) with step/total, loss and
 tokens/s, refreshed at most every `PROGRESS_INTERVAL_S` (`progress_enabled`:
-not when stderr is not a terminal, e.g. a log file or a notebook, nor when
-`CI` is set; `DEEPSEEK_TFX_PROGRESS=1`/`0` forces it on/off). It reads the
-loss at most that often, so the steps between refreshes run as without it.
+not when neither stderr nor stdout is a terminal, e.g. a log file or a
+notebook, nor when `CI` is set; `DEEPSEEK_TFX_PROGRESS=1`/`0` forces it
+on/off). The bar draws on stderr, or on stdout when only stdout is a terminal
+(`progress_stream`: the CLI sends stderr to its log file and keeps stdout on
+the console). It reads the loss at most that often, so the steps between
+refreshes run as without it.
 """
 
 from __future__ import annotations
@@ -117,8 +120,21 @@ def build_model(config: PipelineConfig, dtype: str = "float32") -> DeepSeekCausa
     return DeepSeekCausalLM(config.model, dtype=dtype)
 
 
+def progress_stream():
+    """The stream the progress bar draws on: stderr when it is a terminal, else stdout
+    when that is one (the CLI keeps stdout on the terminal and sends stderr to its
+    log file), else stderr."""
+    for stream in (sys.stderr, sys.stdout):
+        try:
+            if stream is not None and stream.isatty():
+                return stream
+        except (AttributeError, OSError, ValueError):
+            continue
+    return sys.stderr
+
+
 def progress_enabled(stream=None) -> bool:
-    """Whether to draw a progress bar on `stream` (default stderr).
+    """Whether to draw a progress bar on `stream` (default `progress_stream()`).
 
     `DEEPSEEK_TFX_PROGRESS=1` or `0` decides; otherwise only on a terminal and
     when `CI` is unset or empty (CI logs get the periodic log lines only).
@@ -133,7 +149,7 @@ def progress_enabled(stream=None) -> bool:
         return forced == "1"
     if os.environ.get("CI", "").strip():
         return False
-    stream = sys.stderr if stream is None else stream
+    stream = progress_stream() if stream is None else stream
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
 
@@ -141,10 +157,12 @@ def progress_enabled(stream=None) -> bool:
 class _Progress:
     """The terminal progress bar of a training run (a no-op when disabled)."""
 
-    def __init__(self, total: int, initial: int, tokens_per_step: int, enabled: bool):
+    def __init__(self, total: int, initial: int, tokens_per_step: int, enabled: bool,
+                 stream=None):
         self.tokens_per_step = tokens_per_step
+        self.stream = progress_stream() if stream is None else stream
         self.bar = tqdm(total=total, initial=initial, unit="step", desc="train",
-                        file=sys.stderr, dynamic_ncols=True, mininterval=PROGRESS_INTERVAL_S,
+                        file=self.stream, dynamic_ncols=True, mininterval=PROGRESS_INTERVAL_S,
                         disable=not enabled)
         self.last_time, self.last_step = time.perf_counter(), initial
 
@@ -165,10 +183,10 @@ class _Progress:
             log.info(*args)
 
     def suspended(self):
-        """A context in which the bar is cleared (for other writers to stderr)."""
+        """A context in which the bar is cleared (for other writers to the terminal)."""
         if self.bar.disable:
             return contextlib.nullcontext()
-        return tqdm.external_write_mode(file=sys.stderr)
+        return tqdm.external_write_mode(file=self.stream)
 
     def close(self) -> None:
         self.bar.close()
@@ -343,8 +361,9 @@ def train(
     last_terms, last_norm = None, None
     saving_s = 0.0  # checkpoint writing, left out of the steady-state throughput
     step = resumed_from
+    stream = progress_stream()
     progress = _Progress(tc.train_steps, resumed_from, tokens_per_step,
-                         enabled=chief and progress_enabled())
+                         enabled=chief and progress_enabled(stream), stream=stream)
     try:
         while step < tc.train_steps:
             out = train_step(iterator)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 SLICE_BYTES = 60_000
 
@@ -23,15 +28,19 @@ def corpus(tmp_path_factory, shakespeare):
 
 @pytest.fixture(scope="session")
 def run(tmp_path_factory, corpus):
-    from pipeline import cli
-
+    """`deepseek-tfx run` in a subprocess, as a person runs it; `console` is what it
+    printed (stdout and stderr, merged)."""
     out = tmp_path_factory.mktemp("run")
     start = time.perf_counter()
-    code = cli.main(["run", "--data", str(corpus), "--preset", "tiny", "--output", str(out)])
-    assert code == 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", "--data", str(corpus), "--preset", "tiny",
+         "--output", str(out)],
+        cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.returncode == 0, proc.stdout
     from pipeline.local_runner import run_paths
 
-    return {**run_paths(str(out)), "wall_seconds": time.perf_counter() - start}
+    return {**run_paths(str(out)), "wall_seconds": time.perf_counter() - start,
+            "console": proc.stdout}
 
 
 @pytest.fixture(scope="session")

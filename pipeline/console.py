@@ -1,0 +1,263 @@
+"""The console of a CLI command: the project's own lines on the terminal, the libraries' in a log.
+
+`session(log_path)` sends everything the libraries write to stderr into a log file:
+Python logging (absl, TFX, Beam, TensorFlow), `warnings`, and what C++ code and
+child processes write to file descriptor 2 (TensorFlow's and XLA's messages,
+including those at `import tensorflow`, Beam and Trainer workers). It does so
+by pointing fd 2 at the file (`os.dup2`) before the command imports
+TensorFlow, so it must be entered before the heavy imports. The project's own
+lines stay on the console: stdout (fd 1) is left alone, and `stderr()` is the
+console's stderr while a session runs (for notes and error lines).
+
+With `verbose=True`, fd 2 is a pipe that a thread copies to the log and to the
+console (a tee). Everything is restored on exit, so a process may run several
+sessions one after the other (tests call `cli.main` many times).
+
+An exception escaping the session is logged with its traceback; its messages
+(`failure_message`) and the log's path are printed on the console, and it is
+raised again (`reported` tells it was). A `SystemExit` is left to Python, which
+prints its message to the console's stderr once the session is over.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import dataclasses
+import logging
+import os
+import sys
+import threading
+import time
+import warnings
+from typing import TextIO
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_REPORTED = "_deepseek_tfx_reported"
+
+
+@dataclasses.dataclass(frozen=True)
+class Quiet:
+    """How a command's console is kept quiet.
+
+    Attributes:
+      logs_under_output: the log goes to `<--output>/logs/`; otherwise to `--log-dir`
+        (default `default_log_dir()`).
+      announce: print the log's path when the command starts and when it ends (long
+        commands); otherwise only when it fails.
+    """
+
+    logs_under_output: bool = False
+    announce: bool = False
+
+
+# The commands whose console shows only the project's own lines. A new command
+# joins with one line here (and `add_arguments` on its parser).
+QUIET_COMMANDS: dict[str, Quiet] = {
+    "run": Quiet(logs_under_output=True, announce=True),
+    "validate": Quiet(logs_under_output=True, announce=True),
+    "serve": Quiet(announce=True),
+    "evaluate": Quiet(),
+    "generate": Quiet(),
+    "hf-import": Quiet(),
+    "hf-export": Quiet(),
+}
+
+
+LOG_DIR_ENV = "DEEPSEEK_TFX_LOG_DIR"
+
+
+def default_log_dir() -> str:
+    """`$DEEPSEEK_TFX_LOG_DIR` when set, else `$XDG_CACHE_HOME/deepseek-tfx/logs`, by
+    default `~/.cache/deepseek-tfx/logs`."""
+    if os.environ.get(LOG_DIR_ENV):
+        return os.environ[LOG_DIR_ENV]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "deepseek-tfx", "logs")
+
+
+def add_arguments(parser, command: str) -> None:
+    """`--verbose`, and `--log-dir`, on the parser of a command of `QUIET_COMMANDS`."""
+    quiet = QUIET_COMMANDS[command]
+    where = "<output>/logs" if quiet.logs_under_output else default_log_dir()
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show the libraries' logs and warnings on the console too "
+                        "(they always go to the log file)")
+    parser.add_argument("--log-dir", metavar="DIR",
+                        help=f"where the log file {command}-YYYYmmdd-HHMMSS.log goes "
+                        f"(default {where})")
+
+
+def log_path(command: str, log_dir: str, when: float | None = None) -> str:
+    """`<log_dir>/<command>-<YYYYmmdd-HHMMSS>.log` (absolute; `-2`, `-3`... if taken)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    base = os.path.join(os.path.abspath(os.path.expanduser(log_dir)), f"{command}-{stamp}")
+    path, n = base + ".log", 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}.log"
+    return path
+
+
+def failure_message(error: BaseException) -> str:
+    """The messages of an exception and its causes (orchestrators wrap the real one)."""
+    messages, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error).strip()
+        if text and text not in messages:
+            messages.append(text)
+        error = error.__cause__ or error.__context__
+    return "\n".join(messages) or "unknown error (see the log)"
+
+
+def reported(error: BaseException) -> bool:
+    """Whether a session already printed this exception's messages on the console."""
+    return bool(getattr(error, _REPORTED, False))
+
+
+_consoles: list[TextIO] = []  # the console's stderr of each open session, innermost last
+
+
+def stderr() -> TextIO:
+    """The console's stderr: inside a session not fd 2 (the log), else `sys.stderr`."""
+    return _consoles[-1] if _consoles else sys.stderr
+
+
+def _fileno(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
+
+
+def _flush(*streams) -> None:
+    for stream in streams:
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
+
+
+def _tee(read_fd: int, log_fd: int, console: TextIO) -> None:
+    """Copies the pipe to the log and to the console until every writer has closed it."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    try:
+        while chunk := os.read(read_fd, 65536):
+            os.write(log_fd, chunk)
+            with contextlib.suppress(OSError, ValueError):  # a closed console: the log only
+                console.write(decoder.decode(chunk))
+                console.flush()
+    finally:
+        os.close(read_fd)
+        os.close(log_fd)
+
+
+@contextlib.contextmanager
+def session(path: str, *, verbose: bool = False, announce: bool = True,
+            header: str = ""):
+    """Sends the libraries' stderr, logs and warnings to the log file `path` (see above).
+
+    Args:
+      path: the log file (appended to; its directory is created).
+      verbose: also show all of it on the console.
+      announce: print `log: <path>` on the console's stderr at the start and at the
+        end; otherwise only when the block fails.
+      header: a first line for the log (e.g. the command line).
+
+    Yields the console's stderr.
+    """
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as e:
+        raise SystemExit(f"error: cannot write the log file {path} ({e}); pass --log-dir DIR") from e
+    if header:
+        os.write(log_fd, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n".encode())
+    _flush(sys.stdout, sys.stderr)
+    try:
+        saved_fd2 = os.dup(2)
+    except OSError:  # no fd 2 at all
+        saved_fd2 = None
+    saved_stderr = sys.stderr
+    # The console's stderr: a new stream on the saved fd 2 when sys.stderr writes to
+    # fd 2; otherwise sys.stderr itself (e.g. pytest's capture, which is not fd 2).
+    own_console = saved_stderr is None or _fileno(saved_stderr) == 2
+    if not own_console:
+        console = saved_stderr
+    elif saved_fd2 is not None:
+        console = open(os.dup(saved_fd2), "w", buffering=1, errors="backslashreplace",
+                       encoding=getattr(saved_stderr, "encoding", None) or "utf-8")
+    else:
+        console = open(os.devnull, "w")
+    tee = None
+    if verbose:
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+        tee = threading.Thread(target=_tee, args=(read_fd, os.dup(log_fd), console),
+                               name="console-tee", daemon=True)
+        tee.start()
+    else:
+        os.dup2(log_fd, 2)
+    # Python's writers to "stderr" follow fd 2 (never closed: a library may keep it).
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace",
+                      encoding="utf-8")
+    root = logging.getLogger()
+    saved_root = (root.handlers[:], root.level)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    # Handlers that write to the console go (they would print on it, or write twice
+    # to the log); others stay (a FileHandler, pytest's caplog).
+    root.handlers = [handler] + [h for h in saved_root[0] if not _to_console(h, saved_stderr)]
+    root.setLevel(logging.INFO)
+    warnings_context = warnings.catch_warnings()  # restores filters and showwarning
+    warnings_context.__enter__()
+    warnings.showwarning = _log_warning
+    _consoles.append(console)
+    if announce:
+        print(f"log: {path}", file=console, flush=True)
+    failed = True
+    try:
+        yield console
+        failed = False
+    except SystemExit as e:
+        failed = e.code not in (None, 0)
+        raise
+    except Exception as e:
+        logging.getLogger("deepseek-tfx").error("failed", exc_info=True)
+        print(f"error: {failure_message(e)}", file=console, flush=True)
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(e, _REPORTED, True)
+        raise
+    finally:
+        _flush(sys.stdout, sys.stderr, handler)
+        if announce or failed:
+            print(f"log: {path}", file=console, flush=True)
+        _consoles.pop()
+        warnings_context.__exit__(None, None, None)
+        root.handlers, root.level = saved_root
+        handler.close()
+        sys.stderr = saved_stderr
+        if saved_fd2 is not None:
+            os.dup2(saved_fd2, 2)
+            os.close(saved_fd2)
+        else:
+            os.close(2)
+        if tee is not None:  # the pipe ends when fd 2 was its last writer; children may hold it
+            tee.join(timeout=5)
+        os.close(log_fd)
+        if own_console and (tee is None or not tee.is_alive()):
+            console.close()
+
+
+def _to_console(handler: logging.Handler, stderr_stream) -> bool:
+    if isinstance(handler, logging.FileHandler) or not isinstance(handler, logging.StreamHandler):
+        return False
+    stream = handler.stream
+    return (stream in (stderr_stream, sys.__stderr__, sys.stdout, sys.__stdout__)
+            or _fileno(stream) in (1, 2))
+
+
+def _log_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """`warnings.showwarning` during a session: to the `py.warnings` logger (the log)."""
+    text = warnings.formatwarning(message, category, filename, lineno, line)
+    logging.getLogger("py.warnings").warning("%s", text.rstrip())
