@@ -486,12 +486,30 @@ def require_text_model(model_dir: str, command: str, what: str) -> None:
         raise SystemExit(f"error: {command}: {NoTokenizerError(model_dir, what)}")
 
 
+def check_max_new_tokens(model_dir: str, max_new_tokens: int) -> None:
+    """Exits with one line when `--max-new-tokens` leaves no room in the model's context:
+    `generate` keeps the prompt's last max(context - max_new_tokens, 1) tokens, so
+    max_new_tokens must be in [1, max_position_embeddings - 1]."""
+    from components.trainer.base_model import read_model_config
+
+    try:
+        context = read_model_config(model_dir).max_position_embeddings
+    except (FileNotFoundError, ValueError):  # no config beside the model: the signature checks
+        return
+    if not 1 <= max_new_tokens <= context - 1:
+        raise SystemExit(
+            f"error: --max-new-tokens {max_new_tokens}: must be in [1, {context - 1}]; "
+            f"the model's context is {context} positions (max_position_embeddings) and the "
+            "prompt keeps at least one")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     model_dir = resolve_model_dir(args.model)
     require_text_model(model_dir, "generate", "generate text")
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
+    check_max_new_tokens(model_dir, args.max_new_tokens)
     loaded = tf.saved_model.load(model_dir)
     signature = "generate"
     if args.raw:

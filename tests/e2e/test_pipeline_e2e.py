@@ -195,6 +195,10 @@ def test_cli_generate_and_evaluate(run, corpus, capsys):
     assert cli.main(["generate", "--model", run["serving_model_dir"], "--prompt", "KING:",
                      "--max-new-tokens", "8", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("KING:")
+    # The tiny model's context is 64 positions: 64 new tokens leave none for the prompt.
+    with pytest.raises(SystemExit, match=r"--max-new-tokens 64: must be in \[1, 63\]"):
+        cli.main(["generate", "--model", run["serving_model_dir"], "--prompt", "KING:",
+                  "--max-new-tokens", "64"])
     assert cli.main(["evaluate", "--model", run["serving_model_dir"], "--data", str(corpus)]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["bytes"] == corpus.stat().st_size
