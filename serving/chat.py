@@ -41,6 +41,7 @@ import codecs
 import dataclasses
 import json
 import os
+import sys
 from collections.abc import Iterator
 from typing import TextIO
 
@@ -296,9 +297,9 @@ class ChatSession:
             for token in self.stream_ids(prompt):
                 piece = decoder.push(token)
                 if piece:
-                    pieces.append(piece)
                     out.write(piece)
                     out.flush()
+                    pieces.append(piece)  # printed: part of the reply
         except KeyboardInterrupt:
             self._forget_cache()  # it may hold a half-written step
             _note(err, "[reply stopped]", newline_first=True)
@@ -330,11 +331,8 @@ class ChatSession:
                       f"{RESET} clears the history, {EXIT} or Ctrl-D leaves, Ctrl-C stops a "
                       "reply\n")
         while True:
-            if interactive:
-                out.write(">>> ")
-                out.flush()
             try:
-                line = stdin.readline()
+                line = _read_line(stdin, out, interactive)
             except KeyboardInterrupt:
                 if not interactive:
                     return 130
@@ -358,6 +356,25 @@ class ChatSession:
             self.reply(line, out, err)
             out.write("\n")
             out.flush()
+
+
+def _read_line(stdin: TextIO, out: TextIO, interactive: bool) -> str:
+    """The next line with its newline, "" at the end of input. A person at this process's
+    own terminal gets `input()` with line editing (readline), after a `>>> ` prompt."""
+    if not interactive:
+        return stdin.readline()
+    if stdin is sys.stdin and out is sys.stdout:
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:
+            pass
+        try:
+            return input(">>> ") + "\n"
+        except EOFError:
+            return ""
+    out.write(">>> ")
+    out.flush()
+    return stdin.readline()
 
 
 def _note(err: TextIO | None, message: str, newline_first: bool = False) -> None:

@@ -235,3 +235,33 @@ def test_the_cli_chats_from_a_pipe(plain_dir, signatures):
     expected = _generate(signatures["plain"]["generate"], "ROMEO:", NEW, 0.9, 20, 0.9, 0)
     assert done.stdout.decode("utf-8") == expected + "\n"
     assert ">>>" not in done.stdout.decode("utf-8")  # no prompt noise from a pipe
+
+
+class _Interrupted(io.StringIO):
+    """An output whose first write is interrupted, as Ctrl-C while a reply is printed."""
+
+    def write(self, text):
+        if not getattr(self, "hit", False):
+            self.hit = True
+            raise KeyboardInterrupt
+        return super().write(text)
+
+
+def test_ctrl_c_stops_the_reply_not_the_session(plain_dir):
+    session = _session(plain_dir, temperature=0.0)
+    err = io.StringIO()
+    out = _Interrupted()
+    assert session.reply("the quick", out, err) == ""  # nothing was printed
+    assert "[reply stopped]" in err.getvalue() and session._cache is None
+    assert session.turns == [("the quick", "")]
+    again = io.StringIO()
+    assert session.run(io.StringIO("the\n/exit\n"), again, err) == 0
+    assert len(session.turns) == 2
+
+
+def test_an_interactive_session_shows_a_banner_and_prompts(plain_dir):
+    session = _session(plain_dir)
+    out = io.StringIO()
+    assert session.run(io.StringIO("/reset\n"), out, interactive=True, banner="hello") == 0
+    assert out.getvalue() == ("hello\n/reset clears the history, /exit or Ctrl-D leaves, "
+                              "Ctrl-C stops a reply\n>>> >>> \n")
