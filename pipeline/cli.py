@@ -10,6 +10,8 @@ the logic lives in the modules it calls.
                          [--data PATH] [--preset NAME] [--set ...] [--beam-arg=ARG ...]
   deepseek-tfx generate  --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
                          [--top-k K] [--top-p P] [--seed S] [--raw]
+  deepseek-tfx chat      --model DIR [--max-new-tokens N] [--temperature T] [--top-k K]
+                         [--top-p P] [--seed S]
   deepseek-tfx evaluate  --model DIR --data PATH [--seq-len N]
   deepseek-tfx serve     --model SERVING_DIR [--port P] [--host H] [--model-name NAME]
                          [--max-batch-size ROWS] [--batch-timeout-micros US]
@@ -532,6 +534,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    model_dir = resolve_model_dir(args.model)
+    require_text_model(model_dir, "chat", "chat")
+    from serving.chat import ChatSession
+
+    try:
+        session = ChatSession.from_dir(model_dir, max_new_tokens=args.max_new_tokens,
+                                       temperature=args.temperature, top_k=args.top_k,
+                                       top_p=args.top_p, seed=args.seed)
+    except ValueError as e:
+        raise SystemExit(f"error: chat: {e}") from e
+    for stream in (sys.stdin, sys.stdout):  # any language, whatever the locale
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(encoding="utf-8", errors="replace")
+    kind = "chat template" if session.chat_prompt else "plain LM: lines continue the text"
+    return session.run(sys.stdin, sys.stdout, sys.stderr, interactive=sys.stdin.isatty(),
+                       banner=f"{model_dir} ({kind}; {session.context} tokens of context)")
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     model_dir = resolve_model_dir(args.model)
     require_text_model(model_dir, "evaluate", "score text")
@@ -741,6 +762,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     console.add_arguments(gen, "generate")
     gen.set_defaults(fn=cmd_generate)
+
+    chat = sub.add_parser("chat", help="talk to a pushed or imported model, replies streamed "
+                          "(/reset clears the history, /exit or Ctrl-D leaves)")
+    chat.add_argument("--model", required=True, help="serving dir (newest version) or SavedModel")
+    chat.add_argument("--max-new-tokens", type=int,
+                      help="per reply (default: the model's generation_config.json, else 100)")
+    chat.add_argument("--temperature", type=float,
+                      help="0 = greedy (default: the model's generation config)")
+    chat.add_argument("--top-k", type=int, help="0 = off (default: the model's)")
+    chat.add_argument("--top-p", type=float, help="1.0 = off (default: the model's)")
+    chat.add_argument("--seed", type=int, default=0,
+                      help="the first reply samples step t with seed (S, t), as generate")
+    chat.set_defaults(fn=cmd_chat)
 
     ev = sub.add_parser("evaluate", help="bits per byte and perplexity of a pushed model on text")
     ev.add_argument("--model", required=True, help="serving dir (newest version) or SavedModel")

@@ -26,6 +26,7 @@ _EXPORTS = {
     "causal_lm_loss": "losses",
     "token_cross_entropy": "losses",
     "generate": "generation",
+    "next_token": "generation",
     "activated_params": "flops",
     "total_params": "flops",
     "flops_per_token": "flops",

@@ -125,6 +125,26 @@ def generate(model, input_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1
     return tf.where(columns < lengths[:, None], tokens, pad_id), lengths
 
 
+def next_token(logits, temperature=0.0, top_k=0, top_p=1.0, seed=0, step=0):
+    """One decoding step of `generate`'s rule, for callers that run their own loop.
+
+    Row b of `generate` with seed s_b chooses its t-th new token (t from 0) as
+    `next_token(logits, ..., seed=s_b, step=t)` does, so a loop that calls this
+    once per token reproduces `generate` token for token (e.g. streaming chat).
+
+    Args:
+      logits: float tensor (B, V), the scores of the next token.
+      temperature, top_k, top_p: scalars or (B,) vectors, as in `generate`.
+      seed: int or int32 tensor, scalar or (B,); the stateless seed is (seed_b, step).
+      step: int or int32 scalar, the index of this new token in its continuation.
+
+    Returns:
+      int32 (B,), the chosen token of each row.
+    """
+    seeds = tf.broadcast_to(tf.cast(seed, tf.int32), [tf.shape(logits)[0]])  # (B,)
+    return _choose(logits, temperature, top_k, top_p, seeds, tf.cast(step, tf.int32))
+
+
 def _prompts(input_ids, prompt_lengths):
     """(input_ids cropped to the longest prompt (B, P'), prompt lengths int32 (B,))."""
     batch, width = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
