@@ -300,7 +300,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from pipeline import report
 
-    with show_progress(), report.written_on_failure(output_dir):
+    with report.written_on_failure(output_dir), show_progress():
         paths = runner(config, input_base, pattern, output_dir,
                        beam_pipeline_args=args.beam_arg or None,
                        enable_cache=not args.no_cache, until=args.until,

@@ -65,7 +65,8 @@ class RunData:
         """
         run = self.components.get(component)
         if run is None:
-            raise Unavailable(f"{component} is not part of the newest run")
+            raise Unavailable(f"{component} did not run in the newest run (it stopped "
+                              "before it: --until, or an earlier component failed)")
         if artifact_type not in run.outputs:
             raise Unavailable(f"{component} has no {artifact_type} output "
                               f"(state {run.state.lower()})")
@@ -93,7 +94,9 @@ def read_events(log_dir: str) -> tuple[dict[str, tuple[list[int], list[float]]],
         raise Unavailable(f"no TensorBoard event files in {log_dir}")
     by_tag: dict[str, dict[int, object]] = defaultdict(dict)
     for path in files:
-        for event in tf.compat.v1.train.summary_iterator(path):
+        # = tf.compat.v1.train.summary_iterator, without its deprecation warning
+        for record in tf.data.TFRecordDataset(path):
+            event = tf.compat.v1.Event.FromString(record.numpy())
             for value in event.summary.value:
                 if value.HasField("simple_value"):
                     by_tag[value.tag][event.step] = float(value.simple_value)

@@ -103,3 +103,11 @@ def test_no_store_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError, match="no ML Metadata store"):
         report.write_report(str(tmp_path))
     assert report.write_report_quietly(str(tmp_path)) is None  # one line, no exception
+
+
+def test_a_failed_run_gets_its_report_attempted_and_its_error_kept(tmp_path, capsys):
+    with pytest.raises(RuntimeError, match="component failed"), \
+            report.written_on_failure(str(tmp_path)):
+        raise RuntimeError("component failed")
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("report: not written (FileNotFoundError")
