@@ -19,166 +19,22 @@ rebuilds it. Everything comes from ML Metadata (`run_summary.latest_run`,
 
 A section whose data does not exist (`--until`, a failed run) says why instead.
 The page has no external resources: figures are inline PNGs (`report_plots.py`).
+This file is the HTML; the values come from `report_data.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import glob
 import html
-import json
 import os
 import re
 import time
-from collections import defaultdict
 
-import numpy as np
-
-from pipeline import mlmd_report
-from pipeline.run_summary import ComponentRun, latest_run, open_store
+from pipeline import report_data
+from pipeline.report_data import SAMPLE_NEW_TOKENS, RunData, Unavailable
 
 REPORT_FILE = "report.html"
 SECTIONS = ("pipeline", "data", "training", "moe", "eval", "samples", "lineage")
-SAMPLE_NEW_TOKENS = 40
-FALLBACK_PROMPTS = ("The ", "Once upon a time")
-
-
-class Unavailable(Exception):
-    """A section's data does not exist; the message says why."""
-
-
-@dataclasses.dataclass
-class RunData:
-    """What the sections read: the paths, the store and the newest run's executions."""
-
-    paths: dict
-    store: object
-    executions: list[dict]  # mlmd_report execution dicts of the newest run, in id order
-    components: dict[str, ComponentRun]  # run_summary view: outputs by artifact type
-
-    def output(self, component: str, artifact_type: str) -> dict:
-        """{"uri", custom properties...} of a component's output in this run.
-
-        Raises:
-          Unavailable: the component did not run (or not to the end) in this run.
-        """
-        run = self.components.get(component)
-        if run is None:
-            raise Unavailable(f"{component} did not run in the newest run (it stopped "
-                              "before it: --until, or an earlier component failed)")
-        if artifact_type not in run.outputs:
-            raise Unavailable(f"{component} has no {artifact_type} output "
-                              f"(state {run.state.lower()})")
-        return run.outputs[artifact_type]
-
-
-# ----------------------------------------------------------------------------- data
-
-
-def read_events(log_dir: str) -> tuple[dict[str, tuple[list[int], list[float]]],
-                                          dict[str, tuple[list[int], list[np.ndarray]]]]:
-    """The summaries in the TensorBoard event files of `log_dir` (not its subdirectories).
-
-    Returns:
-      (scalars, tensors): {tag: (steps, values)} sorted by step; a tag written twice
-      at one step keeps the later value. Scalars are 0-d summaries, tensors the rest.
-
-    Raises:
-      Unavailable: no event files in `log_dir`.
-    """
-    import tensorflow as tf
-
-    files = sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
-    if not files:
-        raise Unavailable(f"no TensorBoard event files in {log_dir}")
-    by_tag: dict[str, dict[int, object]] = defaultdict(dict)
-    for path in files:
-        # = tf.compat.v1.train.summary_iterator, without its deprecation warning
-        for record in tf.data.TFRecordDataset(path):
-            event = tf.compat.v1.Event.FromString(record.numpy())
-            for value in event.summary.value:
-                if value.HasField("simple_value"):
-                    by_tag[value.tag][event.step] = float(value.simple_value)
-                elif value.HasField("tensor"):
-                    by_tag[value.tag][event.step] = tf.make_ndarray(value.tensor)
-    scalars, tensors = {}, {}
-    for tag, points in by_tag.items():
-        steps = sorted(points)
-        values = [points[s] for s in steps]
-        if all(np.ndim(v) == 0 for v in values):
-            scalars[tag] = (steps, [float(v) for v in values])
-        else:
-            tensors[tag] = (steps, [np.asarray(v) for v in values])
-    return scalars, tensors
-
-
-def expert_load(tensors: dict) -> list[tuple[str, list[int], np.ndarray]]:
-    """Per MoE layer (in tag order): (layer, window steps, load / mean load
-    [n_experts, n_windows]) from the `moe/<layer>/expert_load` summaries; 1.0 = balanced,
-    a window that routed nothing is all 0."""
-    out = []
-    for tag in sorted(tensors):
-        if not (tag.startswith("moe/") and tag.endswith("/expert_load")):
-            continue
-        steps, loads = tensors[tag]
-        matrix = np.stack([np.asarray(v, np.float64) for v in loads], axis=1)  # (E, W)
-        mean = matrix.mean(axis=0, keepdims=True)  # (1, W)
-        out.append((tag[len("moe/"):-len("/expert_load")], steps,
-                    np.divide(matrix, mean, out=np.zeros_like(matrix), where=mean > 0)))
-    return out
-
-
-def pipeline_graph(store, executions: list[dict]) -> list[list[dict]]:
-    """The executions in columns: column k holds those whose longest chain of producers
-    within the run is k long. Each execution dict gains "after": its producers' names."""
-    from ml_metadata.proto import metadata_store_pb2
-
-    ids = [e["id"] for e in executions]
-    events = store.get_events_by_execution_ids(ids) if ids else []
-    producer = {ev.artifact_id: ev.execution_id for ev in events
-                if ev.type == metadata_store_pb2.Event.OUTPUT}
-    by_id = {e["id"]: {**e, "after": []} for e in executions}
-    parents: dict[int, set[int]] = defaultdict(set)
-    for ev in events:
-        if ev.type == metadata_store_pb2.Event.INPUT:
-            p = producer.get(ev.artifact_id)
-            if p is not None and p != ev.execution_id:
-                parents[ev.execution_id].add(p)
-    depth: dict[int, int] = {}
-
-    def column(i: int, seen=()) -> int:
-        if i not in depth:
-            depth[i] = 1 + max((column(p, (*seen, i)) for p in parents[i] if p not in seen),
-                               default=-1)
-        return depth[i]
-
-    columns: list[list[dict]] = []
-    for i in ids:
-        k = column(i)
-        columns += [[] for _ in range(k + 1 - len(columns))]
-        by_id[i]["after"] = sorted(by_id[p]["component"] for p in parents[i])
-        columns[k].append(by_id[i])
-    return columns
-
-
-def load_run(output_dir: str) -> RunData:
-    """The newest run of `output_dir` as the sections read it.
-
-    Raises:
-      FileNotFoundError: no metadata.db under `output_dir`.
-    """
-    from pipeline.local_runner import run_paths
-
-    paths = run_paths(output_dir)
-    if not os.path.isfile(paths["metadata_path"]):
-        raise FileNotFoundError(f"{paths['metadata_path']}: no ML Metadata store (no run here)")
-    store = open_store(paths["metadata_path"])
-    if not store.get_contexts_by_type("pipeline_run"):  # a store no run has written to yet
-        return RunData(paths, store, [], {})
-    executions = mlmd_report.runs(store)[-1]["executions"]
-    components = {r.component: r for r in latest_run(paths["metadata_path"])}
-    return RunData(paths, store, executions, components)
 
 
 # ----------------------------------------------------------------------------- html
@@ -211,9 +67,14 @@ _STATUS = {"COMPLETE": "done", "CACHED": "cached", "FAILED": "failed", "RUNNING"
 
 
 def section_pipeline(run: RunData) -> str:
+    """The components as columns of boxes (status, duration, producers) and the verdict.
+
+    Raises:
+      Unavailable: ML Metadata records no run.
+    """
     if not run.executions:
         raise Unavailable("ML Metadata records no pipeline run")
-    columns = pipeline_graph(run.store, run.executions)
+    columns = report_data.pipeline_graph(run.store, run.executions)
     cols = []
     for column in columns:
         boxes = []
@@ -233,52 +94,36 @@ def section_pipeline(run: RunData) -> str:
 
 
 def section_data(run: RunData) -> str:
-    parts = []
+    """The cleaning counts, the TFDV anomalies and the drift findings; a part whose
+    component did not run says so in place (never raises Unavailable)."""
+    return _records(run) + _anomalies(run) + _drift(run)
+
+
+def _records(run: RunData) -> str:
     try:
-        uri = run.output("TextCleaner", "Examples")["uri"]
-        path = os.path.join(uri, "cleaning_report.json")
-        if not os.path.isfile(path):
-            raise Unavailable(f"no {path}")
-        with open(path) as f:
-            report = json.load(f)
-        total = report["total"]
-        rows = [["read", total["read"], ""], ["kept", total["kept"], ""],
-                ["dropped", total["dropped"], ""]]
-        for reason, n in sorted(total["dropped_by_reason"].items(), key=lambda kv: -kv[1]):
-            where = ", ".join(f"{src} record {rec}"
-                              for src, rec in report.get("rejected_samples", {}).get(reason, [])[:3])
-            rows.append([f"dropped: {reason}", n, where])
-        for repair, n in sorted(total.get("repaired", {}).items(), key=lambda kv: -kv[1]):
-            rows.append([f"repaired: {repair}", n, ""])
-        splits = [[s, v["read"], v["kept"], v["dropped"]]
-                  for s, v in sorted(report.get("splits", {}).items())]
-        parts.append("<h3>Records (TextCleaner)</h3>" + _table(["", "records", "e.g."], rows)
-                     + _table(["split", "read", "kept", "dropped"], splits))
+        report = report_data.cleaning_report(run)
     except Unavailable as e:
-        parts.append(_unavailable("records", str(e)))
-    parts.append(_anomalies(run))
-    parts.append(_drift(run))
-    return "".join(parts)
+        return _unavailable("records", str(e))
+    total = report["total"]
+    rows = [["read", total["read"], ""], ["kept", total["kept"], ""],
+            ["dropped", total["dropped"], ""]]
+    for reason, n in sorted(total["dropped_by_reason"].items(), key=lambda kv: -kv[1]):
+        where = ", ".join(f"{src} record {rec}"
+                          for src, rec in report.get("rejected_samples", {}).get(reason, [])[:3])
+        rows.append([f"dropped: {reason}", n, where])
+    for repair, n in sorted(total.get("repaired", {}).items(), key=lambda kv: -kv[1]):
+        rows.append([f"repaired: {repair}", n, ""])
+    splits = [[s, v["read"], v["kept"], v["dropped"]]
+              for s, v in sorted(report.get("splits", {}).items())]
+    return ("<h3>Records (TextCleaner)</h3>" + _table(["", "records", "e.g."], rows)
+            + _table(["split", "read", "kept", "dropped"], splits))
 
 
 def _anomalies(run: RunData) -> str:
-    from tensorflow_metadata.proto.v0 import anomalies_pb2
-
     try:
-        uri = run.output("ExampleValidator", "ExampleAnomalies")["uri"]
+        rows = report_data.anomaly_rows(run)
     except Unavailable as e:
         return _unavailable("TFDV anomalies", str(e))
-    rows = []
-    for path in sorted(glob.glob(os.path.join(uri, "Split-*", "SchemaDiff.pb"))):
-        anomalies = anomalies_pb2.Anomalies()
-        with open(path, "rb") as f:
-            anomalies.ParseFromString(f.read())
-        split = os.path.basename(os.path.dirname(path))[len("Split-"):]
-        for feature, info in sorted(anomalies.anomaly_info.items()):
-            rows.append([split, feature, info.short_description, info.description])
-        if anomalies.HasField("dataset_anomaly_info"):
-            info = anomalies.dataset_anomaly_info
-            rows.append([split, "(dataset)", info.short_description, info.description])
     if not rows:
         return "<h3>TFDV anomalies (ExampleValidator)</h3><p>none: every split matches the schema.</p>"
     return ("<h3>TFDV anomalies (ExampleValidator)</h3>"
@@ -302,12 +147,13 @@ def _drift(run: RunData) -> str:
             + _table(["split / feature", "divergence"], rows))
 
 
-def _trainer_dirs(run: RunData) -> tuple[str, str]:
-    """(model_run dir with the events, Model artifact dir with training_summary.json)."""
-    return (run.output("Trainer", "ModelRun")["uri"], run.output("Trainer", "Model")["uri"])
-
-
 def section_training(run: RunData, events) -> str:
+    """The `train/*` curves of `events` (`report_data.read_events`) and the figures of
+    training_summary.json.
+
+    Raises:
+      Unavailable: no train/* scalars, or the Trainer did not run to the end.
+    """
     from pipeline import report_plots
 
     scalars, _ = events
@@ -326,11 +172,8 @@ def section_training(run: RunData, events) -> str:
             steps, values = train[key]
             panels.append((title, {key: (steps, [scale * v for v in values])}))
     out = report_plots.training_curves(panels)
-    _, model_uri = _trainer_dirs(run)
-    path = os.path.join(model_uri, "training_summary.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            summary = json.load(f)
+    summary = report_data.training_summary(run)
+    if summary is not None:
         keys = ("train_steps", "resumed_from_step", "tokens_seen", "train_wall_s",
                 "tokens_per_second", "steady_tokens_per_second", "mfu", "steady_mfu",
                 "final_loss", "strategy", "num_replicas", "precision", "global_batch_size",
@@ -342,15 +185,17 @@ def section_training(run: RunData, events) -> str:
 
 
 def section_moe(run: RunData, events) -> str:
+    """The expert-load heatmaps and router-bias spread from `events`
+    (`report_data.read_events`).
+
+    Raises:
+      Unavailable: the events hold no MoE summaries.
+    """
     from pipeline import report_plots
 
     scalars, tensors = events
-    layers = expert_load(tensors)
-    bias: dict[str, dict] = defaultdict(dict)
-    for tag, series in scalars.items():
-        if tag.startswith("router_bias/"):
-            _, layer, stat = tag.split("/")
-            bias[layer][stat] = series
+    layers = report_data.expert_load(tensors)
+    bias = report_data.router_bias(scalars)
     if not layers and not bias:
         raise Unavailable("no MoE summaries in the Trainer's events (no MoE layer, or a run "
                           "from before the expert load was logged)")
@@ -369,15 +214,15 @@ def section_moe(run: RunData, events) -> str:
 
 
 def section_eval(run: RunData) -> str:
+    """The LmEvaluator's metrics against the baseline, the blessing and the threshold.
+
+    Raises:
+      Unavailable: the LmEvaluator did not run, or wrote no metrics.json.
+    """
     from pipeline import report_plots
 
-    uri = run.output("LmEvaluator", "ModelEvaluation")["uri"]
-    path = os.path.join(uri, "metrics.json")
-    if not os.path.isfile(path):
-        raise Unavailable(f"no {path}")
-    with open(path) as f:
-        metrics = json.load(f)
-    config = _execution_config(run, "LmEvaluator")
+    metrics = report_data.eval_metrics(run)
+    config = report_data.execution_config(run, "LmEvaluator")
     candidate, baseline = metrics["candidate"], metrics.get("baseline")
     keys = [k for k in ("bits_per_byte", "perplexity", "loss", "response_bits_per_byte",
                         "response_perplexity", "tokens", "bytes") if k in candidate]
@@ -399,68 +244,20 @@ def section_eval(run: RunData) -> str:
     return out
 
 
-def _execution_config(run: RunData, component: str) -> dict:
-    """The pipeline config a component ran with (its `pipeline_config` property), or {}."""
-    ids = [e["id"] for e in run.executions if e["component"] == component]
-    for execution in run.store.get_executions_by_id(ids):
-        for props in (execution.properties, execution.custom_properties):
-            if "pipeline_config" in props:
-                return json.loads(props["pipeline_config"].string_value)
-    return {}
-
-
-def _pushed_dir(run: RunData) -> str:
-    pushed = run.output("Pusher", "PushedModel")
-    if not pushed.get("pushed"):
-        raise Unavailable("the model was not pushed (not blessed)")
-    return pushed["pushed_destination"]
-
-
-def sample_prompts(run: RunData, n: int = 3, chars: int = 40) -> list[str]:
-    """The first `chars` characters (cut at a space) of the first `n` eval documents,
-    or `FALLBACK_PROMPTS` when they cannot be read."""
-    import tensorflow as tf
-
-    try:
-        uri = run.output("TextCleaner", "Examples")["uri"]
-        files = sorted(glob.glob(os.path.join(uri, "Split-eval", "*")))
-        prompts = []
-        for record in tf.data.TFRecordDataset(files, compression_type="GZIP").take(n):
-            example = tf.train.Example.FromString(record.numpy())
-            text = example.features.feature["text"].bytes_list.value[0].decode("utf-8")
-            cut = text[:chars]
-            prompts.append(cut[: cut.rfind(" ") + 1] if " " in cut else cut)
-        return [p for p in prompts if p.strip()] or list(FALLBACK_PROMPTS)
-    except (Unavailable, tf.errors.OpError, IndexError, UnicodeDecodeError):
-        return list(FALLBACK_PROMPTS)
-
-
 def section_samples(run: RunData) -> str:
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401 (the SavedModel's tokenizer ops)
+    """Greedy generations of the pushed model, made now (`samples_html`).
 
-    from serving.export import has_tokenizer
+    Raises:
+      Unavailable: nothing pushed, or the SavedModel has no tokenizer.
+    """
+    return samples_html(*report_data.generate_samples(run))
 
-    destination = _pushed_dir(run)
-    if not has_tokenizer(destination):
-        raise Unavailable(f"{destination} has no tokenizer (logits only)")
-    loaded = tf.saved_model.load(destination)
-    prompts = sample_prompts(run)
-    n = len(prompts)
-    out = loaded.signatures["generate"](
-        prompt=tf.constant(prompts),
-        max_new_tokens=tf.fill([n], SAMPLE_NEW_TOKENS),
-        temperature=tf.zeros([n], tf.float32),  # greedy
-        top_k=tf.zeros([n], tf.int32),
-        top_p=tf.ones([n], tf.float32),
-        seed=tf.zeros([n], tf.int32),
-    )
-    items = []
-    for prompt, text in zip(prompts, out["text"].numpy(), strict=True):
-        text = text.decode("utf-8", "replace")
-        text = text[len(prompt):] if text.startswith(prompt) else text  # the continuation
-        items.append(f'<div class="sample"><span class="prompt">{_newlines(prompt)}</span>'
-                     f"{_newlines(text)}</div>")
+
+def samples_html(destination: str, samples: list[tuple[str, str]]) -> str:
+    """The samples section's HTML: each (prompt, continuation) with the prompt in bold and
+    line breaks shown as ↵, both escaped; `destination` is the SavedModel that wrote them."""
+    items = [f'<div class="sample"><span class="prompt">{_newlines(prompt)}</span>'
+             f"{_newlines(text)}</div>" for prompt, text in samples]
     return (f"<p>greedy, {SAMPLE_NEW_TOKENS} new tokens, from {_e(destination)} (prompt in "
             f"bold: the start of eval documents; ↵ = a line break)</p>{''.join(items)}")
 
@@ -470,11 +267,17 @@ def _newlines(text: str) -> str:
 
 
 def section_lineage(run: RunData) -> str:
-    destination = _pushed_dir(run)
-    try:
-        data = mlmd_report.lineage(run.store, destination)
-    except LookupError as e:
-        raise Unavailable(str(e)) from e
+    """The pushed model's lineage back to the input files (`lineage_html`).
+
+    Raises:
+      Unavailable: nothing pushed, or ML Metadata has no lineage for it.
+    """
+    return lineage_html(*report_data.model_lineage(run))
+
+
+def lineage_html(destination: str, data: dict) -> str:
+    """The lineage section's HTML from `mlmd_report.lineage` of the model at `destination`:
+    the executions back to the ExampleGen, then the input files (sha256, bytes, path)."""
     rows = []
     for step in data["steps"]:
         e = step["execution"]
@@ -537,13 +340,13 @@ def build_html(output_dir: str) -> str:
     Raises:
       FileNotFoundError: no metadata.db under `output_dir`.
     """
-    run = load_run(output_dir)
+    run = report_data.load_run(output_dir)
     events = None
 
     def trainer_events():
         nonlocal events
         if events is None:
-            events = read_events(_trainer_dirs(run)[0])
+            events = report_data.read_events(report_data.trainer_dirs(run)[0])
         return events
 
     builders = {
@@ -566,7 +369,7 @@ def build_html(output_dir: str) -> str:
         body.append(f'<section id="{name}"><h2>{_e(_TITLES[name])}</h2>{content}</section>')
     nav = "".join(f'<a href="#{n}">{_e(_TITLES[n].split(":")[0])}</a>' for n in SECTIONS)
     when = time.strftime("%Y-%m-%d %H:%M:%S")
-    run_name = mlmd_report.runs(run.store)[-1]["run"] if run.executions else "none recorded"
+    run_name = report_data.run_name(run)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>deepseek-tfx run report</title><style>{_CSS}</style></head><body>"

@@ -1,6 +1,6 @@
 """The run report's figures: matplotlib (Agg) figures as inline `<img>` tags (base64 PNG).
 
-Each function takes plain series (see `pipeline/report.py`) and returns HTML.
+Each function takes plain series (see `pipeline/report_data.py`) and returns HTML.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import tensorflow as tf
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
-from pipeline import report
+from pipeline import report, report_data
 
 
 def test_read_events_splits_scalars_from_tensors_and_sorts_by_step(tmp_path):
@@ -21,7 +21,7 @@ def test_read_events_splits_scalars_from_tensors_and_sorts_by_step(tmp_path):
         tf.summary.scalar("train/loss", 99.0, step=2)
     writer.close()
 
-    scalars, tensors = report.read_events(str(tmp_path))
+    scalars, tensors = report_data.read_events(str(tmp_path))
 
     assert scalars == {"train/loss": ([1, 2, 3], [9.0, 99.0, 7.0])}
     steps, loads = tensors["moe/layer_1/expert_load"]
@@ -30,8 +30,8 @@ def test_read_events_splits_scalars_from_tensors_and_sorts_by_step(tmp_path):
 
 
 def test_read_events_of_a_directory_without_events_is_unavailable(tmp_path):
-    with pytest.raises(report.Unavailable, match="no TensorBoard event files"):
-        report.read_events(str(tmp_path))
+    with pytest.raises(report_data.Unavailable, match="no TensorBoard event files"):
+        report_data.read_events(str(tmp_path))
 
 
 def test_expert_load_is_experts_by_windows_over_the_window_mean():
@@ -41,7 +41,7 @@ def test_expert_load_is_experts_by_windows_over_the_window_mean():
         "router_bias/layer_1/min": ([5], [np.zeros(1)]),  # not a load: ignored
     }
 
-    layers = report.expert_load(tensors)
+    layers = report_data.expert_load(tensors)
 
     assert [(name, steps) for name, steps, _ in layers] == [("layer_1", [5, 10, 15]),
                                                           ("mtp_0", [5, 10])]
@@ -78,7 +78,7 @@ def test_pipeline_graph_puts_each_execution_one_column_after_its_last_producer()
     executions = [{"id": node[n], "component": n, "state": "COMPLETE", "duration_s": 1.0}
                   for n in names]
 
-    columns = report.pipeline_graph(store, executions)
+    columns = report_data.pipeline_graph(store, executions)
 
     assert [[e["component"] for e in col] for col in columns] == [
         ["gen"], ["stats", "cleaner"], ["validator", "transform"]]
