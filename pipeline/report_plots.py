@@ -1,6 +1,9 @@
 """The run report's figures: matplotlib (Agg) figures as inline `<img>` tags (base64 PNG).
 
 Each function takes plain series (see `pipeline/report_data.py`) and returns HTML.
+Text drawn in a figure goes through `_text`: ASCII only, so a name from the user (a
+layer's name) in Chinese can neither warn about a glyph missing from matplotlib's bundled
+font nor draw empty boxes, and a "$" in it is drawn, not parsed as mathtext.
 """
 
 from __future__ import annotations
@@ -18,6 +21,11 @@ import numpy as np  # noqa: E402
 
 DPI = 110
 WIDTH_IN = 11.5  # ~1265 px at DPI: the report's content width on a laptop screen
+
+
+def _text(value: str) -> str:
+    """`value` as figure text: non-ASCII characters as \\uXXXX escapes, "$" literal."""
+    return value.encode("ascii", "backslashreplace").decode("ascii").replace("$", r"\$")
 
 
 def _img(fig, alt: str) -> str:
@@ -42,8 +50,9 @@ def training_curves(panels: list[tuple[str, dict[str, tuple[list[int], list[floa
     fig, axes = _panels(len(panels), 3, 2.6)
     for ax, (title, series) in zip(axes, panels, strict=True):
         for label, (steps, values) in series.items():
-            ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=label)
-        ax.set_title(title, fontsize=10)
+            ax.plot(steps, values, marker="." if len(steps) < 30 else None,
+                    label=_text(label))
+        ax.set_title(_text(title), fontsize=10)
         ax.set_xlabel("step", fontsize=9)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
@@ -61,7 +70,7 @@ def expert_load_heatmaps(layers: list[tuple[str, list[int], np.ndarray]]) -> str
     for ax, (name, steps, matrix) in zip(axes, layers, strict=True):
         image = ax.imshow(matrix, aspect="auto", cmap="viridis", vmin=0.0, vmax=vmax,
                           interpolation="nearest")
-        ax.set_title(name, fontsize=10)
+        ax.set_title(_text(name), fontsize=10)
         ax.set_ylabel("expert", fontsize=9)
         ax.set_xlabel("logging window (last step)", fontsize=9)
         ticks = range(0, len(steps), math.ceil(len(steps) / 12))  # at most 12 labels
@@ -80,7 +89,7 @@ def router_bias(layers: list[tuple[str, dict[str, tuple[list[int], list[float]]]
         _, hi = series["max"]
         ax.fill_between(steps, lo, hi, alpha=0.3, label="min..max")
         ax.plot(*series["mean_abs"], label="mean |b|")
-        ax.set_title(f"router bias: {name}", fontsize=10)
+        ax.set_title(_text(f"router bias: {name}"), fontsize=10)
         ax.set_xlabel("step", fontsize=9)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
@@ -92,7 +101,7 @@ def bits_per_byte(bars: dict[str, float], threshold: float) -> str:
     """Bits per byte of the candidate (and baseline) beside the blessing threshold."""
     fig, ax = plt.subplots(figsize=(5.5, 0.5 + 0.45 * len(bars)), layout="constrained")
     names = list(bars)
-    ax.barh(names, [bars[n] for n in names], color=["C0", "C7"][: len(names)])
+    ax.barh([_text(n) for n in names], [bars[n] for n in names], color=["C0", "C7"][: len(names)])
     ax.axvline(threshold, color="C3", linestyle="--", label=f"max_bits_per_byte {threshold:g}")
     for i, n in enumerate(names):
         ax.text(bars[n], i, f" {bars[n]:.3f}", va="center", fontsize=8)

@@ -111,3 +111,82 @@ def test_a_failed_run_gets_its_report_attempted_and_its_error_kept(tmp_path, cap
         raise RuntimeError("component failed")
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and lines[0].startswith("report: not written (FileNotFoundError")
+
+
+# ----------------------------------------------------------------------------- any language
+
+
+def test_samples_are_shown_byte_exact_and_escaped_in_any_language():
+    samples = [("床前明月光，", "疑是地上霜。\n<b>举头</b> & 望明月"),
+               ("Tom & <Jerry> ", "said \"hi\"")]
+
+    html = report.samples_html("/models/唐诗/1", samples)
+
+    assert "/models/唐诗/1" in html
+    assert '<span class="prompt">床前明月光，</span>' in html
+    assert ('疑是地上霜。<span class="nl">↵</span> &lt;b&gt;举头&lt;/b&gt; &amp; 望明月'
+            in html)
+    assert '<span class="prompt">Tom &amp; &lt;Jerry&gt; </span>said &quot;hi&quot;' in html
+    assert "<b>" not in html and "<Jerry>" not in html
+
+
+def test_lineage_shows_chinese_file_names_exactly_and_escapes_them():
+    data = {
+        "model": {"type": "PushedModel"},
+        "steps": [
+            {"execution": {"component": "Pusher", "id": 9, "state": "COMPLETE"},
+             "inputs": [{"type": "Model", "uri": "/runs/模型<1>&"}]},
+            {"execution": {"component": "TextExampleGen", "id": 1, "state": "COMPLETE",
+                           "input_base": "/数据/诗集", "input_fingerprint": "fp"},
+             "inputs": []},
+        ],
+        "input_files": [{"path": "唐诗.txt", "bytes": 12, "sha256": "ab12"},
+                        {"path": "a<b>&c.txt", "bytes": 1, "sha256": "cd34"}],
+    }
+
+    html = report.lineage_html("/服务/1", data)
+
+    assert "PushedModel /服务/1, back to the input files" in html
+    assert "<td>Model /runs/模型&lt;1&gt;&amp;</td>" in html
+    assert "<td>read /数据/诗集 (fp)</td>" in html
+    assert "<td>ab12</td><td>12</td><td>唐诗.txt</td>" in html
+    assert "<td>a&lt;b&gt;&amp;c.txt</td>" in html
+
+
+def test_report_is_utf8_with_its_charset_declared_first(tmp_path):
+    out = tmp_path / "运行 <1>"  # the output directory's name is shown in the header
+    out.mkdir()
+    config = metadata_store_pb2.ConnectionConfig()
+    config.sqlite.filename_uri = str(out / "metadata.db")
+    metadata_store.MetadataStore(config)
+
+    with open(report.write_report(str(out)), "rb") as f:
+        data = f.read()
+
+    page = data.decode("utf-8")  # strict: any other encoding fails here
+    assert '<meta charset="utf-8">' in data[:1024].decode("utf-8", "ignore")  # HTML's rule
+    assert f"{str(out).replace('<', '&lt;').replace('>', '&gt;')} · run none recorded" in page
+
+
+def test_generated_bytes_cut_inside_a_character_lose_only_that_character():
+    text = "床前明月光".encode()
+    assert report_data.decode_generated(text) == "床前明月光"
+    assert report_data.decode_generated(text[:-1]) == "床前明月"  # 3-byte 光 cut after 2
+    assert report_data.decode_generated(b"ok\xffok") == "ok\ufffdok"
+
+
+def test_figures_with_chinese_or_dollar_in_names_neither_raise_nor_warn(recwarn):
+    from pipeline import report_plots
+
+    matrix = np.ones((2, 3))
+    series = {"min": ([1, 2], [0.0, -1.0]), "max": ([1, 2], [1.0, 2.0]),
+              "mean_abs": ([1, 2], [0.5, 0.7])}
+    names = ["专家层_1", "cost $\\frac$ x"]  # a CJK name; a "$" that is no valid mathtext
+
+    html = (report_plots.expert_load_heatmaps([(n, [1, 2, 3], matrix) for n in names])
+            + report_plots.router_bias([(n, series) for n in names])
+            + report_plots.training_curves([("损失", {"模型": ([1, 2], [2.0, 1.0])})])
+            + report_plots.bits_per_byte({"候选": 1.2}, 2.0))
+
+    assert html.count('<img alt="') == 4
+    assert [str(w.message) for w in recwarn] == []
