@@ -317,14 +317,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         from pipeline.local_runner import run_local as runner
 
-    with show_progress():
+    from pipeline import report
+
+    with report.written_on_failure(output_dir), show_progress():
         paths = runner(config, input_base, pattern, output_dir,
                        beam_pipeline_args=args.beam_arg or None,
                        enable_cache=not args.no_cache, until=args.until,
                        num_workers=args.num_workers, accept_drift=args.accept_drift,
                        base_model=base_model, teacher_model=teacher)
     wall = time.perf_counter() - start
-    return print_summary(paths, wall)
+    code = print_summary(paths, wall)
+    report.write_report_quietly(output_dir)
+    return code
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -628,6 +632,16 @@ def cmd_mlmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from pipeline.report import write_report
+
+    try:
+        print(f"report: {write_report(args.output)}")
+    except FileNotFoundError as e:
+        raise SystemExit(f"error: {e}") from e
+    return 0
+
+
 def cmd_hf_import(args: argparse.Namespace) -> int:
     from serving.hf_interop import hf_import
 
@@ -815,6 +829,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "version dir or Model artifact URI)")
     md.add_argument("--json", action="store_true", help="JSON for machines")
     md.set_defaults(fn=cmd_mlmd)
+
+    rep = sub.add_parser("report", help="rebuild report.html (pipeline, data, training, MoE, "
+                         "eval, samples, lineage) of the newest run in a directory")
+    rep.add_argument("--output", required=True, help="a run's output directory (holds "
+                     "metadata.db); report.html is written there")
+    rep.set_defaults(fn=cmd_report)
 
     hf_in = sub.add_parser("hf-import", help="HF DeepSeek-V3 checkpoint -> SavedModel (text "
                            "signatures with tokenizer.json, else logits only)")

@@ -30,8 +30,10 @@ MoE layers use the static-capacity dispatch; the dropped fraction of (token,
 expert) pairs is logged (`moe_dropped_fraction`).
 
 TensorBoard (chief): loss terms, learning rate, grad norm, tokens/s, MFU, per
-MoE layer the expert load max/mean over the logging window, and router-bias
-min/max/mean |b|.
+MoE layer the expert load max/mean over the logging window, the load itself
+(`moe/<layer>/expert_load`: a float32 [n_routed_experts] tensor summary, the
+(token, expert) pairs routed to each expert in the window; the run report's
+heatmap), and router-bias min/max/mean |b|.
 
 Progress (chief): a log line after the first step and every `log_every` steps,
 always; in a terminal, also a progress bar (tqdm) with step/total, loss and
@@ -545,11 +547,13 @@ def _moe_block_names(model: DeepSeekCausalLM) -> list:
 
 
 def _write_moe_summaries(model: DeepSeekCausalLM, names: list[str], load: np.ndarray) -> None:
-    """Expert load max/mean per MoE layer (1.0 = balanced) and router-bias statistics."""
+    """Expert load max/mean per MoE layer (1.0 = balanced), the load vector of the window
+    (pairs routed per expert, already on the host) and router-bias statistics."""
     for name, layer_load, moe in zip(names, load, model.moe_layers, strict=True):
         mean = float(layer_load.mean())
         tf.summary.scalar(f"moe/{name}/load_max_over_mean",
                           float(layer_load.max()) / mean if mean > 0 else 0.0)
+        tf.summary.write(f"moe/{name}/expert_load", layer_load.astype(np.float32))
         bias = moe.gate.e_score_correction_bias.numpy()
         tf.summary.scalar(f"router_bias/{name}/min", float(bias.min()))
         tf.summary.scalar(f"router_bias/{name}/max", float(bias.max()))

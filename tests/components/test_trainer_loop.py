@@ -203,3 +203,20 @@ def test_progress_bar_only_on_a_terminal_outside_ci(monkeypatch):
     monkeypatch.setenv(PROGRESS_ENV, "yes")
     with pytest.raises(ValueError, match=PROGRESS_ENV):
         progress_enabled(Tty())
+
+
+def test_expert_load_is_logged_per_moe_layer_and_logging_window(reference):
+    from pipeline.report_data import read_events
+
+    log_dir = os.path.join(os.path.dirname(reference.checkpoint_dir), "logs")
+    _, tensors = read_events(log_dir)
+    loads = {tag: series for tag, series in tensors.items() if tag.endswith("/expert_load")}
+    # tiny: 2 decoder layers, the first dense -> MoE in layer 1 and in the MTP module's block
+    assert len(loads) == 2
+    for steps, vectors in loads.values():
+        assert steps == list(range(1, STEPS + 1))  # log_every=1: one window per step
+        assert all(v.shape == (8,) and v.dtype == np.float32 for v in vectors)  # 8 experts
+    # a decoder MoE layer routes every token of the batch to top-2 experts:
+    # 8 sequences x 32 tokens x 2 = 512 (token, expert) pairs per step
+    decoder = next(series for tag, series in loads.items() if "mtp" not in tag)
+    assert [float(v.sum()) for v in decoder[1]] == [512.0] * STEPS

@@ -1,0 +1,415 @@
+"""`report.html`: one self-contained page about the newest run in an output directory.
+
+`deepseek-tfx run` writes it after the summary; `deepseek-tfx report --output DIR`
+rebuilds it. Everything comes from ML Metadata (`run_summary.latest_run`,
+`mlmd_report.lineage`) and the artifacts it points to:
+
+  pipeline   each component's status and duration, as a left-to-right graph
+             (columns = distance from the first component, from the MLMD events)
+  data       cleaning_report.json (read / kept / dropped by reason), the TFDV
+             anomalies (ExampleValidator) and the drift findings (DriftValidator)
+  training   TensorBoard events of the Trainer (`train/*` scalars) and
+             training_summary.json
+  moe        the `moe/<layer>/expert_load` tensor summaries (a heatmap per MoE
+             layer) and the `router_bias/<layer>/*` scalars
+  eval       LmEvaluator's metrics.json against `eval.max_bits_per_byte` and the
+             baseline, and the blessing
+  samples    greedy generations of the pushed SavedModel, made now
+  lineage    from the pushed model back to the input files
+
+A section whose data does not exist (`--until`, a failed run) says why instead.
+The page has no external resources: figures are inline PNGs (`report_plots.py`).
+This file is the HTML; the values come from `report_data.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import os
+import re
+import time
+
+from pipeline import report_data
+from pipeline.report_data import SAMPLE_NEW_TOKENS, RunData, Unavailable
+
+REPORT_FILE = "report.html"
+SECTIONS = ("pipeline", "data", "training", "moe", "eval", "samples", "lineage")
+
+
+# ----------------------------------------------------------------------------- html
+
+
+def _e(value) -> str:
+    return html.escape(str(value))
+
+
+def _table(header: list[str], rows: list[list], cls: str = "") -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _breakable(name: str) -> str:
+    """`name` escaped, with line-break opportunities after "_" and before a capital that
+    follows a small letter (ExampleValidator, latest_blessed_model_resolver)."""
+    return re.sub(r"(_|(?<=[a-z])(?=[A-Z]))", r"\1<wbr>", _e(name))
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+_STATUS = {"COMPLETE": "done", "CACHED": "cached", "FAILED": "failed", "RUNNING": "running",
+           "NEW": "not run", "CANCELED": "canceled"}
+
+
+def section_pipeline(run: RunData) -> str:
+    """The components as columns of boxes (status, duration, producers) and the verdict.
+
+    Raises:
+      Unavailable: ML Metadata records no run.
+    """
+    if not run.executions:
+        raise Unavailable("ML Metadata records no pipeline run")
+    columns = report_data.pipeline_graph(run.store, run.executions)
+    cols = []
+    for column in columns:
+        boxes = []
+        for e in column:
+            status = _STATUS.get(e["state"], e["state"].lower())
+            after = f'<div class="after">after {_e(", ".join(e["after"]))}</div>' if e["after"] else ""
+            boxes.append(f'<div class="node {status.replace(" ", "-")}"><b>{_breakable(e["component"])}</b>'
+                         f'<div>{_e(status)} · {e["duration_s"]:.1f} s</div>{after}</div>')
+        cols.append('<div class="col">' + "".join(boxes) + "</div>")
+    total = sum(e["duration_s"] for e in run.executions)
+    failed = [e["component"] for e in run.executions if e["state"] not in ("COMPLETE", "CACHED")]
+    verdict = (f'<p class="bad">not finished: {_e(", ".join(failed))}</p>' if failed
+               else "<p>every component done or cached.</p>")
+    return (f'<div class="flow">{"<span class=arrow>→</span>".join(cols)}</div>{verdict}'
+            f"<p>sum of component durations {total:.1f} s (from the executions' create and "
+            "last-update times in ML Metadata).</p>")
+
+
+def section_data(run: RunData) -> str:
+    """The cleaning counts, the TFDV anomalies and the drift findings; a part whose
+    component did not run says so in place (never raises Unavailable)."""
+    return _records(run) + _anomalies(run) + _drift(run)
+
+
+def _records(run: RunData) -> str:
+    try:
+        report = report_data.cleaning_report(run)
+    except Unavailable as e:
+        return _unavailable("records", str(e))
+    total = report["total"]
+    rows = [["read", total["read"], ""], ["kept", total["kept"], ""],
+            ["dropped", total["dropped"], ""]]
+    for reason, n in sorted(total["dropped_by_reason"].items(), key=lambda kv: -kv[1]):
+        where = ", ".join(f"{src} record {rec}"
+                          for src, rec in report.get("rejected_samples", {}).get(reason, [])[:3])
+        rows.append([f"dropped: {reason}", n, where])
+    for repair, n in sorted(total.get("repaired", {}).items(), key=lambda kv: -kv[1]):
+        rows.append([f"repaired: {repair}", n, ""])
+    splits = [[s, v["read"], v["kept"], v["dropped"]]
+              for s, v in sorted(report.get("splits", {}).items())]
+    return ("<h3>Records (TextCleaner)</h3>" + _table(["", "records", "e.g."], rows)
+            + _table(["split", "read", "kept", "dropped"], splits))
+
+
+def _anomalies(run: RunData) -> str:
+    try:
+        rows = report_data.anomaly_rows(run)
+    except Unavailable as e:
+        return _unavailable("TFDV anomalies", str(e))
+    if not rows:
+        return "<h3>TFDV anomalies (ExampleValidator)</h3><p>none: every split matches the schema.</p>"
+    return ("<h3>TFDV anomalies (ExampleValidator)</h3>"
+            + _table(["split", "feature", "anomaly", "description"], rows))
+
+
+def _drift(run: RunData) -> str:
+    try:
+        anomalies = run.output("DriftValidator", "ExampleAnomalies")
+    except Unavailable as e:
+        return _unavailable("drift", str(e))
+    head = "<h3>Drift (DriftValidator, Jensen-Shannon divergence)</h3>"
+    if not anomalies.get("baseline_statistics"):
+        return head + "<p>no blessed run to compare with (the text profile is recorded).</p>"
+    verdict = "DRIFT" if anomalies.get("drift_detected") else "no drift"
+    accepted = " (accepted)" if anomalies.get("drift_accepted") else ""
+    rows = [[k[len("drift_"):], f"{v:.4f}"] for k, v in sorted(anomalies.items())
+            if k.startswith("drift_") and isinstance(v, float)]
+    return (head + f"<p>vs. the latest blessed run: <b>{verdict}</b>{accepted}; baseline "
+            f"{_e(anomalies['baseline_statistics'])}</p>"
+            + _table(["split / feature", "divergence"], rows))
+
+
+def section_training(run: RunData, events) -> str:
+    """The `train/*` curves of `events` (`report_data.read_events`) and the figures of
+    training_summary.json.
+
+    Raises:
+      Unavailable: no train/* scalars, or the Trainer did not run to the end.
+    """
+    from pipeline import report_plots
+
+    scalars, _ = events
+    train = {tag[len("train/"):]: series for tag, series in scalars.items()
+             if tag.startswith("train/")}
+    if not train:
+        raise Unavailable("the Trainer's events hold no train/* scalars")
+    losses = {k: train[k] for k in ("loss", "lm_loss", "mtp_loss", "distill_loss")
+              if k in train and any(v != 0 for v in train[k][1])}
+    panels = [("loss terms (nats/token)", losses)] if losses else []
+    for key, title, scale in (
+            ("balance_loss", "balance loss (MoE)", 1), ("learning_rate", "learning rate", 1),
+            ("grad_norm", "grad norm", 1), ("tokens_per_second", "tokens / s", 1),
+            ("mfu", "MFU (%)", 100), ("moe_dropped_fraction", "MoE pairs dropped (%)", 100)):
+        if key in train and any(train[key][1]):  # a term that is 0 throughout is left out
+            steps, values = train[key]
+            panels.append((title, {key: (steps, [scale * v for v in values])}))
+    out = report_plots.training_curves(panels)
+    summary = report_data.training_summary(run)
+    if summary is not None:
+        keys = ("train_steps", "resumed_from_step", "tokens_seen", "train_wall_s",
+                "tokens_per_second", "steady_tokens_per_second", "mfu", "steady_mfu",
+                "final_loss", "strategy", "num_replicas", "precision", "global_batch_size",
+                "trainable_params", "total_params", "jit_compile", "skipped_steps")
+        cells = "".join(f"<div><span>{_e(k)}</span> {_e(_fmt(summary[k]))}</div>"
+                        for k in keys if k in summary)
+        out += f'<h3>training_summary.json</h3><div class="figures">{cells}</div>'
+    return out
+
+
+def section_moe(run: RunData, events) -> str:
+    """The expert-load heatmaps and router-bias spread from `events`
+    (`report_data.read_events`).
+
+    Raises:
+      Unavailable: the events hold no MoE summaries.
+    """
+    from pipeline import report_plots
+
+    scalars, tensors = events
+    layers = report_data.expert_load(tensors)
+    bias = report_data.router_bias(scalars)
+    if not layers and not bias:
+        raise Unavailable("no MoE summaries in the Trainer's events (no MoE layer, or a run "
+                          "from before the expert load was logged)")
+    out = ""
+    if layers:
+        out += ("<p>Each panel: one MoE layer; a cell is an expert's share of the routed "
+                "(token, expert) pairs in a logging window over the mean share (1.0 = "
+                "balanced).</p>" + report_plots.expert_load_heatmaps(layers))
+    else:
+        out += _unavailable("expert load", "no moe/*/expert_load summaries")
+    complete = [(layer, s) for layer, s in sorted(bias.items())
+                if {"min", "max", "mean_abs"} <= set(s)]
+    if complete:
+        out += report_plots.router_bias(complete)
+    return out
+
+
+def section_eval(run: RunData) -> str:
+    """The LmEvaluator's metrics against the baseline, the blessing and the threshold.
+
+    Raises:
+      Unavailable: the LmEvaluator did not run, or wrote no metrics.json.
+    """
+    from pipeline import report_plots
+
+    metrics = report_data.eval_metrics(run)
+    config = report_data.execution_config(run, "LmEvaluator")
+    candidate, baseline = metrics["candidate"], metrics.get("baseline")
+    keys = [k for k in ("bits_per_byte", "perplexity", "loss", "response_bits_per_byte",
+                        "response_perplexity", "tokens", "bytes") if k in candidate]
+    rows = [[k, _fmt(candidate[k]), _fmt(baseline[k]) if baseline and k in baseline else "—"]
+            for k in keys]
+    verdict = "blessed" if metrics.get("blessed") else "NOT blessed"
+    out = (f'<p class="{"good" if metrics.get("blessed") else "bad"}"><b>{verdict}</b>: '
+           f'{_e(metrics.get("message", ""))}</p>'
+           + _table(["metric", "candidate", "baseline (last blessed)"], rows, "narrow"))
+    if config:
+        ev = config.get("eval", {})
+        out += (f"<p>thresholds: eval.max_bits_per_byte = {_e(ev.get('max_bits_per_byte'))}, "
+                f"eval.baseline_tolerance = {_e(ev.get('baseline_tolerance'))}</p>")
+        bars = {"candidate": candidate["bits_per_byte"]}
+        if baseline:
+            bars["baseline"] = baseline["bits_per_byte"]
+        if ev.get("max_bits_per_byte") is not None:
+            out += report_plots.bits_per_byte(bars, float(ev["max_bits_per_byte"]))
+    return out
+
+
+def section_samples(run: RunData) -> str:
+    """Greedy generations of the pushed model, made now (`samples_html`).
+
+    Raises:
+      Unavailable: nothing pushed, or the SavedModel has no tokenizer.
+    """
+    return samples_html(*report_data.generate_samples(run))
+
+
+def samples_html(destination: str, samples: list[tuple[str, str]]) -> str:
+    """The samples section's HTML: each (prompt, continuation) with the prompt in bold and
+    line breaks shown as ↵, both escaped; `destination` is the SavedModel that wrote them."""
+    items = [f'<div class="sample"><span class="prompt">{_newlines(prompt)}</span>'
+             f"{_newlines(text)}</div>" for prompt, text in samples]
+    return (f"<p>greedy, {SAMPLE_NEW_TOKENS} new tokens, from {_e(destination)} (prompt in "
+            f"bold: the start of eval documents; ↵ = a line break)</p>{''.join(items)}")
+
+
+def _newlines(text: str) -> str:
+    return _e(text).replace("\n", '<span class="nl">↵</span> ')
+
+
+def section_lineage(run: RunData) -> str:
+    """The pushed model's lineage back to the input files (`lineage_html`).
+
+    Raises:
+      Unavailable: nothing pushed, or ML Metadata has no lineage for it.
+    """
+    return lineage_html(*report_data.model_lineage(run))
+
+
+def lineage_html(destination: str, data: dict) -> str:
+    """The lineage section's HTML from `mlmd_report.lineage` of the model at `destination`:
+    the executions back to the ExampleGen, then the input files (sha256, bytes, path)."""
+    rows = []
+    for step in data["steps"]:
+        e = step["execution"]
+        inputs = "; ".join(f"{a['type']} {a['uri']}" for a in step["inputs"]) or "—"
+        if "input_base" in e:
+            inputs = f"read {e['input_base']} ({e.get('input_fingerprint')})"
+        rows.append([e["component"], e["id"], e["state"].lower(), inputs])
+    files = [[f.get("sha256"), int(f.get("bytes", 0)), f["path"]] for f in data["input_files"]]
+    return (f"<p>{_e(data['model']['type'])} {_e(destination)}, back to the input files:</p>"
+            + _table(["component", "execution", "state", "inputs"], rows)
+            + _table(["sha256", "bytes", "input file"], files))
+
+
+# ----------------------------------------------------------------------------- page
+
+
+_TITLES = {"pipeline": "Pipeline", "data": "Data: records, anomalies, drift",
+           "training": "Training curves", "moe": "MoE: expert load and router bias",
+           "eval": "Evaluation and blessing", "samples": "Sample generations",
+           "lineage": "Lineage of the pushed model"}
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2430;background:#f5f6f8}
+header{background:#1d2430;color:#fff;padding:12px 24px}
+header h1{font-size:20px;margin:0}header p{margin:2px 0 0;color:#c8cdd6}
+nav{padding:6px 24px;background:#e6e9ee;position:sticky;top:0}
+nav a{margin-right:14px;color:#1d4f91;text-decoration:none}
+main{max-width:1300px;margin:0 auto;padding:8px 24px 40px}
+section{background:#fff;border:1px solid #d9dde3;border-radius:6px;margin:14px 0;padding:6px 18px 14px}
+h2{font-size:17px;margin:8px 0}h3{font-size:14px;margin:12px 0 4px}
+img{max-width:100%;height:auto;display:block;margin:8px 0}
+table{border-collapse:collapse;margin:6px 0;font-size:13px}
+td,th{border:1px solid #d9dde3;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th{background:#f0f2f5;white-space:nowrap}td:not(:last-child){white-space:nowrap}
+table.narrow{min-width:360px}
+.figures{display:grid;grid-template-columns:repeat(4,1fr);gap:2px 16px;font-size:13px}
+.figures span{color:#5d6675}
+.flow{display:flex;align-items:center;overflow-x:auto;padding:4px 0}
+.col{display:flex;flex-direction:column;gap:8px}.arrow{font-size:20px;color:#8a93a3;padding:0 6px}
+.node{border:2px solid;border-radius:6px;padding:4px 8px;font-size:12px;min-width:110px;max-width:180px}
+.node b{overflow-wrap:normal}.node .after{color:#5d6675;font-size:11px}
+.done{border-color:#2e8b57;background:#eaf6ef}.cached{border-color:#4a78b5;background:#eaf0f8}
+.failed{border-color:#c0392b;background:#fbeaea}.node.running,.not-run,.canceled{border-color:#999;background:#f2f2f2}
+.missing{color:#8a5a00;background:#fff6e0;border-left:4px solid #e0a800;padding:6px 10px}
+.bad{color:#a12a1e}.good{color:#1e7a45}
+.sample{font-family:ui-monospace,monospace;white-space:pre-wrap;overflow-wrap:anywhere;background:#f7f7f9;border:1px solid #e1e4e8;padding:6px 10px;margin:6px 0;font-size:13px}
+.prompt{font-weight:bold}.nl{color:#9aa3b2}
+"""
+
+
+def _unavailable(what: str, why: str) -> str:
+    return f'<p class="missing">{_e(what)} not available: {_e(why)}</p>'
+
+
+def build_html(output_dir: str) -> str:
+    """The report page of the newest run under `output_dir` (a string of HTML).
+
+    A section whose data is missing, or whose building raises, says so in place.
+
+    Raises:
+      FileNotFoundError: no metadata.db under `output_dir`.
+    """
+    run = report_data.load_run(output_dir)
+    events = None
+
+    def trainer_events():
+        nonlocal events
+        if events is None:
+            events = report_data.read_events(report_data.trainer_dirs(run)[0])
+        return events
+
+    builders = {
+        "pipeline": lambda: section_pipeline(run),
+        "data": lambda: section_data(run),
+        "training": lambda: section_training(run, trainer_events()),
+        "moe": lambda: section_moe(run, trainer_events()),
+        "eval": lambda: section_eval(run),
+        "samples": lambda: section_samples(run),
+        "lineage": lambda: section_lineage(run),
+    }
+    body = []
+    for name in SECTIONS:
+        try:
+            content = builders[name]()
+        except Unavailable as e:
+            content = _unavailable(_TITLES[name], str(e))
+        except Exception as e:  # noqa: BLE001 (one section's failure must not lose the page)
+            content = _unavailable(_TITLES[name], f"{type(e).__name__}: {e}")
+        body.append(f'<section id="{name}"><h2>{_e(_TITLES[name])}</h2>{content}</section>')
+    nav = "".join(f'<a href="#{n}">{_e(_TITLES[n].split(":")[0])}</a>' for n in SECTIONS)
+    when = time.strftime("%Y-%m-%d %H:%M:%S")
+    run_name = report_data.run_name(run)
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>deepseek-tfx run report</title><style>{_CSS}</style></head><body>"
+            f"<header><h1>deepseek-tfx run report</h1><p>{_e(run.paths['output_dir'])} · "
+            f"run {_e(run_name)} · written {when}</p></header><nav>{nav}</nav>"
+            f"<main>{''.join(body)}</main></body></html>")
+
+
+def write_report(output_dir: str) -> str:
+    """Writes `report.html` under `output_dir` (see `build_html`); returns its path.
+
+    Raises:
+      FileNotFoundError: no metadata.db under `output_dir`.
+      OSError: the file cannot be written.
+    """
+    path = os.path.join(os.path.abspath(output_dir), REPORT_FILE)
+    page = build_html(output_dir)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(page)
+    return path
+
+
+def write_report_quietly(output_dir: str) -> str | None:
+    """`write_report`, printing `report: <path>` or one line with the error; never raises
+    (a run's exit code does not depend on its report). Returns the path or None."""
+    try:
+        path = write_report(output_dir)
+    except Exception as e:  # noqa: BLE001 (the report is never a reason for a run to fail)
+        print(f"report: not written ({type(e).__name__}: {e})")
+        return None
+    print(f"report: {path}")
+    return path
+
+
+@contextlib.contextmanager
+def written_on_failure(output_dir: str):
+    """A context that writes the report (quietly) when its body raises, then re-raises:
+    a failed run gets a report of what it did."""
+    try:
+        yield
+    except Exception:
+        write_report_quietly(output_dir)
+        raise
