@@ -553,7 +553,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(encoding="utf-8", errors="replace")
     kind = "chat template" if session.chat_prompt else "plain LM: lines continue the text"
-    return session.run(sys.stdin, sys.stdout, sys.stderr, interactive=sys.stdin.isatty(),
+    return session.run(sys.stdin, sys.stdout, console.stderr(), interactive=sys.stdin.isatty(),
                        banner=f"{model_dir} ({kind}; {session.context} tokens of context)")
 
 
@@ -752,6 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: Tiny Shakespeare baked into the image)")
     kfp.add_argument("--serving-dir", metavar="URI",
                      help="Pusher's destination (default <pipeline-root>/serving)")
+    console.add_arguments(kfp, "compile-kfp")
     kfp.add_argument("--preset", default="cpu_small", help="tiny | cpu_small | gpu_base")
     kfp.add_argument("--train-steps", type=int, help="override train.train_steps")
     kfp.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
@@ -788,6 +789,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--top-p", type=float, help="1.0 = off (default: the model's)")
     chat.add_argument("--seed", type=int, default=0,
                       help="the first reply samples step t with seed (S, t), as generate")
+    console.add_arguments(chat, "chat")
     chat.set_defaults(fn=cmd_chat)
 
     ev = sub.add_parser("evaluate", help="bits per byte and perplexity of a pushed model on text")
@@ -834,6 +836,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "eval, samples, lineage) of the newest run in a directory")
     rep.add_argument("--output", required=True, help="a run's output directory (holds "
                      "metadata.db); report.html is written there")
+    console.add_arguments(rep, "report")
     rep.set_defaults(fn=cmd_report)
 
     hf_in = sub.add_parser("hf-import", help="HF DeepSeek-V3 checkpoint -> SavedModel (text "

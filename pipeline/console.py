@@ -61,6 +61,9 @@ QUIET_COMMANDS: dict[str, Quiet] = {
     "generate": Quiet(),
     "hf-import": Quiet(),
     "hf-export": Quiet(),
+    "chat": Quiet(),
+    "report": Quiet(logs_under_output=True),
+    "compile-kfp": Quiet(),
 }
 
 
