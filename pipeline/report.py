@@ -300,7 +300,7 @@ _TITLES = {"pipeline": "Pipeline", "data": "Data: records, anomalies, drift",
            "lineage": "Lineage of the pushed model"}
 
 _CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2430;background:#f5f6f8}
+body{font:14px/1.45 system-ui,"Noto Sans CJK SC","PingFang SC","Microsoft YaHei",sans-serif;margin:0;color:#1d2430;background:#f5f6f8}
 header{background:#1d2430;color:#fff;padding:12px 24px}
 header h1{font-size:20px;margin:0}header p{margin:2px 0 0;color:#c8cdd6}
 nav{padding:6px 24px;background:#e6e9ee;position:sticky;top:0}
@@ -323,7 +323,7 @@ table.narrow{min-width:360px}
 .failed{border-color:#c0392b;background:#fbeaea}.node.running,.not-run,.canceled{border-color:#999;background:#f2f2f2}
 .missing{color:#8a5a00;background:#fff6e0;border-left:4px solid #e0a800;padding:6px 10px}
 .bad{color:#a12a1e}.good{color:#1e7a45}
-.sample{font-family:ui-monospace,monospace;white-space:pre-wrap;overflow-wrap:anywhere;background:#f7f7f9;border:1px solid #e1e4e8;padding:6px 10px;margin:6px 0;font-size:13px}
+.sample{font-family:ui-monospace,monospace,"Noto Sans Mono CJK SC","Noto Sans CJK SC";white-space:pre-wrap;overflow-wrap:anywhere;background:#f7f7f9;border:1px solid #e1e4e8;padding:6px 10px;margin:6px 0;font-size:13px}
 .prompt{font-weight:bold}.nl{color:#9aa3b2}
 """
 
