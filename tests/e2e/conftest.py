@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from shared_run import run_args
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,13 +29,12 @@ def corpus(tmp_path_factory, shakespeare):
 
 @pytest.fixture(scope="session")
 def run(tmp_path_factory, corpus):
-    """`deepseek-tfx run` in a subprocess, as a person runs it; `console` is what it
-    printed (stdout and stderr, merged)."""
+    """`deepseek-tfx run` in a subprocess, as a person runs it (tiny preset, the XLA step,
+    see tests/shared_run.py); `console` is what it printed (stdout and stderr, merged)."""
     out = tmp_path_factory.mktemp("run")
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "run", "--data", str(corpus), "--preset", "tiny",
-         "--output", str(out)],
+        [sys.executable, "-m", "pipeline.cli", *run_args(corpus, out)],
         cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.returncode == 0, proc.stdout
     from pipeline.local_runner import run_paths

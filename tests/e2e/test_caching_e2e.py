@@ -20,6 +20,7 @@ import shutil
 import time
 
 import pytest
+from shared_run import run_args
 
 pytestmark = pytest.mark.e2e
 
@@ -97,7 +98,7 @@ def full_rerun(run, corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("rerun")
     shutil.copy(run["metadata_path"], out / "metadata.db")
     start = time.perf_counter()
-    assert cli.main(["run", "--data", str(corpus), "--preset", "tiny", "--output", str(out)]) == 0
+    assert cli.main(run_args(corpus, out)) == 0
     seconds = time.perf_counter() - start
     print(f"\nwhole pipeline: first run {run['wall_seconds']:.1f} s, identical re-run {seconds:.1f} s")
     return _states(out), seconds

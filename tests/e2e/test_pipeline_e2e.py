@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from shared_run import TRAIN_STEPS
 
 pytestmark = pytest.mark.e2e
 
@@ -141,12 +142,12 @@ def test_trainer_outputs(run):
     model = _latest(run["pipeline_root"], "Trainer", "model")
     assert os.path.isfile(os.path.join(model, "Format-Serving", "saved_model.pb"))
     summary = json.load(open(os.path.join(model, "training_summary.json")))
-    assert summary["train_steps"] == 30
+    assert summary["train_steps"] == TRAIN_STEPS
     first, last = summary["history"][0]["lm_loss"], summary["history"][-1]["lm_loss"]
     assert last < first
     model_run = _latest(run["pipeline_root"], "Trainer", "model_run")
     assert glob.glob(os.path.join(model_run, "events.out.tfevents.*"))
-    assert glob.glob(os.path.join(model_run, "checkpoints", "ckpt-30.index"))
+    assert glob.glob(os.path.join(model_run, "checkpoints", f"ckpt-{TRAIN_STEPS}.index"))
 
 
 def test_evaluator_and_pusher(run):

@@ -1,7 +1,7 @@
 """`--set train.jit_compile=true`, end to end (tiny preset, a Tiny Shakespeare slice).
 
-The pipeline trains 50 steps with the XLA-compiled step and the static-capacity
-MoE dispatch (cf 1.25), blesses and pushes; ML Metadata and training_summary.json
+The shared e2e run (tests/shared_run.py) trains 50 steps with the XLA-compiled step and
+the static-capacity MoE dispatch (cf 1.25), blesses and pushes; ML Metadata and training_summary.json
 record `jit_compile` and `moe_dropped_fraction`. The same 50 steps on the same
 transformed examples without XLA (the dropless dispatch) give losses that the XLA
 run follows within a stated tolerance.
@@ -13,16 +13,12 @@ import glob
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from shared_run import SETTINGS, TRAIN_STEPS
 
-from pipeline.local_runner import run_paths
-
-ROOT = str(pathlib.Path(__file__).resolve().parents[2])
-STEPS = 50
+STEPS = TRAIN_STEPS
 # The two runs differ by the pairs the capacity drops (42% of them here, see below: the
 # tiny model's MoE output is small next to its shared expert and residual stream) and by
 # XLA's reordered float32 sums; both compound over 50 AdamW steps. Measured: max |diff|
@@ -32,17 +28,10 @@ MAX_ABS_DIFF, MAX_MEAN_ABS_DIFF = 0.05, 0.02
 
 
 @pytest.fixture(scope="module")
-def xla_run(tmp_path_factory, slice_path):
-    out = tmp_path_factory.mktemp("xla")
-    args = ["run", "--data", str(slice_path), "--preset", "tiny", "--output", str(out),
-            "--set", "train.jit_compile=true", "--set", f"train.train_steps={STEPS}",
-            "--set", "train.log_every=1"]
-    script = f"import sys\nfrom pipeline.cli import main\nsys.exit(main({args!r}))\n"
-    # A child process: its memory is returned when it ends.
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            cwd=ROOT, timeout=1800)
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
-    return {**run_paths(str(out)), "stdout": result.stdout}
+def xla_run(run):
+    """The shared e2e run: it trains with the XLA step (tests/shared_run.py)."""
+    assert "--set" in SETTINGS and "train.jit_compile=true" in SETTINGS
+    return {**run, "stdout": run["console"]}
 
 
 def _store(paths):
