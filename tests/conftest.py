@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -11,6 +12,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CORPUS = PROJECT_ROOT.parent / "shared" / "corpora" / "tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def collect_garbage_after_each_module():
+    """A full garbage collection when a test module is done: traced tf.functions, models
+    and SavedModels sit in reference cycles, and the suite runs in one process."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session", autouse=True)
