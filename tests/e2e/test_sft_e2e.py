@@ -1,9 +1,11 @@
 """Supervised fine-tuning, end to end (tiny preset): a JSONL of {"context": line,
 "response": next line} from Tiny Shakespeare trains with `--task sft`, is pushed,
-and the pushed model answers a plain prompt through its chat template."""
+and the pushed model answers a plain prompt through its chat template, in `generate` and
+in `chat`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -58,6 +60,37 @@ def test_sft_run_is_pushed_and_answers_a_plain_prompt(sft_run, capsys):
     assert cli.main(["generate", "--model", str(serving), "--prompt", prompt, "--raw",
                      "--max-new-tokens", "12", "--seed", "1"]) == 0
     print(f"\nanswer: {answer!r}\nraw:    {capsys.readouterr().out!r}")
+
+
+def test_chat_with_the_sft_model_replies_as_its_generate_signature(sft_run):
+    """`chat` wraps a prompt in the chat template as the exported `generate` signature
+    does: a first reply is the signature's completion (greedy, and sampled with the
+    model's defaults), streamed over the KV cache of the model rebuilt from the SavedModel."""
+    import io
+
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    from serving.chat import ChatSession
+
+    model_dir = cli.resolve_model_dir(sft_run["serving_model_dir"])
+    generate = tf.saved_model.load(model_dir).signatures["generate"]
+    session = ChatSession.from_dir(model_dir, max_new_tokens=12, seed=1)
+    assert session.chat_prompt is not None
+    defaults = session.sampling
+    prompt = "Before we proceed any further, hear me speak."
+    for knobs in (dict(temperature=0.0, top_k=0, top_p=1.0), {}):  # greedy, the defaults
+        session.sampling = dataclasses.replace(defaults, **knobs)
+        session.reset()
+        out = io.StringIO()
+        reply = session.reply(prompt, out)
+        s = session.sampling
+        expected = generate(prompt=tf.constant([prompt]), max_new_tokens=tf.constant([12]),
+                            temperature=tf.constant([s.temperature]),
+                            top_k=tf.constant([s.top_k]), top_p=tf.constant([s.top_p]),
+                            seed=tf.constant([s.seed]))["completion"][0].numpy().decode("utf-8")
+        assert out.getvalue() == reply == expected, knobs
+    assert reply  # with the defaults and seed 1, an answer (as in the test above)
 
 
 def test_sft_counts_records_and_scores_responses_only(sft_run):

@@ -1,81 +1,93 @@
 """`deepseek-tfx chat` (`serving/chat.py`): replies streamed token by token over the latent
 KV cache equal the `generate` signature's, text is whole UTF-8 in any language, and the
-history keeps within the context. Subjects: two tiny SavedModels (one block, no MTP, 64
-positions) with a learned tokenizer that splits most Chinese characters into byte tokens,
-a plain language model and a chat model (DeepSeek's template in its tokenizer_config.json)."""
+history keeps within the context.
+
+Subject: one tiny model (one dense block, no MTP, 64 positions, the 300-token vocabulary of
+a tokenizer learned from a few units, which splits most Chinese characters into byte
+tokens), talked to as a plain language model and as a chat model (DeepSeek's template in
+its tokenizer_config.json). Module-scoped: one `ChatSession` per kind (its compiled step is
+traced once; each test `reset()`s it) and one in-memory `serving.export.ServingModule` per
+kind, whose `generate` and `detokenize` are the very tf.functions `save_text_model` exports
+as the signatures (`models.deepseek.generation.generate` on the same prompt ids, then the
+encoder's decode), so no SavedModel export is needed here. `from_dir` and the `chat`
+command run on a SavedModel of the model's variables with the tokenizer and the
+assets.extra files beside it. The exported signatures themselves and `chat` from a pipe
+are checked end to end: tests/e2e/test_chat_e2e.py (the shared run's plain model) and
+tests/e2e/test_sft_e2e.py (a chat model)."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
-import os
-import subprocess
+import json
+import shutil
 import sys
+import types
 
 import pytest
 import tensorflow as tf
 
 UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 5, " over": 7,
          "ROMEO": 6, ":": 9, "\n": 30, "你好": 6, "世界": 5, "。": 10, ",": 20, "😀": 4}
+VOCAB = 300  # the tokenizer's size: every id the model samples is a token
 CONTEXT, NEW = 64, 8  # max_position_embeddings; the models' default max_new_tokens
+DEFAULTS = dict(temperature=0.9, top_k=20, top_p=0.9)  # the models' other defaults
 PROMPTS = ["ROMEO:", "the quick brown fox", "床前明月光，疑是地上霜。", "你好世界😀", ""]
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _save(out, chat: bool):
+@pytest.fixture(scope="module")
+def subject(tmp_path_factory):
     import keras
+    import tensorflow_text  # noqa: F401
 
     from components.transform import chat_template
     from components.transform.byte_level_bpe import ByteLevelBpe
     from components.transform.tokenizer import learn
     from models.deepseek.causal_lm import DeepSeekCausalLM
     from pipeline.configs import GenerationConfig, get_config
-    from serving.export import save_text_model
+    from serving.chat import ChatSession, Sampling
+    from serving.export import ServingModule
 
     keras.utils.set_random_seed(5)
-    config = dataclasses.replace(get_config("tiny").model, vocab_size=512,
+    learned = learn(UNITS, VOCAB).json
+    template = chat_template.DEFAULT_CHAT_TEMPLATE
+    tokenizers = {"plain": ByteLevelBpe(learned),
+                  "chat": ByteLevelBpe(learned, tokenizer_config={"chat_template": template})}
+    assert len(tokenizers["plain"].surfaces()) == VOCAB
+    affixes = {"plain": None, "chat": chat_template.prompt_affixes(
+        template, *chat_template.special_tokens(tokenizers["chat"]))}
+    config = dataclasses.replace(get_config("tiny").model, vocab_size=VOCAB,
                                  max_position_embeddings=CONTEXT, num_hidden_layers=1,
                                  num_nextn_predict_layers=0)
-    template = chat_template.DEFAULT_CHAT_TEMPLATE
-    tokenizer = ByteLevelBpe(learn(UNITS, 300).json,
-                             tokenizer_config={"chat_template": template} if chat else None)
-    affixes = (chat_template.prompt_affixes(template, *chat_template.special_tokens(tokenizer))
-               if chat else None)
-    generation = GenerationConfig(max_new_tokens=NEW, temperature=0.9, top_k=20, top_p=0.9)
-    save_text_model(DeepSeekCausalLM(config), tokenizer, generation, str(out), affixes)
-    return str(out)
+    model = DeepSeekCausalLM(config)
+    generation = GenerationConfig(max_new_tokens=NEW, **DEFAULTS)
+    sampling = Sampling(NEW, **DEFAULTS)
+    modules, sessions = {}, {}
+    for kind, tokenizer in tokenizers.items():
+        assets = tmp_path_factory.mktemp(f"{kind}_assets")
+        tokenizer.write(str(assets))
+        modules[kind] = ServingModule(model, tokenizer, generation, str(assets), affixes[kind])
+        sessions[kind] = ChatSession(model, tokenizer, sampling, affixes[kind])
+    return types.SimpleNamespace(model=model, config=config, tokenizers=tokenizers,
+                                 affixes=affixes, generation=generation, sampling=sampling,
+                                 modules=modules, sessions=sessions)
 
 
-@pytest.fixture(scope="module")
-def plain_dir(tmp_path_factory):
-    return _save(tmp_path_factory.mktemp("plain") / "1", chat=False)
+def _session(subject, kind, **knobs):
+    """The module's session of `kind`, reset, with the models' defaults but `knobs`."""
+    session = subject.sessions[kind]
+    session.sampling = dataclasses.replace(subject.sampling, **knobs)
+    session.reset()
+    return session
 
 
-@pytest.fixture(scope="module")
-def chat_dir(tmp_path_factory):
-    return _save(tmp_path_factory.mktemp("chat") / "1", chat=True)
-
-
-@pytest.fixture(scope="module")
-def signatures(plain_dir, chat_dir):
-    import tensorflow_text  # noqa: F401
-
-    return {"plain": tf.saved_model.load(plain_dir).signatures,
-            "chat": tf.saved_model.load(chat_dir).signatures}
-
-
-def _session(model_dir, **knobs):
-    from serving.chat import ChatSession
-
-    return ChatSession.from_dir(model_dir, **knobs)
-
-
-def _generate(signature, prompt, max_new_tokens, temperature, top_k, top_p, seed):
-    out = signature(prompt=tf.constant([prompt]),
-                    max_new_tokens=tf.constant([max_new_tokens]),
-                    temperature=tf.constant([temperature], tf.float32),
-                    top_k=tf.constant([top_k]), top_p=tf.constant([top_p], tf.float32),
-                    seed=tf.constant([seed]))
+def _generate(module, prompt, max_new_tokens, temperature, top_k, top_p, seed):
+    """The `generate` signature's completion (the exported tf.function, in memory)."""
+    out = module.generate(prompt=tf.constant([prompt]),
+                          max_new_tokens=tf.constant([max_new_tokens]),
+                          temperature=tf.constant([temperature], tf.float32),
+                          top_k=tf.constant([top_k]), top_p=tf.constant([top_p], tf.float32),
+                          seed=tf.constant([seed]))
     return out["completion"][0].numpy().decode("utf-8")
 
 
@@ -83,9 +95,8 @@ def _generate(signature, prompt, max_new_tokens, temperature, top_k, top_p, seed
 @pytest.mark.parametrize("knobs", [dict(temperature=0.0, top_k=0, top_p=1.0, seed=0),
                                    dict(temperature=1.0, top_k=20, top_p=0.95, seed=7)],
                          ids=["greedy", "sampled"])
-def test_a_first_reply_equals_the_generate_signature(kind, knobs, plain_dir, chat_dir,
-                                                     signatures):
-    session = _session(plain_dir if kind == "plain" else chat_dir, max_new_tokens=12, **knobs)
+def test_a_first_reply_equals_the_generate_signature(kind, knobs, subject):
+    session = _session(subject, kind, max_new_tokens=12, **knobs)
     for prompt in PROMPTS:
         if kind == "chat" and not prompt:
             continue
@@ -93,27 +104,27 @@ def test_a_first_reply_equals_the_generate_signature(kind, knobs, plain_dir, cha
         out = io.StringIO()
         reply = session.reply(prompt, out)
         assert out.getvalue() == reply
-        assert reply == _generate(signatures[kind]["generate"], prompt, 12, **knobs), prompt
+        assert reply == _generate(subject.modules[kind], prompt, 12, **knobs), prompt
 
 
-def test_streamed_pieces_join_to_the_decode_of_the_ids(plain_dir, signatures):
+def test_streamed_pieces_join_to_the_decode_of_the_ids(subject):
     from serving.chat import StreamDecoder
 
-    session = _session(plain_dir, max_new_tokens=40, temperature=1.5, top_k=0, top_p=1.0)
+    session = _session(subject, "plain", max_new_tokens=40, temperature=1.5, top_k=0, top_p=1.0)
     for seed in range(3):  # a random model: byte tokens, characters cut between them
         session.sampling = dataclasses.replace(session.sampling, seed=seed)
         session.reset()
         ids = list(session.stream_ids(session.prompt_ids("你好世界")))
         decoder = StreamDecoder(session.surfaces)
         pieces = [decoder.push(i) for i in ids] + [decoder.finish()]
-        whole = signatures["plain"]["detokenize"](input_ids=tf.constant([ids or [0]]))
+        whole = subject.modules["plain"].detokenize(input_ids=tf.constant([ids or [0]]))
         assert "".join(pieces) == whole["text"][0].numpy().decode("utf-8")
 
 
-def test_chinese_cut_between_byte_tokens_is_printed_whole(plain_dir, chinese_poems):
+def test_chinese_cut_between_byte_tokens_is_printed_whole(subject, chinese_poems):
     from serving.chat import StreamDecoder
 
-    session = _session(plain_dir)
+    session = _session(subject, "plain")
     text = chinese_poems[0]
     ids = session.prompt_ids(text)[1:]  # without the [EOS] document prefix
     assert len(ids) > len(text)  # characters are split into several byte tokens
@@ -126,9 +137,10 @@ def test_chinese_cut_between_byte_tokens_is_printed_whole(plain_dir, chinese_poe
     assert partial == "明".encode()[:2].decode("utf-8", errors="replace") == "\ufffd"
 
 
-def test_reset_clears_the_history_and_restarts_the_seed_stream(plain_dir):
-    fresh = _session(plain_dir, temperature=1.0, seed=3).reply("the", io.StringIO())
-    session = _session(plain_dir, temperature=1.0, seed=3)
+def test_reset_clears_the_history_and_restarts_the_seed_stream(subject):
+    fresh = _session(subject, "plain", temperature=1.0, seed=3).reply("the", io.StringIO())
+    assert fresh == _generate(subject.modules["plain"], "the", NEW, 1.0, 20, 0.9, 3)
+    session = _session(subject, "plain", temperature=1.0, seed=3)
     out, err = io.StringIO(), io.StringIO()
     assert session.run(io.StringIO("the\nquick\n/reset\nthe\n/exit\n"), out, err) == 0
     assert out.getvalue().startswith(fresh + "\n") and out.getvalue().endswith("\n" + fresh + "\n")
@@ -136,8 +148,8 @@ def test_reset_clears_the_history_and_restarts_the_seed_stream(plain_dir):
     assert "[history cleared]" in err.getvalue()
 
 
-def test_plain_history_is_the_running_text(plain_dir):
-    session = _session(plain_dir, temperature=0.0)
+def test_plain_history_is_the_running_text(subject):
+    session = _session(subject, "plain", temperature=0.0)
     first = session.reply("ROMEO:", io.StringIO())
     text = session._text(session.turns, "\nthe")
     assert text == "ROMEO:" + first + "\nthe"
@@ -145,8 +157,8 @@ def test_plain_history_is_the_running_text(plain_dir):
     assert session.turns[-1] == ("the" if first.endswith("\n") else "\nthe", second)
 
 
-def test_the_oldest_turns_are_dropped_to_fit_the_context(plain_dir):
-    session = _session(plain_dir, max_new_tokens=30, temperature=0.0)
+def test_the_oldest_turns_are_dropped_to_fit_the_context(subject):
+    session = _session(subject, "plain", max_new_tokens=30, temperature=0.0)
     err = io.StringIO()
     line = "the quick brown fox jumps over"  # 6 tokens
     for _ in range(6):
@@ -158,17 +170,18 @@ def test_the_oldest_turns_are_dropped_to_fit_the_context(plain_dir):
     assert len(session.prompt_ids(session._text(kept, session.turns[-1][0]))) <= CONTEXT - 30
 
 
-def test_one_turn_longer_than_the_context_is_cropped_like_generate(plain_dir, signatures):
-    session = _session(plain_dir, max_new_tokens=20, temperature=0.0, top_k=0, top_p=1.0)
+def test_one_turn_longer_than_the_context_is_cropped_like_generate(subject):
+    session = _session(subject, "plain", max_new_tokens=20, temperature=0.0, top_k=0,
+                       top_p=1.0)
     long = "the quick brown fox jumps over " * 12
     err = io.StringIO()
     reply = session.reply(long, io.StringIO(), err)
     assert f"[prompt cropped to its last {CONTEXT - 20} tokens]" in err.getvalue()
-    assert reply == _generate(signatures["plain"]["generate"], long, 20, 0.0, 0, 1.0, 0)
+    assert reply == _generate(subject.modules["plain"], long, 20, 0.0, 0, 1.0, 0)
 
 
-def test_exit_and_end_of_input_leave_with_0(plain_dir):
-    session = _session(plain_dir)
+def test_exit_and_end_of_input_leave_with_0(subject):
+    session = _session(subject, "plain")
     out = io.StringIO()
     assert session.run(io.StringIO("the\n/exit\nquick\n"), out) == 0
     assert out.getvalue().count("\n") == 1 and len(session.turns) == 1  # nothing after /exit
@@ -176,10 +189,10 @@ def test_exit_and_end_of_input_leave_with_0(plain_dir):
     assert session.run(io.StringIO("the"), io.StringIO()) == 0  # a last line without "\n"
 
 
-def test_a_chat_model_wraps_the_turns_in_its_template(chat_dir, signatures):
+def test_a_chat_model_wraps_the_turns_in_its_template(subject):
     from components.transform import chat_template
 
-    session = _session(chat_dir, temperature=0.0)
+    session = _session(subject, "chat", temperature=0.0)
     assert session.template == chat_template.DEFAULT_CHAT_TEMPLATE
     prefix, suffix = session.chat_prompt
     assert prefix.startswith("<｜begin▁of▁sentence｜>") and suffix.endswith("Assistant: ")
@@ -194,47 +207,77 @@ def test_a_chat_model_wraps_the_turns_in_its_template(chat_dir, signatures):
     assert text == chat_template.render_prompt(session.template, messages, session.bos_token,
                                                session.eos_token)
     assert text.startswith(prefix + "你好" + suffix + r1 + "<｜end▁of▁sentence｜>User: again")
-    assert session.turns[0][1] == _generate(signatures["chat"]["generate"], "你好", NEW,
+    assert session.turns[0][1] == _generate(subject.modules["chat"], "你好", NEW,
                                             0.0, 50, 1.0, 0)
 
 
-def test_max_new_tokens_must_leave_room_for_a_prompt(plain_dir):
-    with pytest.raises(ValueError, match=r"max_new_tokens=64 must be in \[1, 63\]"):
-        _session(plain_dir, max_new_tokens=CONTEXT)
-    assert _session(plain_dir).sampling.max_new_tokens == NEW  # the model's default
+def test_max_new_tokens_must_leave_room_for_a_prompt(subject):
+    from serving.chat import ChatSession
+
+    for new in (0, CONTEXT):
+        with pytest.raises(ValueError, match=rf"max_new_tokens={new} must be in \[1, 63\]"):
+            ChatSession(subject.model, subject.tokenizers["plain"],
+                        dataclasses.replace(subject.sampling, max_new_tokens=new))
 
 
-def test_a_logits_only_model_is_refused_in_one_line(tmp_path, capsys):
-    import json
-
+@pytest.fixture(scope="module")
+def saved(subject, tmp_path_factory):
+    """Two SavedModels of the model's variables (`LogitsModule`, no text signatures):
+    `logits_only` as saved, and `chat` with the chat tokenizer and the assets.extra files
+    `save_text_model` writes beside a chat model (the model's defaults)."""
     from models.deepseek import hf_checkpoint
-    from models.deepseek.causal_lm import DeepSeekCausalLM
-    from pipeline import cli
-    from pipeline.configs import get_config
-    from serving.hf_interop import LogitsModule
+    from serving.export import CHAT_PROMPT_ASSET
+    from serving.hf_interop import (
+        GENERATION_CONFIG_NAME,
+        LogitsModule,
+        generation_config_to_hf,
+    )
 
-    model = DeepSeekCausalLM(dataclasses.replace(get_config("tiny").model, num_hidden_layers=1,
-                                                 num_nextn_predict_layers=0))
-    module = LogitsModule(model)
-    tf.saved_model.save(module, str(tmp_path), signatures={"logits": module.logits})
-    (tmp_path / "assets.extra").mkdir(exist_ok=True)
-    (tmp_path / "assets.extra" / "config.json").write_text(
-        json.dumps(hf_checkpoint.config_to_hf(model.config)))
+    root = tmp_path_factory.mktemp("saved")
+    logits_only, chat = root / "logits_only", root / "chat"
+    module = LogitsModule(subject.model)
+    tf.saved_model.save(module, str(logits_only), signatures={"logits": module.logits})
+    extra = logits_only / "assets.extra"
+    extra.mkdir(exist_ok=True)
+    (extra / hf_checkpoint.CONFIG_NAME).write_text(
+        json.dumps(hf_checkpoint.config_to_hf(subject.config)))
+    shutil.copytree(logits_only, chat)
+    tokenizer = subject.tokenizers["chat"]
+    tokenizer.write(str(chat / "assets"))
+    prefix, suffix = subject.affixes["chat"]
+    (chat / "assets.extra" / CHAT_PROMPT_ASSET).write_text(
+        json.dumps({"prefix": prefix, "suffix": suffix}))
+    (chat / "assets.extra" / GENERATION_CONFIG_NAME).write_text(
+        json.dumps(generation_config_to_hf(subject.generation, tokenizer)))
+    return {"logits_only": str(logits_only), "chat": str(chat)}
+
+
+def test_a_logits_only_model_is_refused_in_one_line(saved):
+    from pipeline import cli
+
     with pytest.raises(SystemExit) as e:
-        cli.main(["chat", "--model", str(tmp_path)])
+        cli.main(["chat", "--model", saved["logits_only"]])
     assert str(e.value).startswith("error: chat: ") and "has no tokenizer" in str(e.value)
     assert "\n" not in str(e.value)
 
 
-def test_the_cli_chats_from_a_pipe(plain_dir, signatures):
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "chat", "--model",
-                           os.path.dirname(plain_dir)], input=b"ROMEO:\n/exit\n",
-                          capture_output=True, cwd=PROJECT_ROOT, timeout=300)
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
-    # The model's defaults (generation_config.json) and seed 0, as `generate` would.
-    expected = _generate(signatures["plain"]["generate"], "ROMEO:", NEW, 0.9, 20, 0.9, 0)
-    assert done.stdout.decode("utf-8") == expected + "\n"
-    assert ">>>" not in done.stdout.decode("utf-8")  # no prompt noise from a pipe
+def test_the_cli_chats_from_a_saved_model(subject, saved, monkeypatch, capsys):
+    """`chat` reads the model, tokenizer, template and defaults of the directory
+    (`ChatSession.from_dir`); the same from a pipe: tests/e2e/test_chat_e2e.py."""
+    from pipeline import cli
+    from serving.chat import ChatSession
+
+    session = ChatSession.from_dir(saved["chat"])
+    assert session.sampling == subject.sampling  # the model's defaults
+    assert session.chat_prompt == subject.affixes["chat"]
+    assert session.template == subject.sessions["chat"].template is not None
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("你好\n/exit\n"))
+    assert cli.main(["chat", "--model", saved["chat"]]) == 0
+    # The model's weights and defaults, seed 0, as `generate` would.
+    expected = _generate(subject.modules["chat"], "你好", NEW, **DEFAULTS, seed=0)
+    out = capsys.readouterr().out
+    assert out == expected + "\n"  # no banner nor ">>> " when stdin is not a terminal
 
 
 class _Interrupted(io.StringIO):
@@ -247,8 +290,8 @@ class _Interrupted(io.StringIO):
         return super().write(text)
 
 
-def test_ctrl_c_stops_the_reply_not_the_session(plain_dir):
-    session = _session(plain_dir, temperature=0.0)
+def test_ctrl_c_stops_the_reply_not_the_session(subject):
+    session = _session(subject, "plain", temperature=0.0)
     err = io.StringIO()
     out = _Interrupted()
     assert session.reply("the quick", out, err) == ""  # nothing was printed
@@ -259,8 +302,8 @@ def test_ctrl_c_stops_the_reply_not_the_session(plain_dir):
     assert len(session.turns) == 2
 
 
-def test_an_interactive_session_shows_a_banner_and_prompts(plain_dir):
-    session = _session(plain_dir)
+def test_an_interactive_session_shows_a_banner_and_prompts(subject):
+    session = _session(subject, "plain")
     out = io.StringIO()
     assert session.run(io.StringIO("/reset\n"), out, interactive=True, banner="hello") == 0
     assert out.getvalue() == ("hello\n/reset clears the history, /exit or Ctrl-D leaves, "
