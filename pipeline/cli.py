@@ -231,8 +231,9 @@ class _ForwardHandler(logging.Handler):
 # ----------------------------------------------------------------------------- commands
 
 
-def config_from_args(args: argparse.Namespace):
-    """The PipelineConfig of `--preset`, `--set` and `--train-steps`; exits naming a bad one."""
+def config_from_args(args: argparse.Namespace, check_tokenizer: bool = True):
+    """The PipelineConfig of `--preset`, `--set` and `--train-steps`; exits naming a bad one
+    (and a bad `tokenizer.path`, unless `check_tokenizer` is False)."""
     from pipeline.configs import get_config
 
     overrides = parse_overrides(args.set or [])
@@ -242,7 +243,7 @@ def config_from_args(args: argparse.Namespace):
         overrides["data.task"] = args.task
     try:
         config = get_config(args.preset, overrides)
-        if config.tokenizer.path:  # a given tokenizer.json: checked before anything runs
+        if check_tokenizer and config.tokenizer.path:  # checked before anything runs
             from pipeline.pipeline import check_given_tokenizer
 
             config, _ = check_given_tokenizer(config)
@@ -886,6 +887,8 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(noisy).setLevel(logging.WARNING)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         return args.fn(args)
+    if hasattr(args, "preset") and hasattr(args, "set"):
+        config_from_args(args, check_tokenizer=False)  # a bad value: one line, no log opened
     command_line = shlex.join(["deepseek-tfx"] + list(sys.argv[1:] if argv is None else argv))
     with console.session(console.log_path(args.command, log_dir(args)), verbose=args.verbose,
                          announce=quiet.announce, header=command_line):

@@ -76,16 +76,15 @@ def test_a_system_exit_message_reaches_the_console(tmp_path):
     assert proc.stderr.endswith(f"log: {log}.2\nerror: bad value\n")
 
 
-def test_the_cli_shows_a_refused_setting_and_the_log_path(tmp_path):
+def test_the_cli_refuses_a_bad_setting_in_one_line_before_opening_a_log(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--preset", "tiny",
                            "--data", str(PROJECT_ROOT / "README.md"), "--output", str(tmp_path),
                            "--set", "train.train_steps=-3"],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
-    (log,) = (tmp_path / "logs").glob("run-*.log")
-    lines = proc.stderr.splitlines()
-    assert lines[0] == lines[-2] == f"log: {log}"
-    assert lines[-1].startswith("error: ") and "train.train_steps" in lines[-1]
+    assert proc.stdout == ""
+    assert proc.stderr == "error: train.train_steps=-3 must be > 0\n"
+    assert not (tmp_path / "logs").exists()
 
 
 def _state():
