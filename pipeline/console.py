@@ -233,8 +233,6 @@ def session(path: str, *, verbose: bool = False, announce: bool = True,
         raise
     finally:
         _flush(sys.stdout, sys.stderr, handler)
-        if announce or failed:
-            print(f"log: {path}", file=console, flush=True)
         _consoles.pop()
         warnings_context.__exit__(None, None, None)
         root.handlers, root.level = saved_root
@@ -247,6 +245,8 @@ def session(path: str, *, verbose: bool = False, announce: bool = True,
             os.close(2)
         if tee is not None:  # the pipe ends when fd 2 was its last writer; children may hold it
             tee.join(timeout=5)
+        if announce or failed:  # after the tee has copied the last library line
+            print(f"log: {path}", file=console, flush=True)
         os.close(log_fd)
         if own_console and (tee is None or not tee.is_alive()):
             console.close()
