@@ -53,7 +53,7 @@ from components.transform.byte_level_bpe import ByteLevelBpe
 from components.transform.byte_pair_encoder import BytePairEncoder
 from models.deepseek.generation import next_token
 from pipeline.configs import GenerationConfig
-from serving.export import CHAT_PROMPT_ASSET, NoTokenizerError, savedmodel_tokenizer
+from serving.export import NoTokenizerError, read_chat_prompt, savedmodel_tokenizer
 from serving.hf_interop import GENERATION_CONFIG_NAME, generation_config_from_hf
 
 EXIT, RESET = "/exit", "/reset"
@@ -178,17 +178,12 @@ class ChatSession:
             raise NoTokenizerError(model_dir, "chat")
         sampling = dataclasses.replace(default_sampling(model_dir),
                                        **{k: v for k, v in knobs.items() if v is not None})
-        if "max_new_tokens" not in knobs or knobs["max_new_tokens"] is None:
-            context = base_model.read_model_config(model_dir).max_position_embeddings
+        model = base_model.load_model(model_dir)
+        if knobs.get("max_new_tokens") is None:  # the default: clamped to the context
+            context = model.config.max_position_embeddings
             sampling = dataclasses.replace(
                 sampling, max_new_tokens=min(sampling.max_new_tokens, context - 1))
-        chat_prompt = None
-        path = os.path.join(model_dir, "assets.extra", CHAT_PROMPT_ASSET)
-        if tf.io.gfile.exists(path):
-            with tf.io.gfile.GFile(path) as f:
-                affixes = json.load(f)
-            chat_prompt = (affixes["prefix"], affixes["suffix"])
-        return cls(base_model.load_model(model_dir), tokenizer, sampling, chat_prompt)
+        return cls(model, tokenizer, sampling, read_chat_prompt(model_dir))
 
     # -- history --------------------------------------------------------------------
     def reset(self) -> None:

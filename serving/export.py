@@ -282,6 +282,17 @@ def export_serving_model(model, transform_output_dir: str, config: PipelineConfi
     return export_dir
 
 
+def read_chat_prompt(model_dir: str) -> tuple[str, str] | None:
+    """The (prefix, suffix) `save_text_model` wrote to `assets.extra/chat_prompt.json`, or
+    None for a model without a chat template."""
+    path = os.path.join(model_dir, "assets.extra", CHAT_PROMPT_ASSET)
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as f:
+        affixes = json.load(f)
+    return affixes["prefix"], affixes["suffix"]
+
+
 def has_tokenizer(model_dir: str) -> bool:
     """Whether a SavedModel carries a tokenizer (`assets/tokenizer.json`): text signatures."""
     return tf.io.gfile.exists(os.path.join(model_dir, "assets", TOKENIZER_FILE))

@@ -76,7 +76,7 @@ import tensorflow_text  # noqa: F401  (registers the regex ops of the tokenizer)
 from models.deepseek.hf_checkpoint import CONFIG_NAME as _MODEL_CONFIG
 from pipeline.configs import ServeConfig
 from serving.batcher import Batcher, Unavailable
-from serving.export import CHAT_PROMPT_ASSET as _CHAT_PROMPT  # assets.extra/ of a SavedModel
+from serving.export import read_chat_prompt
 from serving.hf_interop import GENERATION_CONFIG_NAME as _GENERATION_CONFIG
 from serving.hf_interop import PIPELINE_CONFIG_ASSET as _PIPELINE_CONFIG
 
@@ -161,8 +161,7 @@ class ModelServer:
         self.default_max_new_tokens = (
             _read_json(os.path.join(extra, _GENERATION_CONFIG)).get("max_new_tokens")
             or (pipeline.get("generation") or {}).get("max_new_tokens"))
-        chat = _read_json(os.path.join(extra, _CHAT_PROMPT))
-        self.chat_prompt = (chat["prefix"], chat["suffix"]) if chat else None
+        self.chat_prompt = read_chat_prompt(self.path)
         if self.context is None or self.vocab_size is None:
             log.warning("%s has no assets.extra/%s (nor %s): max_new_tokens and token ids are "
                         "not checked before the model runs", self.path, _MODEL_CONFIG,
