@@ -133,7 +133,7 @@ class PeakRss:
 _CHILD = """
 import json, sys
 sys.path.insert(0, {root!r})
-from pipeline.configs import get_config
+from config import get_config
 from pipeline.local_runner import run_local
 config = get_config({preset!r})
 run_local(config, {base!r}, {pattern!r}, {out!r}, enable_cache=False, until="TextCleaner")
@@ -152,8 +152,8 @@ def main() -> None:
     parser.add_argument("--preset", default="cpu_small")
     parser.add_argument("--keep", help="work here and keep the corpus and outputs")
     args = parser.parse_args()
-    from pipeline.cli import default_corpus
-    from pipeline.run_summary import latest_run
+    from cli import default_corpus
+    from reporting.run_summary import latest_run
 
     work = args.keep or tempfile.mkdtemp(prefix="data_memory_")
     os.makedirs(os.path.join(work, "corpus"), exist_ok=True)

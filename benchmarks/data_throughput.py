@@ -28,13 +28,13 @@ import time
 
 import tensorflow as tf
 
-from components.text_example_gen.documents import read_documents
-from components.transform import tokenizer
-from components.transform.byte_pair_encoder import BytePairEncoder
-from pipeline.cli import default_corpus, split_data_path
-from pipeline.configs import get_config
+from cli import default_corpus, split_data_path
+from config import get_config
+from corpus.documents import read_documents
 from pipeline.local_runner import run_local
-from pipeline.run_summary import latest_run
+from reporting.run_summary import latest_run
+from tokenization import tokenizer
+from tokenization.byte_pair_encoder import BytePairEncoder
 
 STAGES = ("TextExampleGen", "StatisticsGen", "ExampleValidator", "TextCleaner", "DriftValidator",
           "Transform")

@@ -32,8 +32,8 @@ import time
 import keras
 import tensorflow as tf
 
+from config import get_config
 from models.deepseek import DeepSeekCausalLM, flops, generate
-from pipeline.configs import get_config
 
 MODES = {"absorbed": dict(use_cache=True, absorb=True),
          "expanded": dict(use_cache=True, absorb=False),

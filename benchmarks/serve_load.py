@@ -5,7 +5,7 @@ with another commit's server.
       [--concurrency 8,32] [--max-new-tokens 16] [--serve-args "--num-batch-threads 1"]
       [--baseline-checkout DIR [--baseline-model SERVING_DIR]] [--json]
 
-Starts this checkout's server (`python -m pipeline.cli serve`) as a subprocess on a free
+Starts this checkout's server (`python -m cli serve`) as a subprocess on a free
 loopback port, warms it up (the first call of a signature is slow), then for each
 concurrency level sends `--requests` predict requests (`generate`, greedy,
 `--max-new-tokens`, prompts from a small list), at most that many at a time, and
@@ -14,7 +14,7 @@ for 4xx while the server keeps serving, and the server is stopped (Ctrl-C: it pr
 how many requests shared each model call).
 
 With `--baseline-checkout DIR` (a clone of another commit with its own `.venv`), DIR's
-server runs the same load afterwards (`DIR/.venv/bin/python -m pipeline.cli serve`,
+server runs the same load afterwards (`DIR/.venv/bin/python -m cli serve`,
 on `--baseline-model`, default `--model`), one server at a time so they do not share
 the CPU, and the ratio of requests/s is printed per level. Every request is one
 `instances` row with its own max_new_tokens, temperature, top_k, top_p and seed: valid
@@ -64,7 +64,7 @@ def run_server_load(label: str, python: str, checkout: Path, model: str, args,
     """
     port = _free_port()
     log_path = os.path.join(log_dir, f"{label}.log")
-    command = [python, "-m", "pipeline.cli", "serve", "--model", model, "--port", str(port),
+    command = [python, "-m", "cli", "serve", "--model", model, "--port", str(port),
                *extra_serve_args]
     print(f"[{label}] {' '.join(shlex.quote(c) for c in command)}  (cwd {checkout})",
           file=sys.stderr, flush=True)

@@ -14,7 +14,7 @@ Paths measured on the same text, one after the other on this machine:
   transform   `BytePairEncoder.encode` as Transform builds it (tables from the asset
               file), one `tf.function`, batches of `--batch` documents;
   signature   the `tokenize` signature of a SavedModel written by
-              `serving.export.save_text_model` (what the pushed model serves),
+              `savedmodel.export.save_text_model` (what the pushed model serves),
               loaded back, same batches;
   rust        `tokenizers.Tokenizer.encode_batch` (Rust, all cores), same batches.
 Each figure is the best of `--repeats` passes. Prints one JSON object (MB/s and
@@ -37,10 +37,10 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from components.transform import tokenizer  # noqa: E402
-from components.transform.byte_level_bpe import ByteLevelBpe  # noqa: E402
-from components.transform.byte_pair_encoder import BytePairEncoder  # noqa: E402
-from components.transform.pre_tokenizer import (  # noqa: E402
+from tokenization import tokenizer  # noqa: E402
+from tokenization.byte_level_bpe import ByteLevelBpe  # noqa: E402
+from tokenization.byte_pair_encoder import BytePairEncoder  # noqa: E402
+from tokenization.pre_tokenizer import (  # noqa: E402
     DEEPSEEK_V3_PRE_TOKENIZER,
     PreTokenizer,
 )
@@ -82,9 +82,9 @@ def best_time(fn, batches, repeats: int) -> float:
 def measure(spec: ByteLevelBpe, texts: list[str], batch: int, repeats: int, tmp: str) -> dict:
     import tokenizers
 
+    from config import GenerationConfig, get_config
     from models.deepseek import DeepSeekCausalLM
-    from pipeline.configs import GenerationConfig, get_config
-    from serving.export import save_text_model
+    from savedmodel.export import save_text_model
 
     nbytes = sum(len(t.encode("utf-8")) for t in texts)
     batches = [texts[i:i + batch] for i in range(0, len(texts), batch)]

@@ -46,8 +46,8 @@ def run_one(args: argparse.Namespace) -> dict:
     import tensorflow as tf
 
     from components.trainer import data, hardware, precision, train_loop
+    from config import get_config
     from models.deepseek import flops
-    from pipeline.configs import get_config
 
     overrides = {"train.train_steps": args.skip + args.steps, "train.log_every": 1,
                  "train.checkpoint_every": 10**9, "train.warmup_steps": 1,
@@ -117,8 +117,8 @@ def main() -> None:
         return
 
     from components.trainer import hardware
+    from config import get_config
     from models.deepseek import flops
-    from pipeline.configs import get_config
 
     config = get_config(args.preset)
     runs = []

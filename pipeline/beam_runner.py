@@ -11,7 +11,7 @@ Beam pipeline, in dependency order. The components' own Beam pipelines
 
 from __future__ import annotations
 
-from pipeline.configs import PipelineConfig
+from config import PipelineConfig
 from pipeline.local_runner import build_pipeline
 
 

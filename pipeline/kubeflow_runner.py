@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import posixpath
 
-from pipeline.configs import PIPELINE_NAME, PipelineConfig
+from config import PIPELINE_NAME, PipelineConfig
 
 # Where the Dockerfile copies and installs the project (its WORKDIR).
 CONTAINER_PROJECT_DIR = "/opt/deepseek-tfx"

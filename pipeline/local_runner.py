@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from pipeline.configs import PIPELINE_NAME, PipelineConfig
+from config import PIPELINE_NAME, PipelineConfig
 
 # Beam pipeline args of every Beam-based component unless the caller passes its
 # own: DirectRunner, in this process, one worker.

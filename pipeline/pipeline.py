@@ -23,8 +23,8 @@ from components.lm_evaluator.component import LmEvaluator
 from components.text_cleaner.component import TextCleaner
 from components.text_example_gen.component import TextExampleGen
 from components.trainer.component import Trainer
+from config import PipelineConfig, TokenizerConfig, TrainConfig
 from models.deepseek.config import DeepSeekConfig
-from pipeline.configs import PipelineConfig, TokenizerConfig, TrainConfig
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA_FILE = os.path.join(_ROOT, "data", "schema", "schema.pbtxt")
@@ -35,9 +35,9 @@ RUN_FN = "components.trainer.run_fn.run_fn"
 # into its cache key but not a function given by its import path, so the
 # fingerprint of these sources goes into each component's custom_config: an
 # edit re-runs Transform (or the Trainer), not a stale cached result.
-TRANSFORM_SOURCES = ("components/transform", "pipeline/configs.py")
+TRANSFORM_SOURCES = ("components/transform", "config/")
 TRAINER_SOURCES = ("components/trainer", "components/transform", "models", "serving",
-                   "pipeline/configs.py")
+                   "config/")
 
 COMPONENT_ORDER = (
     "TextExampleGen",
@@ -115,7 +115,7 @@ def check_given_tokenizer(config: PipelineConfig) -> tuple[PipelineConfig, str]:
     """
     if not config.tokenizer.path:
         return config, ""
-    from components.transform.byte_level_bpe import ByteLevelBpe
+    from tokenization.byte_level_bpe import ByteLevelBpe
 
     path = os.path.abspath(config.tokenizer.path)
     given = ByteLevelBpe.from_file(path)
@@ -234,7 +234,7 @@ def create_pipeline(
         raise ValueError(f"until={until!r} must be one of {list(COMPONENT_ORDER)}")
     config, tokenizer_fingerprint = check_given_tokenizer(config)
     if config.data.task == "sft":
-        from components.transform.chat_template import pin_template
+        from tokenization.chat_template import pin_template
 
         config = pin_template(config)  # one chat template for every component
         schema_path = SFT_SCHEMA_FILE if schema_path == SCHEMA_FILE else schema_path
@@ -294,7 +294,7 @@ def create_pipeline(
     ).with_id("latest_blessed_model_resolver")
     importer = None
     trainer_extra = {}
-    from components.trainer import base_model as base_model_lib
+    from savedmodel import base_model as base_model_lib
 
     if base_model and base_model != "latest":
         path = os.path.abspath(base_model)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from pipeline.configs import PipelineConfig
+from config import PipelineConfig
 
 LATEST = "latest"
 _BLESSED_VALUE = 1  # tfx.components.evaluator.constants.BLESSED_VALUE
@@ -63,7 +63,7 @@ def warm_start_config(config: PipelineConfig, base_dir: str, overrides: dict) ->
 
     Args:
       config: the run's config (preset + overrides).
-      base_dir: the base model (see `components/trainer/base_model.py`).
+      base_dir: the base model (see `savedmodel/base_model.py`).
       overrides: the run's `--set` overrides; a `model.*` one that contradicts
         the base model is refused.
 
@@ -72,7 +72,7 @@ def warm_start_config(config: PipelineConfig, base_dir: str, overrides: dict) ->
         (a logits-only import).
       base_model.BaseModelError: no model at `base_dir`.
     """
-    from components.trainer import base_model
+    from savedmodel import base_model
 
     model_config = base_model.read_model_config(base_dir)
     base_model.check_model_overrides(model_config, overrides, base_dir)
@@ -98,7 +98,7 @@ def distillation_config(config: PipelineConfig, teacher_dir: str, overrides: dic
         to another value than the teacher's.
       base_model.BaseModelError: no model at `teacher_dir`.
     """
-    from components.trainer import base_model
+    from savedmodel import base_model
 
     tokenizer = base_model.tokenizer_path(teacher_dir)
     if tokenizer is None:

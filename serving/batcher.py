@@ -4,7 +4,7 @@
 as one call once `max_batch_size` rows wait or the oldest has waited
 `batch_timeout_micros`, and hands each request its rows of the outputs. A failed
 batch runs again request by request, so only the request at fault gets the error.
-The knobs and their names are TF Serving's (`pipeline.configs.ServeConfig`);
+The knobs and their names are TF Serving's (`config.ServeConfig`);
 `serving/server.py` decides the keys and validates before anything is queued.
 """
 
@@ -19,7 +19,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from pipeline.configs import ServeConfig
+from config import ServeConfig
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ SavedModel's variables, `base_model.load_model`), its tokenizer (the SavedModel'
 `tokenize` signature) and the conversation so far. Each prompt:
 
   1. becomes token ids as the `generate` signature would make them
-     (`serving/export.py`): a chat model (one with `assets.extra/chat_prompt.json`)
+     (`savedmodel/export.py`): a chat model (one with `assets.extra/chat_prompt.json`)
      renders the conversation with its chat template, the tokenizer's
      `chat_template` whose single-turn affixes are the ones in chat_prompt.json,
      else each turn as `prefix + user + suffix + reply + EOS`; a plain language
@@ -48,13 +48,13 @@ from typing import TextIO
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the regex ops of the encoder)
 
-from components.transform import chat_template
-from components.transform.byte_level_bpe import ByteLevelBpe
-from components.transform.byte_pair_encoder import BytePairEncoder
+from config import GenerationConfig
 from models.deepseek.generation import next_token
-from pipeline.configs import GenerationConfig
-from serving.export import NoTokenizerError, read_chat_prompt, savedmodel_tokenizer
-from serving.hf_interop import GENERATION_CONFIG_NAME, generation_config_from_hf
+from savedmodel.export import NoTokenizerError, read_chat_prompt, savedmodel_tokenizer
+from savedmodel.hf_interop import GENERATION_CONFIG_NAME, generation_config_from_hf
+from tokenization import chat_template
+from tokenization.byte_level_bpe import ByteLevelBpe
+from tokenization.byte_pair_encoder import BytePairEncoder
 
 EXIT, RESET = "/exit", "/reset"
 DEFAULT_MAX_NEW_TOKENS = 100  # a SavedModel without generation_config.json
@@ -171,7 +171,7 @@ class ChatSession:
           base_model.BaseModelError, FileNotFoundError: no model or no config there.
           ValueError: a bad max_new_tokens (see the class).
         """
-        from components.trainer import base_model
+        from savedmodel import base_model
 
         tokenizer = savedmodel_tokenizer(model_dir)
         if tokenizer is None:

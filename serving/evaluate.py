@@ -25,11 +25,11 @@ import os
 import tensorflow as tf
 import tensorflow_text  # noqa: F401
 
-from components.lm_evaluator import scoring
-from components.text_example_gen.documents import file_format, read_documents
-from pipeline.configs import DataConfig, PipelineConfig
-from serving.export import CONFIG_ASSET, NoTokenizerError, savedmodel_tokenizer
-from serving.hf_interop import model_config_of_savedmodel
+from config import DataConfig, PipelineConfig
+from corpus.documents import file_format, read_documents
+from savedmodel import scoring
+from savedmodel.export import CONFIG_ASSET, NoTokenizerError, savedmodel_tokenizer
+from savedmodel.hf_interop import model_config_of_savedmodel
 
 DEFAULT_SEQ_LEN = 1024  # window of a model without a pipeline config (capped by its context)
 LOGITS_BUDGET_BYTES = 256 * 1024**2  # float32 logits per scoring call (at least one window)

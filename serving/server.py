@@ -38,7 +38,7 @@ naming the field and its allowed range, and the server keeps serving:
 A model without config.json (nor the pipeline config) skips the checks that need the
 context or the vocabulary; the model itself then rejects what it cannot run.
 
-Batching (TF Serving's `--enable_batching`, same knob names: `pipeline.configs.
+Batching (TF Serving's `--enable_batching`, same knob names: `config.
 ServeConfig`). There is no lock around the model: each request is validated in its
 HTTP thread and queued; `num_batch_threads` batch threads each take the queued
 requests of one batching key, up to `max_batch_size` rows, once that many rows wait
@@ -73,12 +73,12 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the regex ops of the tokenizer)
 
+from config import ServeConfig
 from models.deepseek.hf_checkpoint import CONFIG_NAME as _MODEL_CONFIG
-from pipeline.configs import ServeConfig
+from savedmodel.export import read_chat_prompt
+from savedmodel.hf_interop import GENERATION_CONFIG_NAME as _GENERATION_CONFIG
+from savedmodel.hf_interop import PIPELINE_CONFIG_ASSET as _PIPELINE_CONFIG
 from serving.batcher import Batcher, Unavailable
-from serving.export import read_chat_prompt
-from serving.hf_interop import GENERATION_CONFIG_NAME as _GENERATION_CONFIG
-from serving.hf_interop import PIPELINE_CONFIG_ASSET as _PIPELINE_CONFIG
 
 log = logging.getLogger(__name__)
 

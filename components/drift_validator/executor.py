@@ -28,7 +28,7 @@ from tfx_bsl.coders import example_coder
 from components.drift_validator import profile
 from components.drift_validator.resolver import DRIFT_DETECTED_PROPERTY, TEXT_PROFILE_PROPERTY
 from components.text_cleaner.executor import DataValidationError
-from pipeline.configs import PipelineConfig
+from config import PipelineConfig
 
 STATS_FILE = "FeatureStats.pb"
 ANOMALIES_FILE = "SchemaDiff.pb"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2, statistics_pb2
 
-from components.text_cleaner.words import token_units, word_units
+from corpus.words import token_units, word_units
 
 PROFILE_FEATURES = ("num_chars", "num_words", "tokens")
 

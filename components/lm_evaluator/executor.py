@@ -23,12 +23,12 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 from tfx.utils import io_utils, path_utils
 
-from components.lm_evaluator import scoring
 from components.trainer.data import PROMPT_LENGTH_KEY
-from components.transform.byte_level_bpe import ByteLevelBpe
 from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY
-from pipeline.configs import PipelineConfig
-from serving.export import savedmodel_tokenizer
+from config import PipelineConfig
+from savedmodel import scoring
+from savedmodel.export import savedmodel_tokenizer
+from tokenization.byte_level_bpe import ByteLevelBpe
 
 METRICS_FILE = "metrics.json"
 
@@ -73,7 +73,7 @@ def evaluate_baseline(baseline_uri: str, candidate_dir: str, docs, num_bytes: in
     """`evaluate_saved_model` of a baseline: a Model artifact (a SavedModel in its
     `Format-Serving/`), an imported SavedModel directory, or a Hugging Face checkpoint
     directory (a warm start's `--base-model PATH`); `docs` are the candidate's ids."""
-    from components.trainer import base_model
+    from savedmodel import base_model
 
     baseline_dir = base_model.model_dir(baseline_uri)
     if base_model.kind(baseline_dir) == base_model.SAVEDMODEL:

@@ -48,8 +48,8 @@ from tfx import types
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
-from components.text_cleaner import cleaning
-from pipeline.configs import DataConfig, PipelineConfig
+from config import DataConfig, PipelineConfig
+from corpus import cleaning
 
 REPORT_FILE = "cleaning_report.json"
 REPAIR_PREFIX = "repair:"
@@ -109,8 +109,8 @@ def _first_string(features, name: str) -> str:
 
 
 def _to_example(record: dict[str, Any]) -> bytes:
-    from components.text_example_gen.documents import Document
     from components.text_example_gen.executor import document_to_example
+    from corpus.documents import Document
 
     doc = Document(record["text"], record["source"], record["record"],
                    repairs=tuple(record["repairs"]), prompt=record.get("prompt"))

@@ -14,7 +14,7 @@ from tfx.dsl.components.base import executor_spec
 from tfx.proto import example_gen_pb2
 
 from components.text_example_gen import executor
-from pipeline.configs import PipelineConfig
+from config import PipelineConfig
 
 
 def make_custom_config(config: PipelineConfig) -> example_gen_pb2.CustomConfig:

@@ -36,8 +36,8 @@ from tfx.components.util import examples_utils
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 
-from components.text_example_gen.documents import Document, read_documents
-from components.transform.chat_template import chat_format
+from corpus.documents import Document, read_documents
+from tokenization.chat_template import chat_format
 
 
 def document_to_example(doc: Document) -> tf.train.Example:
@@ -78,7 +78,7 @@ def list_input_files(input_base: str, split_pattern: str) -> list[str]:
 def config_from_exec_properties(exec_properties: dict[str, Any]):
     """The PipelineConfig packed by `component.make_custom_config` (a JSON string
     inside `CustomConfig.custom_config`, a `google.protobuf.StringValue` Any)."""
-    from pipeline.configs import PipelineConfig
+    from config import PipelineConfig
 
     custom_config = exec_properties.get(standard_component_specs.CUSTOM_CONFIG_KEY)
     if not custom_config:
@@ -96,7 +96,7 @@ def sft_chat_format(config):
     (DeepSeek's when Transform learns the tokenizer)."""
     tokenizer = None
     if config.tokenizer.path:
-        from components.transform.byte_level_bpe import ByteLevelBpe
+        from tokenization.byte_level_bpe import ByteLevelBpe
 
         tokenizer = ByteLevelBpe.from_file(config.tokenizer.path)
     return chat_format(config.data, tokenizer)

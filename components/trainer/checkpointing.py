@@ -30,7 +30,7 @@ import os
 
 import tensorflow as tf
 
-from pipeline.configs import PipelineConfig
+from config import PipelineConfig
 
 RUNTIME_ONLY_TRAIN_FIELDS = ("distribution_strategy", "grad_accum_steps", "recompute_activations",
                              "checkpoint_every", "log_every", "eval_batches", "max_skipped_steps")

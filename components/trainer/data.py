@@ -23,7 +23,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY, PROMPT_LENGTH_KEY
-from components.transform.tokenizer import EOS_ID
+from tokenization.tokenizer import EOS_ID
 
 IGNORE_LABEL = -100
 TRANSFORMED_FEATURE_SPEC = {

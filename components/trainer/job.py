@@ -67,7 +67,7 @@ class TrainingJob:
 def plan(job: TrainingJob):
     """(accelerator, strategy name, policy, policy reason) for this process's devices."""
     from components.trainer import hardware, precision, strategy
-    from pipeline.configs import PipelineConfig
+    from config import PipelineConfig
 
     tc = PipelineConfig.from_json(job.pipeline_config).train
     accelerator = hardware.detect()
@@ -87,7 +87,7 @@ def run(job: TrainingJob):
     if job.intra_op_threads:
         tf.config.threading.set_intra_op_parallelism_threads(job.intra_op_threads)
     from components.trainer import data, hardware, precision, strategy, train_loop
-    from pipeline.configs import PipelineConfig
+    from config import PipelineConfig
 
     config = PipelineConfig.from_json(job.pipeline_config)
     tc = config.train

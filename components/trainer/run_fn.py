@@ -4,7 +4,7 @@ It reads the config from `custom_config`, trains (`job.run` in this process,
 or `launcher.run_workers` on N local worker processes when
 `custom_config["num_workers"] > 1`), with checkpoints in a directory that
 survives re-runs (`checkpointing.py`), then evaluates and exports a float32
-copy of the trained model: the servable SavedModel (`serving.export`) to
+copy of the trained model: the servable SavedModel (`savedmodel.export`) to
 `fn_args.serving_model_dir`, and `training_summary.json` beside it with the
 run's figures (which the Trainer's executor also records in ML Metadata).
 """
@@ -17,11 +17,12 @@ import os
 
 import tensorflow as tf
 
-from components.trainer import base_model, checkpointing, data, hardware, precision, train_loop
+from components.trainer import checkpointing, data, hardware, precision, train_loop
 from components.trainer import job as job_lib
-from components.transform.tokenizer import load_tokenizer
-from pipeline.configs import PipelineConfig
-from serving.export import export_serving_model
+from config import PipelineConfig
+from savedmodel import base_model
+from savedmodel.export import export_serving_model
+from tokenization.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from pipeline.configs import TrainConfig
+from config import TrainConfig
 
 
 class AdamW(keras.optimizers.AdamW):

@@ -63,13 +63,13 @@ import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
 
-from components.trainer import base_model as base_model_lib
 from components.trainer import data, trainable
 from components.trainer import strategy as strategy_lib
 from components.trainer.schedule import make_learning_rate_schedule, make_optimizer
 from components.trainer.train_step import LOSS_TERMS, make_train_step
+from config import PipelineConfig
 from models.deepseek import DeepSeekCausalLM, flops
-from pipeline.configs import PipelineConfig
+from savedmodel import base_model as base_model_lib
 
 log = logging.getLogger(__name__)
 

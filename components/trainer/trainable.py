@@ -22,7 +22,7 @@ import re
 import keras
 import numpy as np
 
-from pipeline.configs import TrainConfig
+from config import TrainConfig
 
 ATTENTION_PROJECTIONS = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
                          "o_proj")

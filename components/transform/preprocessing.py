@@ -35,11 +35,11 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from components.transform import chat_template, tokenizer
-from components.transform.byte_level_bpe import ByteLevelBpe
-from components.transform.byte_pair_encoder import BytePairEncoder
-from components.transform.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer
 from components.transform.tokenizer_analyzer import CopyTokenizer, LearnByteLevelBpe
+from tokenization import chat_template, tokenizer
+from tokenization.byte_level_bpe import ByteLevelBpe
+from tokenization.byte_pair_encoder import BytePairEncoder
+from tokenization.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer
 
 TEXT_KEY = "text"
 PROMPT_KEY = "prompt"  # SFT runs only; TEXT_KEY is then the response
@@ -67,7 +67,7 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
     Raises:
       ValueError: `data.task` is `sft` but the examples have no `prompt`.
     """
-    from pipeline.configs import PipelineConfig
+    from config import PipelineConfig
 
     pipeline_config = PipelineConfig.from_json(custom_config["pipeline_config"])
     config = pipeline_config.tokenizer

@@ -30,8 +30,8 @@ import apache_beam as beam
 import tensorflow as tf
 from tensorflow_transform.beam import experimental as tft_beam_experimental
 
-from components.transform import tokenizer
-from components.transform.byte_level_bpe import ByteLevelBpe
+from tokenization import tokenizer
+from tokenization.byte_level_bpe import ByteLevelBpe
 
 
 class _CountUnits(beam.CombineFn):

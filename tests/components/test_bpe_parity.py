@@ -15,10 +15,10 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from components.transform import tokenizer, unicode_classes
-from components.transform.byte_level_bpe import ByteLevelBpe
-from components.transform.byte_pair_encoder import BytePairEncoder
-from components.transform.pre_tokenizer import (
+from tokenization import tokenizer, unicode_classes
+from tokenization.byte_level_bpe import ByteLevelBpe
+from tokenization.byte_pair_encoder import BytePairEncoder
+from tokenization.pre_tokenizer import (
     DEEPSEEK_V3_PRE_TOKENIZER,
     PreTokenizer,
     UnsupportedTokenizerError,

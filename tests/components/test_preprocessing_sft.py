@@ -17,10 +17,11 @@ import tensorflow as tf
 import tft_runs
 from sft_records import shakespeare_pairs
 
-from components.text_example_gen import documents as D
-from components.transform import preprocessing, tokenizer
-from components.transform.chat_template import DEFAULT_CHAT_TEMPLATE, ChatFormat
-from pipeline.configs import get_config
+from components.transform import preprocessing
+from config import get_config
+from corpus import documents as D
+from tokenization import tokenizer
+from tokenization.chat_template import DEFAULT_CHAT_TEMPLATE, ChatFormat
 
 P, T = preprocessing.PROMPT_KEY, preprocessing.TEXT_KEY
 
@@ -101,7 +102,7 @@ def test_sft_records_the_chat_template_and_learns_from_both_fields(learned):
     assert spec.chat_template == DEFAULT_CHAT_TEMPLATE
     # The tokenizer is learned from the prompts (without the added tokens' text) and the
     # responses, as one BpeTrainer pass over their units.
-    from components.transform.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer
+    from tokenization.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer
 
     stripped = [p.replace(tokenizer.BOS_TOKEN, "").replace(tokenizer.EOS_TOKEN, "")
                 for p, _ in pairs]

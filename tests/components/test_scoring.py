@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.lm_evaluator import scoring
-from components.transform.tokenizer import EOS_ID
+from savedmodel import scoring
+from tokenization.tokenizer import EOS_ID
 
 
 def test_token_stream_layout():
@@ -53,10 +53,10 @@ def test_a_baseline_with_another_tokenizer_scores_the_same_text(shakespeare, tmp
     candidate's ids decoded (lossless) and encoded by the baseline's tokenizer."""
     import dataclasses
 
-    from components.transform import tokenizer
+    from config import GenerationConfig, get_config
     from models.deepseek import DeepSeekCausalLM
-    from pipeline.configs import GenerationConfig, get_config
-    from serving.export import save_text_model
+    from savedmodel.export import save_text_model
+    from tokenization import tokenizer
 
     docs = [d for d in shakespeare[:40_000].split("\n\n") if d]
     dirs = []
@@ -83,6 +83,6 @@ def test_a_baseline_with_another_tokenizer_scores_the_same_text(shakespeare, tmp
 
 
 def _pre():
-    from components.transform.pre_tokenizer import DEEPSEEK_V3_PRE_TOKENIZER, PreTokenizer
+    from tokenization.pre_tokenizer import DEEPSEEK_V3_PRE_TOKENIZER, PreTokenizer
 
     return PreTokenizer(DEEPSEEK_V3_PRE_TOKENIZER)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.lm_evaluator import scoring
 from components.trainer import data
+from savedmodel import scoring
 
 PAD, EOS = 2, 1
 

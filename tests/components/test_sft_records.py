@@ -8,9 +8,9 @@ import json
 import pytest
 from sft_records import shakespeare_pairs, shakespeare_sft_jsonl
 
-from components.text_example_gen import documents as D
-from components.transform.chat_template import DEFAULT_CHAT_TEMPLATE, ChatFormat
-from pipeline.configs import DataConfig
+from config import DataConfig
+from corpus import documents as D
+from tokenization.chat_template import DEFAULT_CHAT_TEMPLATE, ChatFormat
 
 SFT = DataConfig(task="sft")
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"

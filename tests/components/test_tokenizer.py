@@ -14,9 +14,9 @@ import json
 import pytest
 import tensorflow as tf
 
-from components.transform import tokenizer
-from components.transform.byte_pair_encoder import BytePairEncoder
-from components.transform.pre_tokenizer import DEEPSEEK_V3_PRE_TOKENIZER, PreTokenizer
+from tokenization import tokenizer
+from tokenization.byte_pair_encoder import BytePairEncoder
+from tokenization.pre_tokenizer import DEEPSEEK_V3_PRE_TOKENIZER, PreTokenizer
 
 PRE = PreTokenizer(DEEPSEEK_V3_PRE_TOKENIZER)
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from components.trainer import data, train_loop, trainable
 from components.trainer.train_step import make_train_step
-from pipeline.configs import get_config
+from config import get_config
 
 POISON = 7  # the token id whose embedding is +Inf
 

@@ -20,7 +20,7 @@ import textwrap
 import numpy as np
 
 from components.trainer import data, train_loop
-from pipeline.configs import get_config
+from config import get_config
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
@@ -82,7 +82,7 @@ GPU_BASE_SCRIPT = textwrap.dedent("""
     import tensorflow as tf
     from components.trainer import train_loop
     from components.trainer.train_step import make_train_step
-    from pipeline.configs import get_config
+    from config import get_config
 
     # gpu_base's widths, batch, context and experts; 2 of its 12 layers (one dense, one MoE:
     # every op of the step; the other layers repeat them) to keep this under a minute.

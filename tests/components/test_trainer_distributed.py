@@ -25,7 +25,7 @@ import pytest
 
 from components.trainer import job as job_lib
 from components.trainer import launcher
-from pipeline.configs import get_config
+from config import get_config
 
 STEPS = 50
 # Max |loss_2 workers - loss_1 worker| over the first 50 steps (losses ~4-8 nats).
@@ -86,7 +86,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from components.trainer import data, strategy, train_loop
-    from pipeline.configs import get_config
+    from config import get_config
     config = get_config("tiny", {"train.train_steps": 8, "train.log_every": 1,
                                  "train.checkpoint_every": 8, "train.grad_accum_steps": 2})
     tc = config.train

@@ -17,8 +17,8 @@ import tensorflow as tf
 from numerics import assert_float32_close
 
 from components.trainer import train_loop, trainable
+from config import get_config
 from models.deepseek import losses
-from pipeline.configs import get_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 

@@ -19,8 +19,8 @@ import tensorflow as tf
 from numerics import assert_float32_close
 
 from components.trainer import data, train_loop
+from config import get_config
 from models.deepseek import DeepSeekCausalLM
-from pipeline.configs import get_config
 
 STEPS = 12
 
@@ -206,7 +206,7 @@ def test_progress_bar_only_on_a_terminal_outside_ci(monkeypatch):
 
 
 def test_expert_load_is_logged_per_moe_layer_and_logging_window(reference):
-    from pipeline.report_data import read_events
+    from reporting.report_data import read_events
 
     log_dir = os.path.join(os.path.dirname(reference.checkpoint_dir), "logs")
     _, tensors = read_events(log_dir)

@@ -12,8 +12,8 @@ import tensorflow as tf
 from components.trainer import checkpointing, data, hardware, precision, strategy
 from components.trainer.hardware import Accelerator
 from components.trainer.schedule import make_learning_rate_schedule, make_optimizer
+from config import get_config
 from models.deepseek import DeepSeekCausalLM, flops
-from pipeline.configs import get_config
 
 CPU = Accelerator("cpu", "AMD EPYC", 1, None, frozenset({"avx2", "fma"}))
 CPU_AMX = Accelerator("cpu", "Xeon", 1, None, frozenset({"avx512f", "amx_bf16", "amx_tile"}))

@@ -34,7 +34,7 @@ def run(tmp_path_factory, corpus):
     out = tmp_path_factory.mktemp("run")
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *run_args(corpus, out)],
+        [sys.executable, "-m", "cli", *run_args(corpus, out)],
         cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.returncode == 0, proc.stdout
     from pipeline.local_runner import run_paths

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from pipeline import cli
+import cli
 
 pytestmark = pytest.mark.e2e
 
@@ -52,7 +52,7 @@ EXPECTED_REPAIRS = {"invalid_utf8_replaced": 1, "nul_bytes_removed": 1,
 
 
 def _check_report(report, corpus):
-    from components.text_example_gen.documents import split_text
+    from corpus.documents import split_text
 
     total = report["total"]
     assert total["read"] == total["kept"] + total["dropped"]
@@ -70,7 +70,7 @@ def _check_report(report, corpus):
 
 def _report(output_dir):
     from pipeline.local_runner import run_paths
-    from pipeline.run_summary import latest_run
+    from reporting.run_summary import latest_run
 
     runs = {r.component: r for r in latest_run(run_paths(str(output_dir))["metadata_path"])}
     cleaned = runs["TextCleaner"].outputs["Examples"]

@@ -31,7 +31,7 @@ def _states(output_dir) -> dict[str, str]:
     """Component -> MLMD state of the newest run (resolver nodes left out: they
     resolve, they are never cached)."""
     from pipeline.local_runner import run_paths
-    from pipeline.run_summary import latest_run
+    from reporting.run_summary import latest_run
 
     return {r.component: r.state for r in latest_run(run_paths(str(output_dir))["metadata_path"])
             if "resolver" not in r.component}
@@ -39,7 +39,7 @@ def _states(output_dir) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, slice_path):
-    from pipeline import cli
+    import cli
     from pipeline.pipeline import COMPONENT_ORDER
 
     out = tmp_path_factory.mktemp("cached")
@@ -93,7 +93,7 @@ def full_rerun(run, corpus, tmp_path_factory):
     """The main e2e run (whole pipeline, blessed and pushed) run again, unchanged,
     on a copy of its ML Metadata: now the latest blessed run's text profile
     exists, and the DriftValidator must still be cached."""
-    from pipeline import cli
+    import cli
 
     out = tmp_path_factory.mktemp("rerun")
     shutil.copy(run["metadata_path"], out / "metadata.db")

@@ -17,10 +17,10 @@ def test_chat_from_a_pipe_continues_the_prompt_and_exits_0(run):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
-    from pipeline.cli import resolve_model_dir
+    from cli import resolve_model_dir
 
     serving = run["serving_model_dir"]
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "chat", "--model", serving],
+    done = subprocess.run([sys.executable, "-m", "cli", "chat", "--model", serving],
                           input=b"ROMEO:\n/exit\n", capture_output=True, cwd=PROJECT_ROOT,
                           timeout=600)
     assert done.returncode == 0, done.stderr.decode()[-2000:]

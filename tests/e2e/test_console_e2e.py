@@ -29,8 +29,8 @@ def test_no_library_lines_on_the_console(run):
 
 
 def test_progress_lines_and_summary_on_the_console(run):
-    from pipeline.cli import component_order
-    from pipeline.run_summary import latest_run
+    from cli import component_order
+    from reporting.run_summary import latest_run
 
     console = run["console"]
     ran = {r.component for r in latest_run(run["metadata_path"])}

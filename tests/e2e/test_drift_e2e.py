@@ -23,9 +23,9 @@ pytestmark = pytest.mark.e2e
 
 
 def _run_until_drift(out, data_file, accept_drift=False):
-    from pipeline.configs import get_config
+    from config import get_config
     from pipeline.local_runner import run_local
-    from pipeline.run_summary import latest_run
+    from reporting.run_summary import latest_run
 
     paths = run_local(get_config("tiny"), str(data_file.parent), data_file.name, str(out),
                       until="DriftValidator", accept_drift=accept_drift)
@@ -60,7 +60,7 @@ def test_similar_data_does_not_drift(continued, corpus, shakespeare, tmp_path):
 
 
 def test_drifted_data_stops_before_training_unless_accepted(continued, tmp_path):
-    from pipeline.cli import failure_message
+    from cli import failure_message
     from pipeline.pipeline import COMPONENT_ORDER
 
     root = Path(__file__).resolve().parent.parent.parent

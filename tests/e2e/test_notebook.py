@@ -137,7 +137,7 @@ def test_data_statistics_and_cleaning_reconcile(executed):
 
 
 def test_tokenizer_round_trip(executed):
-    from pipeline.configs import get_config
+    from config import get_config
 
     out = _stdout(executed[0])
     vocab = int(_match(r"^byte-level BPE: (\d+) tokens", out).group(1))

@@ -28,7 +28,7 @@ def _latest(root: str, component: str, output: str) -> str:
 
 def test_every_component_completed_and_is_in_mlmd(run):
     from pipeline.pipeline import COMPONENT_ORDER
-    from pipeline.run_summary import latest_run
+    from reporting.run_summary import latest_run
 
     runs = {r.component: r for r in latest_run(run["metadata_path"])}
     assert set(runs) == set(COMPONENT_ORDER)
@@ -50,7 +50,7 @@ def test_example_gen_splits(run):
 
 
 def test_validation_and_cleaning_records(run):
-    from pipeline.run_summary import latest_run
+    from reporting.run_summary import latest_run
 
     runs = {r.component: r for r in latest_run(run["metadata_path"])}
     anomalies = runs["ExampleValidator"].outputs["ExampleAnomalies"]
@@ -65,8 +65,8 @@ def test_validation_and_cleaning_records(run):
 
 
 def test_transform_learned_tokenizer(run):
-    from components.transform import tokenizer
-    from pipeline.configs import get_config
+    from config import get_config
+    from tokenization import tokenizer
 
     graph = _latest(run["pipeline_root"], "Transform", "transform_graph")
     learned = tokenizer.load_tokenizer(graph)
@@ -151,7 +151,7 @@ def test_trainer_outputs(run):
 
 
 def test_evaluator_and_pusher(run):
-    from pipeline.run_summary import latest_run
+    from reporting.run_summary import latest_run
 
     runs = {r.component: r for r in latest_run(run["metadata_path"])}
     evaluation = runs["LmEvaluator"].outputs["ModelEvaluation"]
@@ -191,7 +191,7 @@ print("OK", repr(texts[0][:40]))
 
 
 def test_cli_generate_and_evaluate(run, corpus, capsys):
-    from pipeline import cli
+    import cli
 
     assert cli.main(["generate", "--model", run["serving_model_dir"], "--prompt", "KING:",
                      "--max-new-tokens", "8", "--temperature", "0"]) == 0
@@ -208,7 +208,7 @@ def test_cli_generate_and_evaluate(run, corpus, capsys):
 
 
 def _run_expecting_failure(tmp_path, data, **kwargs):
-    from pipeline.configs import get_config
+    from config import get_config
     from pipeline.local_runner import run_local
 
     input_base, pattern = os.path.dirname(str(data)), os.path.basename(str(data))
@@ -251,7 +251,7 @@ def test_pushed_model_exports_to_hf_and_back(run, tmp_path):
     import numpy as np
     import tensorflow as tf
 
-    from pipeline import cli
+    import cli
 
     (version,) = os.listdir(run["serving_model_dir"])
     pushed = os.path.join(run["serving_model_dir"], version)
@@ -317,7 +317,7 @@ def np_shape(nested) -> list[int]:
 def test_mlmd_lineage_reaches_the_input_file(run, corpus, capsys):
     import hashlib
 
-    from pipeline import cli
+    import cli
 
     output_dir = os.path.dirname(run["metadata_path"])
     assert cli.main(["mlmd", "--output", output_dir, "lineage", run["serving_model_dir"]]) == 0

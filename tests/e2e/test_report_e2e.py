@@ -13,8 +13,8 @@ import shutil
 import pytest
 from report_browser import chromium, inspect
 
-from pipeline import cli
-from pipeline.report import REPORT_FILE, SECTIONS
+import cli
+from reporting.report import REPORT_FILE, SECTIONS
 
 pytestmark = pytest.mark.e2e
 

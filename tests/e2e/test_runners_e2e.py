@@ -24,7 +24,7 @@ COMPARED = ("TextExampleGen", "TextCleaner", "Transform")
 
 
 def _run(out, corpus, *extra) -> float:
-    from pipeline import cli
+    import cli
 
     start = time.perf_counter()
     code = cli.main(["run", "--data", str(corpus), "--preset", "tiny", "--output", str(out),
@@ -46,9 +46,9 @@ def _count_records(examples_uri: str) -> dict[str, int]:
 
 
 def _outputs(out) -> dict:
-    from components.transform import tokenizer
     from pipeline.local_runner import run_paths
-    from pipeline.run_summary import latest_run
+    from reporting.run_summary import latest_run
+    from tokenization import tokenizer
 
     runs = {r.component: r for r in latest_run(run_paths(str(out))["metadata_path"])}
     assert all(runs[c].state == "COMPLETE" for c in COMPARED), {c: r.state for c, r in runs.items()}
@@ -83,7 +83,7 @@ def test_beam_multi_processing_gives_the_same_record_counts(runs):
 
 
 def test_beam_multi_processing_gives_the_same_tokenizer(runs):
-    from pipeline.configs import get_config
+    from config import get_config
 
     local, beam = runs
     assert beam["tokenizer"] == local["tokenizer"]  # byte for byte

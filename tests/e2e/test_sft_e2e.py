@@ -14,7 +14,7 @@ import sys
 import pytest
 from sft_records import shakespeare_sft_jsonl
 
-from pipeline import cli
+import cli
 from pipeline.local_runner import run_paths
 
 RECORDS = 1500
@@ -36,7 +36,7 @@ def sft_run(tmp_path_factory, shakespeare):
             "--set", "model.max_position_embeddings=64"]
     # In a child process, whose memory is returned when it ends.
     result = subprocess.run(
-        [sys.executable, "-c", f"from pipeline.cli import main; raise SystemExit(main({args!r}))"],
+        [sys.executable, "-c", f"from cli import main; raise SystemExit(main({args!r}))"],
         capture_output=True, text=True, cwd=ROOT, timeout=1800)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
     return run_paths(str(out))
@@ -94,7 +94,7 @@ def test_chat_with_the_sft_model_replies_as_its_generate_signature(sft_run):
 
 
 def test_sft_counts_records_and_scores_responses_only(sft_run):
-    from pipeline.run_summary import open_store
+    from reporting.run_summary import open_store
 
     store = open_store(sft_run["metadata_path"])
     model = _newest(store, "Model")

@@ -40,7 +40,7 @@ def corpus(tmp_path_factory, shakespeare):
 
 
 def command(corpus, out) -> list[str]:
-    return [sys.executable, "-m", "pipeline.cli", "run", "--data", str(corpus), "--preset", "tiny",
+    return [sys.executable, "-m", "cli", "run", "--data", str(corpus), "--preset", "tiny",
             "--output", str(out), "--num-workers", "2",
             "--set", f"train.train_steps={STEPS}", "--set", "train.checkpoint_every=20"]
 
@@ -80,7 +80,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(corpus, tmp_path):
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-4000:]
     assert "resumed from" in second.stdout + second.stderr
 
-    from pipeline.run_summary import latest_run
+    from reporting.run_summary import latest_run
 
     runs = {r.component: r for r in latest_run(str(out / "metadata.db"))}
     assert runs["Transform"].state == "CACHED"

@@ -23,7 +23,7 @@ import pytest
 import tensorflow as tf
 from numerics import assert_float32_close
 
-from pipeline import cli
+import cli
 from pipeline.local_runner import run_paths
 
 HALF_BYTES = 60_000
@@ -45,7 +45,7 @@ def _runs(*runs: list[str]) -> None:
     """`deepseek-tfx run --preset tiny ARGS` for each ARGS, in one child process: the
     memory of these pipeline runs is returned when it ends (the suite runs in ~20 GB
     otherwise)."""
-    script = ("import sys\nfrom pipeline.cli import main\n"
+    script = ("import sys\nfrom cli import main\n"
               f"for args in {[list(r) for r in runs]!r}:\n"
               "    code = main(['run', '--preset', 'tiny', *args])\n"
               "    if code: sys.exit(code)\n")
@@ -55,7 +55,7 @@ def _runs(*runs: list[str]) -> None:
 
 
 def _store(output: pathlib.Path):
-    from pipeline.run_summary import open_store
+    from reporting.run_summary import open_store
 
     return open_store(run_paths(str(output))["metadata_path"])
 
@@ -135,9 +135,9 @@ def hf_base(tmp_path_factory) -> pathlib.Path:
     """A tiny DeepSeek-V3 checkpoint with DeepSeek's real tokenizer (129,280 ids)."""
     import keras
 
+    from config import get_config
     from models.deepseek.causal_lm import DeepSeekCausalLM
     from models.deepseek.hf_checkpoint import save_hf_checkpoint
-    from pipeline.configs import get_config
 
     directory = tmp_path_factory.mktemp("hf_base") / "checkpoint"
     keras.utils.set_random_seed(7)
@@ -150,8 +150,8 @@ def hf_base(tmp_path_factory) -> pathlib.Path:
 
 
 def test_hf_base_model_fine_tunes_and_round_trips(hf_base, slice_path, tmp_path):
-    from components.trainer import base_model
-    from serving.hf_interop import load_model_from_savedmodel
+    from savedmodel import base_model
+    from savedmodel.hf_interop import load_model_from_savedmodel
 
     out = tmp_path / "out"
     _runs(["--data", str(slice_path), "--output", str(out), "--base-model", str(hf_base),

@@ -35,7 +35,7 @@ def xla_run(run):
 
 
 def _store(paths):
-    from pipeline.run_summary import open_store
+    from reporting.run_summary import open_store
 
     return open_store(paths["metadata_path"])
 
@@ -70,8 +70,8 @@ def test_xla_losses_follow_the_non_xla_run(xla_run):
     import tensorflow as tf
 
     from components.trainer import data, train_loop
-    from components.transform.tokenizer import load_tokenizer
-    from pipeline.configs import PipelineConfig
+    from config import PipelineConfig
+    from tokenization.tokenizer import load_tokenizer
 
     store = _store(xla_run)
     model = _newest(store, "Model")

@@ -76,7 +76,7 @@ def test_cached_decoding_of_imported_checkpoint_matches_transformers():
 
 def test_hf_import_export_round_trip(tmp_path):
     """hf-import -> SavedModel -> hf-export -> hf-import leaves the logits unchanged."""
-    from serving.hf_interop import hf_export, hf_import
+    from savedmodel.hf_interop import hf_export, hf_import
 
     d, input_ids, expected = _fixture("q_lora")
     first = hf_import(str(d), str(tmp_path / "saved")).path

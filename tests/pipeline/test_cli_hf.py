@@ -5,7 +5,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from pipeline import cli
+import cli
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf_deepseek_v3"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import configs
+import config as configs
 
 
 @pytest.mark.parametrize("name", sorted(configs.PRESETS))
@@ -77,7 +77,7 @@ def test_a_config_file_with_a_wrong_type_is_refused_by_name():
 @pytest.mark.parametrize("setting", ["train.learning_rate=abc", "train.train_steps=-3",
                                      "data.normalization=XYZ"])
 def test_cli_refuses_a_bad_set_with_one_line_naming_the_key(setting, capsys):
-    from pipeline import cli
+    import cli
 
     with pytest.raises(SystemExit) as info:
         cli.main(["run", "--preset", "tiny", "--set", setting])

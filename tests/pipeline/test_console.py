@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import cli, console
+import cli
+from cli import console
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +22,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # logger; then the project's lines: one on stdout, one on the console's stderr.
 SCRIPT = textwrap.dedent("""
     import logging, os, subprocess, sys, warnings
-    from pipeline import console
+    from cli import console
 
     with console.session(sys.argv[1], verbose=sys.argv[2] == "1", header="HEADER"):
         os.write(2, b"C-LEVEL WRITE\\n")
@@ -77,7 +78,7 @@ def test_a_system_exit_message_reaches_the_console(tmp_path):
 
 
 def test_the_cli_refuses_a_bad_setting_in_one_line_before_opening_a_log(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--preset", "tiny",
+    proc = subprocess.run([sys.executable, "-m", "cli", "run", "--preset", "tiny",
                            "--data", str(PROJECT_ROOT / "README.md"), "--output", str(tmp_path),
                            "--set", "train.train_steps=-3"],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)

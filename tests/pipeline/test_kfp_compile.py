@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from pipeline import cli
+import cli
 
 IMAGE = "registry.example/deepseek-tfx:test"
 ROOT = "gs://bucket/deepseek-tfx"

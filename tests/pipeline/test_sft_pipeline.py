@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline import cli
+import cli
 
 
 def _components(config):
@@ -34,9 +34,9 @@ def test_cli_task_sets_data_task():
 
 def test_sft_pipeline_schema_template_and_sections():
     from components.text_example_gen.executor import config_from_exec_properties
-    from components.transform.chat_template import DEFAULT_CHAT_TEMPLATE
-    from pipeline.configs import get_config
+    from config import get_config
     from pipeline.pipeline import SCHEMA_FILE, SFT_SCHEMA_FILE
+    from tokenization.chat_template import DEFAULT_CHAT_TEMPLATE
 
     sft = _components(get_config("tiny", {"data.task": "sft",
                                           "tokenizer.min_frequency": 3}))

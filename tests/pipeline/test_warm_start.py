@@ -12,10 +12,11 @@ import ml_metadata as mlmd
 import pytest
 from ml_metadata.proto import metadata_store_pb2 as pb
 
-from components.trainer import base_model, checkpointing
+from components.trainer import checkpointing
+from config import get_config
 from models.deepseek import hf_checkpoint
 from pipeline import warm_start
-from pipeline.configs import get_config
+from savedmodel import base_model
 
 FIXTURE = "tests/fixtures/hf_deepseek_v3/no_q_lora"
 

@@ -26,10 +26,10 @@ def signatures(tmp_path_factory):
     """The signatures of a saved chat model (tiny preset, vocab 512, learned tokenizer)."""
     import keras
 
-    from components.transform.tokenizer import learn
+    from config import GenerationConfig, get_config
     from models.deepseek.causal_lm import DeepSeekCausalLM
-    from pipeline.configs import GenerationConfig, get_config
-    from serving.export import save_text_model
+    from savedmodel.export import save_text_model
+    from tokenization.tokenizer import learn
 
     keras.utils.set_random_seed(3)
     model = DeepSeekCausalLM(dataclasses.replace(get_config("tiny").model, vocab_size=512))

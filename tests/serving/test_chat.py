@@ -6,7 +6,7 @@ Subject: one tiny model (one dense block, no MTP, 64 positions, the 300-token vo
 a tokenizer learned from a few units, which splits most Chinese characters into byte
 tokens), talked to as a plain language model and as a chat model (DeepSeek's template in
 its tokenizer_config.json). Module-scoped: one `ChatSession` per kind (its compiled step is
-traced once; each test `reset()`s it) and one in-memory `serving.export.ServingModule` per
+traced once; each test `reset()`s it) and one in-memory `savedmodel.export.ServingModule` per
 kind, whose `generate` and `detokenize` are the very tf.functions `save_text_model` exports
 as the signatures (`models.deepseek.generation.generate` on the same prompt ids, then the
 encoder's decode), so no SavedModel export is needed here. `from_dir` and the `chat`
@@ -40,13 +40,13 @@ def subject(tmp_path_factory):
     import keras
     import tensorflow_text  # noqa: F401
 
-    from components.transform import chat_template
-    from components.transform.byte_level_bpe import ByteLevelBpe
-    from components.transform.tokenizer import learn
+    from config import GenerationConfig, get_config
     from models.deepseek.causal_lm import DeepSeekCausalLM
-    from pipeline.configs import GenerationConfig, get_config
+    from savedmodel.export import ServingModule
     from serving.chat import ChatSession, Sampling
-    from serving.export import ServingModule
+    from tokenization import chat_template
+    from tokenization.byte_level_bpe import ByteLevelBpe
+    from tokenization.tokenizer import learn
 
     keras.utils.set_random_seed(5)
     learned = learn(UNITS, VOCAB).json
@@ -190,7 +190,7 @@ def test_exit_and_end_of_input_leave_with_0(subject):
 
 
 def test_a_chat_model_wraps_the_turns_in_its_template(subject):
-    from components.transform import chat_template
+    from tokenization import chat_template
 
     session = _session(subject, "chat", temperature=0.0)
     assert session.template == chat_template.DEFAULT_CHAT_TEMPLATE
@@ -226,8 +226,8 @@ def saved(subject, tmp_path_factory):
     `logits_only` as saved, and `chat` with the chat tokenizer and the assets.extra files
     `save_text_model` writes beside a chat model (the model's defaults)."""
     from models.deepseek import hf_checkpoint
-    from serving.export import CHAT_PROMPT_ASSET
-    from serving.hf_interop import (
+    from savedmodel.export import CHAT_PROMPT_ASSET
+    from savedmodel.hf_interop import (
         GENERATION_CONFIG_NAME,
         LogitsModule,
         generation_config_to_hf,
@@ -253,7 +253,7 @@ def saved(subject, tmp_path_factory):
 
 
 def test_a_logits_only_model_is_refused_in_one_line(saved):
-    from pipeline import cli
+    import cli
 
     with pytest.raises(SystemExit) as e:
         cli.main(["chat", "--model", saved["logits_only"]])
@@ -264,7 +264,7 @@ def test_a_logits_only_model_is_refused_in_one_line(saved):
 def test_the_cli_chats_from_a_saved_model(subject, saved, monkeypatch, capsys):
     """`chat` reads the model, tokenizer, template and defaults of the directory
     (`ChatSession.from_dir`); the same from a pipe: tests/e2e/test_chat_e2e.py."""
-    from pipeline import cli
+    import cli
     from serving.chat import ChatSession
 
     session = ChatSession.from_dir(saved["chat"])

@@ -21,7 +21,7 @@ import pytest
 import tensorflow as tf
 import tokenizers
 
-from pipeline import cli
+import cli
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf_deepseek_v3"
 DEEPSEEK_VOCAB = 129_280
@@ -43,8 +43,8 @@ DEEPSEEK_GENERATION = {"_from_model_config": True, "bos_token_id": 0, "eos_token
 def _tiny_model(vocab_size: int, seed: int = 0):
     import keras
 
+    from config import get_config
     from models.deepseek.causal_lm import DeepSeekCausalLM
-    from pipeline.configs import get_config
 
     keras.utils.set_random_seed(seed)
     model = DeepSeekCausalLM(dataclasses.replace(get_config("tiny").model, vocab_size=vocab_size))
@@ -240,10 +240,10 @@ UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 
 def text_model(tmp_path_factory):
     """(SavedModel dir,): `save_text_model` of a tiny model and a learned tokenizer that
     has a chat_template, with custom generation defaults."""
-    from components.transform.byte_level_bpe import ByteLevelBpe
-    from components.transform.tokenizer import learn
-    from pipeline.configs import GenerationConfig
-    from serving.export import save_text_model
+    from config import GenerationConfig
+    from savedmodel.export import save_text_model
+    from tokenization.byte_level_bpe import ByteLevelBpe
+    from tokenization.tokenizer import learn
 
     learned = learn(UNITS, 400)
     tokenizer = ByteLevelBpe(learned.json, tokenizer_config={"chat_template": CHAT_TEMPLATE})
@@ -300,8 +300,8 @@ def test_hf_export_takes_sampling_defaults_from_the_pipeline_config(text_model, 
     """A pushed model carries the PipelineConfig; its `generation` section is the source
     (here greedy: do_sample false, no sampling keys), also for models pushed before
     SavedModels recorded generation_config.json."""
-    from pipeline.configs import GenerationConfig, get_config
-    from serving.hf_interop import hf_export
+    from config import GenerationConfig, get_config
+    from savedmodel.hf_interop import hf_export
 
     saved = tmp_path / "pushed"
     shutil.copytree(text_model[0], saved)
@@ -335,8 +335,8 @@ def test_logits_only_export_writes_no_tokenizer(tmp_path, capsys):
                                                    max_new_tokens=64)),
 ])
 def test_generation_config_from_hf(hf, expected):
-    from pipeline.configs import GenerationConfig
-    from serving.hf_interop import generation_config_from_hf, generation_config_to_hf
+    from config import GenerationConfig
+    from savedmodel.hf_interop import generation_config_from_hf, generation_config_to_hf
 
     generation = generation_config_from_hf(hf)
     assert generation == GenerationConfig(**expected)

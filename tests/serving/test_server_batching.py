@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import tensorflow as tf
 
-from pipeline.configs import ServeConfig
+from config import ServeConfig
 from serving.batcher import Batcher, Unavailable
 from serving.load_test import post_json
 from serving.server import make_http_server
@@ -39,11 +39,11 @@ def text_model(tmp_path_factory):
     """A tiny plain language model with its text signatures."""
     import keras
 
-    from components.transform.byte_level_bpe import ByteLevelBpe
-    from components.transform.tokenizer import learn
+    from config import GenerationConfig, get_config
     from models.deepseek.causal_lm import DeepSeekCausalLM
-    from pipeline.configs import GenerationConfig, get_config
-    from serving.export import save_text_model
+    from savedmodel.export import save_text_model
+    from tokenization.byte_level_bpe import ByteLevelBpe
+    from tokenization.tokenizer import learn
 
     keras.utils.set_random_seed(0)
     # tiny, one (dense) block and no MTP head: the signatures trace and load faster

@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any
 
-from components.transform.pre_tokenizer import PreTokenizer, UnsupportedTokenizerError
+from tokenization.pre_tokenizer import PreTokenizer, UnsupportedTokenizerError
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

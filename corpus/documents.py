@@ -25,7 +25,7 @@ only (plain text is refused, naming the file). A record is either
 assistant's response; the turns before it are the prompt. Each message's content
 and the response are Unicode-normalized (`data.normalization`, repair
 `unicode_normalized`), then the prompt turns are rendered by the chat template
-(`components/transform/chat_template.py`): normalizing the rendered text instead
+(`tokenization/chat_template.py`): normalizing the rendered text instead
 would change the template's own tokens (NFKC turns DeepSeek's `｜` into `|`). The
 `Document` holds the response as `text` and the rendered prompt as `prompt`.
 Rejected SFT records: `record_not_object`, `missing_prompt_field`,
@@ -53,8 +53,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from components.transform.chat_template import ChatFormat, ChatTemplateError, chat_format
-from pipeline.configs import DataConfig
+from config import DataConfig
+from tokenization.chat_template import ChatFormat, ChatTemplateError, chat_format
 
 REJECT_INVALID_JSON = "invalid_json"
 REJECT_INVALID_CSV = "invalid_csv"
@@ -423,7 +423,7 @@ def sft_document(obj: Any, source: str, record: int, config: DataConfig,
       `Document(text=response, prompt=rendered prompt)`, or a rejected one
       (`prompt=""`) with one of the SFT reject reasons of this module.
     """
-    from components.text_cleaner.cleaning import normalize
+    from corpus.cleaning import normalize
 
     if not isinstance(obj, dict):
         return _sft_reject(source, record, REJECT_NOT_AN_OBJECT)

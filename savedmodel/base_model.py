@@ -80,7 +80,7 @@ def read_model_config(path: str):
     import json
 
     from models.deepseek.config import DeepSeekConfig
-    from serving.hf_interop import PIPELINE_CONFIG_ASSET, model_config_of_savedmodel
+    from savedmodel.hf_interop import PIPELINE_CONFIG_ASSET, model_config_of_savedmodel
 
     pipeline_config = os.path.join(directory, "assets.extra", PIPELINE_CONFIG_ASSET)
     if tf.io.gfile.exists(pipeline_config):  # a pushed model: every field, not only HF's
@@ -111,7 +111,7 @@ def load_model(path: str):
         from models.deepseek.hf_checkpoint import load_hf_checkpoint
 
         return load_hf_checkpoint(directory)
-    from serving.hf_interop import load_model_from_savedmodel
+    from savedmodel.hf_interop import load_model_from_savedmodel
 
     return load_model_from_savedmodel(directory)
 

@@ -30,7 +30,7 @@ PIPELINE_NAME = "deepseek-tfx"
 
 DOCUMENT_BOUNDARIES = ("blank_line", "line", "file", "jsonl")
 NORMALIZATION_FORMS = ("NFC", "NFKC", "none")
-# The names of `components.transform.pre_tokenizer.PRE_TOKENIZERS` (this module stays light).
+# The names of `tokenization.pre_tokenizer.PRE_TOKENIZERS` (this module stays light).
 PRE_TOKENIZER_NAMES = ("deepseek_v3",)
 INVALID_UTF8_POLICIES = ("replace", "reject")
 TASKS = ("pretrain", "sft")
@@ -160,7 +160,7 @@ class TokenizerConfig:
     """The tokenizer: a byte-level BPE (Hugging Face tokenizer.json, DeepSeek-V3 family).
 
     Learned by Transform from the training split with `tokenizers`' BpeTrainer, or
-    given as a file; see `components/transform/tokenizer.py`.
+    given as a file; see `tokenization/tokenizer.py`.
 
     Attributes:
       vocab_size: the size to learn (added tokens, 256 byte tokens, merges). The

@@ -33,8 +33,8 @@ import re
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from components.transform.byte_level_bpe import ID_BITS, AddedToken, ByteLevelBpe
-from components.transform.pre_tokenizer import PreTokenizer, nul_safe
+from tokenization.byte_level_bpe import ID_BITS, AddedToken, ByteLevelBpe
+from tokenization.pre_tokenizer import PreTokenizer, nul_safe
 
 _NO_MERGE = tf.int64.max
 _ID_MASK = (1 << ID_BITS) - 1

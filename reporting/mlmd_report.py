@@ -19,7 +19,7 @@ from typing import Any
 from google.protobuf import json_format
 from ml_metadata.proto import metadata_store_pb2
 
-from pipeline.run_summary import open_store
+from reporting.run_summary import open_store
 
 _STATES = {v: k for k, v in metadata_store_pb2.Execution.State.items()}
 

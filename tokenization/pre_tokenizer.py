@@ -41,7 +41,7 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from components.transform import unicode_classes
+from tokenization import unicode_classes
 
 
 class UnsupportedTokenizerError(ValueError):

@@ -39,13 +39,13 @@ It loads with only `tensorflow` and `tensorflow_text` imported (the regex ops li
 in tensorflow_text), which is what TensorFlow Serving needs too.
 
 The tokenizer is the Hugging Face tokenizer.json that Transform learned or copied
-(`components/transform/tokenizer.py`), or that `hf-import` found beside the weights,
+(`tokenization/tokenizer.py`), or that `hf-import` found beside the weights,
 run by the same in-graph `BytePairEncoder` as Transform, so training and serving
 tokenize alike. The file travels with the model: `assets/tokenizer.json` and
 `assets/tokenizer_config.json`; `assets.extra/` holds the model's `config.json` and a
 `generation_config.json` (the defaults of `serving_default`), and a pushed model also
 the pipeline config (`deepseek_tfx_config.json`). `hf-export` writes these beside the
-weights in transformers' layout (`serving/hf_interop.py`).
+weights in transformers' layout (`savedmodel/hf_interop.py`).
 """
 
 from __future__ import annotations
@@ -57,18 +57,18 @@ import tempfile
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the regex ops the graph uses)
 
-from components.transform.byte_level_bpe import (
+from config import GenerationConfig, PipelineConfig
+from models.deepseek import hf_checkpoint
+from models.deepseek.generation import generate
+from savedmodel.hf_interop import GENERATION_CONFIG_NAME, generation_config_to_hf
+from savedmodel.hf_interop import PIPELINE_CONFIG_ASSET as CONFIG_ASSET
+from tokenization.byte_level_bpe import (
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     ByteLevelBpe,
 )
-from components.transform.byte_pair_encoder import BytePairEncoder
-from components.transform.tokenizer import load_tokenizer
-from models.deepseek import hf_checkpoint
-from models.deepseek.generation import generate
-from pipeline.configs import GenerationConfig, PipelineConfig
-from serving.hf_interop import GENERATION_CONFIG_NAME, generation_config_to_hf
-from serving.hf_interop import PIPELINE_CONFIG_ASSET as CONFIG_ASSET
+from tokenization.byte_pair_encoder import BytePairEncoder
+from tokenization.tokenizer import load_tokenizer
 
 CHAT_PROMPT_ASSET = "chat_prompt.json"  # assets.extra/: the chat template's prompt affixes
 # The inputs of `generate` and `generate_raw`: one value of each per prompt, so rows
@@ -270,7 +270,7 @@ def export_serving_model(model, transform_output_dir: str, config: PipelineConfi
     tokenizer = load_tokenizer(transform_output_dir)
     chat_prompt = None
     if config.data.task == "sft":  # answer prompts as the training prompts were rendered
-        from components.transform import chat_template
+        from tokenization import chat_template
 
         template = chat_template.resolve(config.data, tokenizer)
         chat_prompt = chat_template.prompt_affixes(template,

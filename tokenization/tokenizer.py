@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 
 import tensorflow as tf
 
-from components.transform.byte_level_bpe import (
+from tokenization.byte_level_bpe import (
     BOS_TOKEN,
     EOS_TOKEN,
     PAD_TOKEN,
@@ -33,7 +33,7 @@ from components.transform.byte_level_bpe import (
     AddedToken,
     ByteLevelBpe,
 )
-from components.transform.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer, cut_before
+from tokenization.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer, cut_before
 
 # Asset file name prefixes in the transform graph (tf.Transform appends a suffix
 # when it copies an asset; the analyzer names them uniquely).

@@ -64,7 +64,7 @@ def resolve(data_config: Any, tokenizer: Any = None) -> str:
     """The chat template of an SFT run.
 
     Args:
-      data_config: the `data` section (`pipeline.configs.DataConfig`); its
+      data_config: the `data` section (`config.DataConfig`); its
         `chat_template` wins when set.
       tokenizer: a `ByteLevelBpe` (or anything with a `chat_template` attribute),
         or None when Transform learns the tokenizer.
@@ -85,7 +85,7 @@ def special_tokens(tokenizer: Any = None) -> tuple[str, str]:
     """(bos_token, eos_token) strings a template renders: the tokenizer's, else DeepSeek's
     (the learned tokenizer's, `tokenizer.LEARNED_ADDED_TOKENS`)."""
     if tokenizer is None:
-        from components.transform.byte_level_bpe import BOS_TOKEN, EOS_TOKEN  # imports TF
+        from tokenization.byte_level_bpe import BOS_TOKEN, EOS_TOKEN  # imports TF
 
         return BOS_TOKEN, EOS_TOKEN
     return tokenizer.bos_token or "", tokenizer.eos_token or ""
@@ -210,7 +210,7 @@ def pin_template(config: Any) -> Any:
         return config
     tokenizer = None
     if config.tokenizer.path:
-        from components.transform.byte_level_bpe import ByteLevelBpe
+        from tokenization.byte_level_bpe import ByteLevelBpe
 
         tokenizer = ByteLevelBpe.from_file(config.tokenizer.path)
     data = dataclasses.replace(config.data, chat_template=resolve(config.data, tokenizer))

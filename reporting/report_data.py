@@ -2,8 +2,8 @@
 
 Reads ML Metadata (`run_summary.latest_run`, `mlmd_report`), the artifacts it points to
 (cleaning_report.json, the TFDV anomalies, training_summary.json, metrics.json, the pushed
-SavedModel) and the Trainer's TensorBoard events. No HTML here: `pipeline/report.py` turns
-these values into the page, `pipeline/report_plots.py` into figures.
+SavedModel) and the Trainer's TensorBoard events. No HTML here: `reporting/report.py` turns
+these values into the page, `reporting/report_plots.py` into figures.
 
 A value that does not exist (`--until`, a failed run, nothing pushed) raises `Unavailable`
 with the reason, which the page shows in place of the section.
@@ -20,8 +20,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from pipeline import mlmd_report
-from pipeline.run_summary import ComponentRun, latest_run, open_store
+from reporting import mlmd_report
+from reporting.run_summary import ComponentRun, latest_run, open_store
 
 SAMPLE_NEW_TOKENS = 40
 FALLBACK_PROMPTS = ("The ", "Once upon a time")
@@ -323,7 +323,7 @@ def generate_samples(run: RunData) -> tuple[str, list[tuple[str, str]]]:
     import tensorflow as tf
     import tensorflow_text  # noqa: F401 (the SavedModel's tokenizer ops)
 
-    from serving.export import has_tokenizer
+    from savedmodel.export import has_tokenizer
 
     destination = pushed_dir(run)
     if not has_tokenizer(destination):

@@ -22,7 +22,7 @@ the logic lives in the modules it calls.
                          [--dtype float32|bfloat16]
 
 run, validate, generate, evaluate, serve, hf-import and hf-export show the project's own
-lines only; the libraries' logs and warnings go to a log file (`pipeline/console.py`):
+lines only; the libraries' logs and warnings go to a log file (`cli/console.py`):
   [-v|--verbose]  show them on the console too     [--log-dir DIR]  where the log goes
 """
 
@@ -42,8 +42,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pipeline import console
-from pipeline.console import failure_message
+from cli import console
+from cli.console import failure_message
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS_NAME = "tinyshakespeare.txt"
@@ -234,7 +234,7 @@ class _ForwardHandler(logging.Handler):
 def config_from_args(args: argparse.Namespace, check_tokenizer: bool = True):
     """The PipelineConfig of `--preset`, `--set` and `--train-steps`; exits naming a bad one
     (and a bad `tokenizer.path`, unless `check_tokenizer` is False)."""
-    from pipeline.configs import get_config
+    from config import get_config
 
     overrides = parse_overrides(args.set or [])
     if getattr(args, "train_steps", None) is not None:
@@ -296,8 +296,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, base_model = warm_start(args, config, output_dir)
     teacher = None
     if args.teacher:
-        from components.trainer import base_model as base_model_lib
         from pipeline import warm_start as ws
+        from savedmodel import base_model as base_model_lib
 
         try:
             teacher = base_model_lib.model_dir(os.path.abspath(args.teacher))
@@ -318,7 +318,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         from pipeline.local_runner import run_local as runner
 
-    from pipeline import report
+    from reporting import report
 
     with report.written_on_failure(output_dir), show_progress():
         paths = runner(config, input_base, pattern, output_dir,
@@ -338,7 +338,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     With `--output` set to a run's directory, drift is measured against the run of
     that directory's latest blessed model (and reported; validate never stops on it).
     """
-    from pipeline.configs import get_config
+    from config import get_config
 
     try:
         config = get_config(args.preset, parse_overrides(args.set or []))
@@ -382,7 +382,7 @@ def cmd_compile_kfp(args: argparse.Namespace) -> int:
 
 def print_data_report(metadata_path: str) -> None:
     """Records read/kept/dropped by reason, repairs, and where the artifacts are."""
-    from pipeline.run_summary import latest_run
+    from reporting.run_summary import latest_run
 
     runs = {r.component: r for r in latest_run(metadata_path)} if os.path.exists(
         metadata_path) else {}
@@ -426,7 +426,7 @@ def print_data_report(metadata_path: str) -> None:
 
 
 def print_summary(paths: dict, wall_s: float) -> int:
-    from pipeline.run_summary import latest_run
+    from reporting.run_summary import latest_run
 
     runs = latest_run(paths["metadata_path"])
     print()
@@ -487,7 +487,7 @@ def resolve_model_dir(model: str) -> str:
 
 def require_text_model(model_dir: str, command: str, what: str) -> None:
     """Exits with one line when the SavedModel has no tokenizer (logits only)."""
-    from serving.export import NoTokenizerError, has_tokenizer
+    from savedmodel.export import NoTokenizerError, has_tokenizer
 
     if not has_tokenizer(model_dir):
         raise SystemExit(f"error: {command}: {NoTokenizerError(model_dir, what)}")
@@ -497,7 +497,7 @@ def check_max_new_tokens(model_dir: str, max_new_tokens: int) -> None:
     """Exits with one line when `--max-new-tokens` leaves no room in the model's context:
     `generate` keeps the prompt's last max(context - max_new_tokens, 1) tokens, so
     max_new_tokens must be in [1, max_position_embeddings - 1]."""
-    from components.trainer.base_model import read_model_config
+    from savedmodel.base_model import read_model_config
 
     try:
         context = read_model_config(model_dir).max_position_embeddings
@@ -578,7 +578,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from pipeline.configs import ServeConfig
+    from config import ServeConfig
 
     try:
         serve = ServeConfig(max_batch_size=args.max_batch_size,
@@ -621,7 +621,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_mlmd(args: argparse.Namespace) -> int:
     from pipeline.local_runner import run_paths
-    from pipeline.mlmd_report import report
+    from reporting.mlmd_report import report
 
     if args.what == "lineage" and not args.model_dir:
         raise SystemExit("error: mlmd lineage needs MODEL_DIR (a serving dir or version dir)")
@@ -634,7 +634,7 @@ def cmd_mlmd(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pipeline.report import write_report
+    from reporting.report import write_report
 
     try:
         print(f"report: {write_report(args.output)}")
@@ -644,7 +644,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_hf_import(args: argparse.Namespace) -> int:
-    from serving.hf_interop import hf_import
+    from savedmodel.hf_interop import hf_import
 
     try:
         imported = hf_import(args.checkpoint_dir, args.out_dir,
@@ -668,7 +668,7 @@ def cmd_hf_import(args: argparse.Namespace) -> int:
 
 
 def cmd_hf_export(args: argparse.Namespace) -> int:
-    from serving.hf_interop import hf_export
+    from savedmodel.hf_interop import hf_export
 
     model_dir = resolve_model_dir(args.model_dir)
     try:
@@ -810,7 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8501, help="default 8501, as TF Serving's REST")
     srv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
     srv.add_argument("--model-name", default="deepseek", help="the <name> of /v1/models/<name>")
-    from pipeline.configs import ServeConfig
+    from config import ServeConfig
 
     batching = ServeConfig()  # TF Serving's batching parameters, same names
     for field, metavar, what in (

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import tensorflow as tf
 
-from components.transform.tokenizer import EOS_ID, PAD_ID
+from tokenization.tokenizer import EOS_ID, PAD_ID
 
 LogitsFn = Callable[[tf.Tensor], tf.Tensor]
 
@@ -139,7 +139,7 @@ def retokenize(docs: list[list[int]], from_dir: str, to_dir: str,
     The same list when both SavedModels carry the same tokenizer.json; otherwise
     decoded with one model's `detokenize` and encoded with the other's `tokenize`.
     """
-    from serving.export import savedmodel_tokenizer
+    from savedmodel.export import savedmodel_tokenizer
 
     source, target = savedmodel_tokenizer(from_dir), savedmodel_tokenizer(to_dir)
     if source.json == target.json:

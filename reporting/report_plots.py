@@ -1,6 +1,6 @@
 """The run report's figures: matplotlib (Agg) figures as inline `<img>` tags (base64 PNG).
 
-Each function takes plain series (see `pipeline/report_data.py`) and returns HTML.
+Each function takes plain series (see `reporting/report_data.py`) and returns HTML.
 Text drawn in a figure goes through `_text`: ASCII only, so a name from the user (a
 layer's name) in Chinese can neither warn about a glyph missing from matplotlib's bundled
 font nor draw empty boxes, and a "$" in it is drawn, not parsed as mathtext.

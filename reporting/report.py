@@ -30,8 +30,8 @@ import os
 import re
 import time
 
-from pipeline import report_data
-from pipeline.report_data import SAMPLE_NEW_TOKENS, RunData, Unavailable
+from reporting import report_data
+from reporting.report_data import SAMPLE_NEW_TOKENS, RunData, Unavailable
 
 REPORT_FILE = "report.html"
 SECTIONS = ("pipeline", "data", "training", "moe", "eval", "samples", "lineage")
@@ -154,7 +154,7 @@ def section_training(run: RunData, events) -> str:
     Raises:
       Unavailable: no train/* scalars, or the Trainer did not run to the end.
     """
-    from pipeline import report_plots
+    from reporting import report_plots
 
     scalars, _ = events
     train = {tag[len("train/"):]: series for tag, series in scalars.items()
@@ -191,7 +191,7 @@ def section_moe(run: RunData, events) -> str:
     Raises:
       Unavailable: the events hold no MoE summaries.
     """
-    from pipeline import report_plots
+    from reporting import report_plots
 
     scalars, tensors = events
     layers = report_data.expert_load(tensors)
@@ -219,7 +219,7 @@ def section_eval(run: RunData) -> str:
     Raises:
       Unavailable: the LmEvaluator did not run, or wrote no metrics.json.
     """
-    from pipeline import report_plots
+    from reporting import report_plots
 
     metrics = report_data.eval_metrics(run)
     config = report_data.execution_config(run, "LmEvaluator")

@@ -33,8 +33,8 @@ import zlib
 
 import numpy as np
 
-from components.text_cleaner.words import is_no_space_unit, shingle_units, word_units
-from pipeline.configs import DataConfig
+from config import DataConfig
+from corpus.words import is_no_space_unit, shingle_units, word_units
 
 KEPT = "kept"
 DROP_EMPTY = "empty"

@@ -10,9 +10,9 @@
                                       the SavedModel carries a tokenizer).
 
 A checkpoint directory with a `tokenizer.json` (byte-level BPE of the DeepSeek-V3
-family, see `components/transform/byte_level_bpe.py`) imports as a text model with the
+family, see `tokenization/byte_level_bpe.py`) imports as a text model with the
 signatures of a pushed model (`serving_default`, `generate`, `logits`, `tokenize`,
-`detokenize`; `serving/export.py`). Without one it imports as a logits-only
+`detokenize`; `savedmodel/export.py`). Without one it imports as a logits-only
 SavedModel: `logits` (input_ids int32 [batch, seq] -> logits float32 [batch, seq,
 vocab]) and `serving_default` (the same). Either way the HF config.json is kept in
 `assets.extra/config.json`; a text model also carries `assets.extra/
@@ -37,13 +37,13 @@ import os
 
 import tensorflow as tf
 
-from components.transform.byte_level_bpe import (
+from config import GenerationConfig
+from models.deepseek import hf_checkpoint
+from tokenization.byte_level_bpe import (
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     ByteLevelBpe,
 )
-from models.deepseek import hf_checkpoint
-from pipeline.configs import GenerationConfig
 
 PIPELINE_CONFIG_ASSET = "deepseek_tfx_config.json"  # the PipelineConfig beside a pushed model
 GENERATION_CONFIG_NAME = "generation_config.json"  # transformers' GenerationConfig file
@@ -160,7 +160,7 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True) -> 
 
     With a `tokenizer.json` in `checkpoint_dir` (and `use_tokenizer`), the SavedModel
     is a text model with the pushed model's signatures (`serving_default`,
-    `generate`, `logits`, `tokenize`, `detokenize`; see `serving/export.py`) and
+    `generate`, `logits`, `tokenize`, `detokenize`; see `savedmodel/export.py`) and
     carries the tokenizer (with `tokenizer_config.json` when present: eos/pad/bos
     tokens, chat_template). The defaults of `serving_default` come from the
     checkpoint's `generation_config.json` when it has one (`generation_config_from_hf`),
@@ -186,7 +186,7 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True) -> 
         or one without an end-of-sequence token (naming the field).
       ValueError: tokenizer.json or tokenizer_config.json is not JSON.
     """
-    from serving.export import save_text_model
+    from savedmodel.export import save_text_model
 
     config = hf_checkpoint.read_config_json(checkpoint_dir)  # fails fast on a bad config
     tokenizer = None
@@ -290,8 +290,8 @@ def hf_export(model_dir: str, out_dir: str,
       FileNotFoundError: no config beside the SavedModel.
       AssertionError: the SavedModel's variables do not cover the model.
     """
-    from pipeline.configs import PipelineConfig
-    from serving.export import savedmodel_tokenizer
+    from config import PipelineConfig
+    from savedmodel.export import savedmodel_tokenizer
 
     model = load_model_from_savedmodel(model_dir)
     files = hf_checkpoint.save_hf_checkpoint(model, out_dir, max_shard_bytes=max_shard_bytes,

@@ -1,0 +1,7 @@
+"""`python -m cli`: the `deepseek-tfx` command."""
+
+import sys
+
+from cli import entry
+
+sys.exit(entry())
