@@ -25,19 +25,17 @@ from components.text_example_gen.component import TextExampleGen
 from components.trainer.component import Trainer
 from config import PipelineConfig, TokenizerConfig, TrainConfig
 from models.deepseek.config import DeepSeekConfig
+from pipeline.sources import source_fingerprint
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA_FILE = os.path.join(_ROOT, "data", "schema", "schema.pbtxt")
 SFT_SCHEMA_FILE = os.path.join(_ROOT, "data", "schema", "sft_schema.pbtxt")  # data.task=sft
 PREPROCESSING_FN = "components.transform.preprocessing.preprocessing_fn"
 RUN_FN = "components.trainer.run_fn.run_fn"
-# The code behind PREPROCESSING_FN and RUN_FN. TFX fingerprints a `module_file`
-# into its cache key but not a function given by its import path, so the
-# fingerprint of these sources goes into each component's custom_config: an
-# edit re-runs Transform (or the Trainer), not a stale cached result.
-TRANSFORM_SOURCES = ("components/transform", "config/")
-TRAINER_SOURCES = ("components/trainer", "components/transform", "models", "serving",
-                   "config/")
+# The code behind PREPROCESSING_FN and RUN_FN, fingerprinted into each component's
+# custom_config (pipeline/sources.py): an edit of what it imports re-runs it.
+TRANSFORM_MODULES = (PREPROCESSING_FN.rpartition(".")[0],)
+TRAINER_MODULES = (RUN_FN.rpartition(".")[0], "components.trainer.worker")  # + its workers
 
 COMPONENT_ORDER = (
     "TextExampleGen",
@@ -85,24 +83,6 @@ def _sections(config: PipelineConfig, component: str) -> tuple[str, ...]:
         return SFT_CONFIG_SECTIONS[component]
     return CONFIG_SECTIONS[component]
 _SECTIONS = ("model", "data", "tokenizer", "train", "eval", "validation", "generation")
-
-
-def source_fingerprint(paths: tuple[str, ...]) -> str:
-    """SHA-256 (hex) over the `.py` files under `paths` (relative to the project
-    root), their relative paths included, in sorted order."""
-    digest = hashlib.sha256()
-    files = []
-    for path in paths:
-        full = os.path.join(_ROOT, path)
-        if os.path.isfile(full):
-            files.append(full)
-        for folder, _, names in os.walk(full):
-            files += [os.path.join(folder, n) for n in names if n.endswith(".py")]
-    for file in sorted(set(files)):
-        digest.update(os.path.relpath(file, _ROOT).encode("utf-8") + b"\0")
-        with open(file, "rb") as f:
-            digest.update(f.read())
-    return digest.hexdigest()
 
 
 def check_given_tokenizer(config: PipelineConfig) -> tuple[PipelineConfig, str]:
@@ -282,7 +262,7 @@ def create_pipeline(
         disable_statistics=True,
         custom_config={
             "pipeline_config": component_config(config, _sections(config, "Transform")).to_json(),
-            "code_fingerprint": source_fingerprint(TRANSFORM_SOURCES),
+            "code_fingerprint": source_fingerprint(TRANSFORM_MODULES),
             # An edited tokenizer.json at the same path re-runs Transform.
             "tokenizer_fingerprint": tokenizer_fingerprint,
         },
@@ -320,7 +300,7 @@ def create_pipeline(
         train_args=tfx.proto.TrainArgs(num_steps=config.train.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=config.train.eval_batches),
         custom_config={"pipeline_config": config_json, "num_workers": num_workers,
-                       "code_fingerprint": source_fingerprint(TRAINER_SOURCES), **trainer_extra},
+                       "code_fingerprint": source_fingerprint(TRAINER_MODULES), **trainer_extra},
     )
     evaluator = LmEvaluator(
         examples=transform.outputs["transformed_examples"],

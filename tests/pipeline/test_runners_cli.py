@@ -226,25 +226,6 @@ def test_cli_run_calls_the_chosen_runner_with_beam_args_and_until(
     assert kwargs["accept_drift"] is False
 
 
-def test_source_fingerprint_follows_the_code(tmp_path, monkeypatch):
-    # Transform and the Trainer are given by import path, which TFX does not
-    # fingerprint: this is what re-runs them after an edit instead of the cache.
-    from pipeline import pipeline as pl
-
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
-    (tmp_path / "pkg" / "notes.txt").write_text("not code\n")
-    (tmp_path / "other.py").write_text("y = 2\n")
-    monkeypatch.setattr(pl, "_ROOT", str(tmp_path))
-    first = pl.source_fingerprint(("pkg", "other.py"))
-    assert first == pl.source_fingerprint(("other.py", "pkg"))
-    (tmp_path / "pkg" / "notes.txt").write_text("edited, still not code\n")
-    assert pl.source_fingerprint(("pkg", "other.py")) == first
-    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
-    assert pl.source_fingerprint(("pkg", "other.py")) != first
-    assert pl.source_fingerprint(("pkg",)) != pl.source_fingerprint(("pkg", "other.py"))
-
-
 def test_a_given_tokenizer_is_checked_before_anything_runs(tmp_path, capsys):
     """`--set tokenizer.path=...`: a model vocabulary that does not cover it, a missing
     file and a file outside the family each stop `run` with one line naming them."""
