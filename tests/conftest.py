@@ -1,4 +1,14 @@
-"""Shared test fixtures: the real corpus and small slices of it."""
+"""Shared test fixtures (the real corpus and small slices of it) and the suite's tiers.
+
+Tiers (markers, README "Tests"): everything under tests/e2e/ is `e2e` (this hook marks
+it); heavy unit tests carry `slow`. The fast tier is `pytest -m "not e2e and not slow"`.
+
+The suite runs in two pytest-xdist worker processes (`-n 2 --dist loadgroup` in
+pyproject.toml): each test module is one work unit, kept in one worker, so its module
+fixtures are made once; the modules that use the e2e tier's shared pipeline run
+(tests/e2e/conftest.py `run`) form one unit, so that run is made once. Units are handed
+out heaviest first (`pytest_collection_modifyitems`), which keeps both workers busy.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +17,9 @@ import os
 from pathlib import Path
 
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+E2E = TESTS / "e2e"
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -48,3 +61,38 @@ def chinese_poems() -> list[str]:
         pytest.skip(f"corpus not found at {POEMS}")
     text = re.sub(r"\x1b\[[0-9;]*m", "", POEMS.read_text(encoding="utf-8"))
     return [p.strip("\n") for p in text.split("\n%\n") if p.strip()]
+
+
+# The e2e tier's shared pipeline run: its users form one xdist work unit.
+SHARED_RUN_GROUP = "e2e_shared_run"
+# Work units in the order they are handed out, heaviest first (minutes on 2 cores, as
+# measured by `pytest --durations`); the rest follow in collection order.
+HEAVIEST_FIRST = (
+    SHARED_RUN_GROUP,
+    "tests/e2e/test_warm_start_e2e.py",
+    "tests/e2e/test_trainer_distributed_e2e.py",
+    "tests/e2e/test_runners_e2e.py",
+    "tests/e2e/test_sft_e2e.py",
+    "tests/e2e/test_notebook.py",
+    "tests/e2e/test_bad_input_e2e.py",
+    "tests/components/test_trainer_distributed.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks tests/e2e/ `e2e`; puts each test in its xdist work unit (its module, or the
+    shared run's group) and orders the units heaviest first."""
+    modules_using_run = {str(item.path) for item in items if "run" in item.fixturenames
+                         and E2E in item.path.parents}
+    for item in items:
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+        module = item.path.relative_to(TESTS.parent).as_posix()
+        group = SHARED_RUN_GROUP if str(item.path) in modules_using_run else module
+        item.add_marker(pytest.mark.xdist_group(group))
+        item.stash[_GROUP] = group
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.stash[_GROUP], len(rank)))  # stable
+
+
+_GROUP = pytest.StashKey[str]()

@@ -17,8 +17,6 @@ import pytest
 
 import cli
 
-pytestmark = pytest.mark.e2e
-
 SETTINGS = ["--preset", "tiny", "--set", "data.max_chars=2000"]
 
 

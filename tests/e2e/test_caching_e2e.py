@@ -22,8 +22,6 @@ import time
 import pytest
 from shared_run import run_args
 
-pytestmark = pytest.mark.e2e
-
 UNTIL = "Transform"
 
 

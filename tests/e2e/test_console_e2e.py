@@ -6,10 +6,6 @@ from __future__ import annotations
 import os
 import re
 
-import pytest
-
-pytestmark = pytest.mark.e2e
-
 # What the libraries print on this machine without the quiet console.
 FORBIDDEN = ("Warning", "WARNING", "FutureWarning", "E0000", "cuFFT", "cuDNN", "cuBLAS",
              "BatchElements", "oneDNN")

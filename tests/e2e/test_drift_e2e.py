@@ -18,9 +18,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
-
 
 def _run_until_drift(out, data_file, accept_drift=False):
     from config import get_config

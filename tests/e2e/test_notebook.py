@@ -23,8 +23,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "walkthrough.ipynb"
 CELL_TIMEOUT_S = 900  # the Trainer cell: ~1 min on an idle 2-core machine
 KERNEL_NAME = "deepseek-tfx-test-venv"

@@ -18,7 +18,6 @@ import sys
 import pytest
 from shared_run import TRAIN_STEPS
 
-pytestmark = pytest.mark.e2e
 
 def _latest(root: str, component: str, output: str) -> str:
     dirs = sorted(glob.glob(os.path.join(root, component, output, "*")), key=lambda p: int(os.path.basename(p)))

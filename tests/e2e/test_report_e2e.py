@@ -16,8 +16,6 @@ from report_browser import chromium, inspect
 import cli
 from reporting.report import REPORT_FILE, SECTIONS
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="module")
 def report_path(run):

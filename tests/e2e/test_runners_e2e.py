@@ -16,8 +16,6 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
 MULTI_PROCESSING = ["--beam-arg=--direct_running_mode=multi_processing",
                     "--beam-arg=--direct_num_workers=2"]
 COMPARED = ("TextExampleGen", "TextCleaner", "Transform")

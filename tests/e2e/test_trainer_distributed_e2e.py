@@ -24,8 +24,6 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLICE_BYTES = 60_000
 STEPS = 200
