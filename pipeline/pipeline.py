@@ -25,6 +25,7 @@ from components.text_example_gen.component import TextExampleGen
 from components.trainer.component import Trainer
 from config import PipelineConfig, TokenizerConfig, TrainConfig
 from models.deepseek.config import DeepSeekConfig
+from pipeline.component_order import BASE_MODEL_IMPORTER, BUILD_ORDER, COMPONENT_ORDER
 from pipeline.sources import source_fingerprint
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,26 +37,8 @@ RUN_FN = "components.trainer.run_fn.run_fn"
 # custom_config (pipeline/sources.py): an edit of what it imports re-runs it.
 TRANSFORM_MODULES = (PREPROCESSING_FN.rpartition(".")[0],)
 TRAINER_MODULES = (RUN_FN.rpartition(".")[0], "components.trainer.worker")  # + its workers
-
-COMPONENT_ORDER = (
-    "TextExampleGen",
-    "StatisticsGen",
-    "ImportSchemaGen",
-    "ExampleValidator",
-    "TextCleaner",
-    "latest_blessed_statistics_resolver",
-    "DriftValidator",
-    "Transform",
-    "latest_blessed_model_resolver",
-    "Trainer",
-    "LmEvaluator",
-    "Pusher",
-)
-
-# `--base-model PATH` puts this Importer where the resolver would be.
-BASE_MODEL_IMPORTER = "base_model_importer"
-_BUILD_ORDER = COMPONENT_ORDER[:COMPONENT_ORDER.index("Trainer")] + (
-    BASE_MODEL_IMPORTER,) + COMPONENT_ORDER[COMPONENT_ORDER.index("Trainer"):]
+# COMPONENT_ORDER, BASE_MODEL_IMPORTER and BUILD_ORDER live in pipeline/component_order.py
+# (plain data, no TFX: the CLI reads them for `--help`) and are re-exported from here.
 
 
 # The config sections each component reads (grep `config.` in components/). A
@@ -330,8 +313,8 @@ def create_pipeline(
         pusher,
     ]
     if until is not None:
-        last = _BUILD_ORDER.index(until)
-        components = [c for c in components if _BUILD_ORDER.index(c.id) <= last]
+        last = BUILD_ORDER.index(until)
+        components = [c for c in components if BUILD_ORDER.index(c.id) <= last]
     if transform in components:
         # Drift stops the run before Transform and training (unless accepted).
         transform.add_upstream_node(drift_validator)

@@ -1,8 +1,14 @@
-"""Reads a finished run back from ML Metadata: what ran, how long, what came out."""
+"""Reads a finished run back from ML Metadata: what ran, how long, what came out.
+
+`latest_run` returns it; `print_summary` (after `deepseek-tfx run`) and
+`print_data_report` (after `deepseek-tfx validate`) print it on stdout.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
@@ -60,3 +66,108 @@ def latest_run(metadata_path: str) -> list[ComponentRun]:
         result.append(ComponentRun(node, _STATES.get(execution.last_known_state, "?"), duration,
                                    outputs, execution.create_time_since_epoch / 1000))
     return result
+
+
+def print_summary(metadata_path: str, wall_s: float) -> list[str]:
+    """Prints the newest run's components (state, seconds), records kept and dropped,
+    the Trainer's throughput and MFU, the evaluation, the blessing and the pushed model.
+
+    Args:
+      metadata_path: the run's ML Metadata SQLite file.
+      wall_s: the run's wall time in seconds, printed as the total.
+
+    Returns:
+      The components whose execution is neither COMPLETE nor CACHED (empty: all ran).
+    """
+    runs = latest_run(metadata_path)
+    print()
+    print(f"{'component':<34} {'status':<10} {'seconds':>8}")
+    for r in runs:
+        print(f"{r.component:<34} {r.state.lower():<10} {r.duration_s:>8.1f}")
+    print(f"{'total wall time':<45} {wall_s:>8.1f}")
+    by_name = {r.component: r for r in runs}
+    cleaner = by_name.get("TextCleaner")
+    if cleaner:
+        props = cleaner.outputs.get("Examples", {})
+        drops = {k[len('dropped_'):]: v for k, v in props.items() if k.startswith("dropped_")}
+        print(f"\nrecords: read {props.get('records_read')}, kept {props.get('records_kept')}, "
+              f"dropped {props.get('records_dropped')} {drops or ''}")
+    trainer = by_name.get("Trainer")
+    model = trainer.outputs.get("Model", {}) if trainer else {}
+    if "train_steps" in model:
+        print(f"trainer: {model['train_steps']} steps (resumed from {model.get('resumed_from_step')}), "
+              f"{model.get('strategy')} x {model.get('num_replicas')} replica(s), "
+              f"{model.get('precision')}, XLA {'on' if model.get('jit_compile') else 'off'}, "
+              f"{model.get('tokens_per_second', 0):.0f} tokens/s, "
+              f"MFU {100 * model.get('mfu', 0):.1f}% (steady state "
+              f"{100 * model.get('steady_mfu', 0):.1f}%) of a peak of "
+              f"{model.get('peak_flops', 0) / 1e9:.1f} GFLOP/s "
+              f"({model.get('peak_flops_source', 'unknown')})")
+        if model.get("moe_dropped_fraction") or model.get("skipped_steps"):
+            print(f"         MoE pairs dropped by the capacity: "
+                  f"{100 * model.get('moe_dropped_fraction', 0):.2f}%; steps skipped (not "
+                  f"finite): {model.get('skipped_steps', 0)}")
+    evaluator = by_name.get("LmEvaluator")
+    if evaluator:
+        ev = evaluator.outputs.get("ModelEvaluation", {})
+        bl = evaluator.outputs.get("ModelBlessing", {})
+        print(f"eval: bits_per_byte {ev.get('bits_per_byte', float('nan')):.4f}, "
+              f"perplexity {ev.get('perplexity', float('nan')):.2f}, "
+              f"tokens {ev.get('eval_tokens')}, bytes {ev.get('eval_bytes')}")
+        print(f"blessed: {bool(bl.get('blessed'))} ({bl.get('blessing_message', '')})")
+    pusher = by_name.get("Pusher")
+    pushed = pusher.outputs.get("PushedModel", {}) if pusher else {}
+    if pushed.get("pushed"):
+        print(f"pushed model: {pushed.get('pushed_destination')}")
+    elif pusher:
+        print("pushed model: none (not blessed)")
+    print(f"ML Metadata: {metadata_path}")
+    return [r.component for r in runs if r.state not in ("COMPLETE", "CACHED")]
+
+
+def print_data_report(metadata_path: str) -> None:
+    """Prints the data side of the newest run: where the examples, statistics (TFDV) and
+    anomalies are; records read, kept and dropped by reason with samples, and repairs
+    (TextCleaner's cleaning_report.json); the drift verdict and Jensen-Shannon
+    divergences against the latest blessed run (DriftValidator). Prints only what the
+    run got to; nothing when `metadata_path` does not exist.
+    """
+    runs = {r.component: r for r in latest_run(metadata_path)} if os.path.exists(
+        metadata_path) else {}
+    examples = runs.get("TextExampleGen")
+    if examples:
+        print(f"examples: {examples.outputs.get('Examples', {}).get('uri')}")
+    statistics = runs.get("StatisticsGen")
+    if statistics:
+        print(f"statistics (TFDV): {statistics.outputs.get('ExampleStatistics', {}).get('uri')}")
+    validator = runs.get("ExampleValidator")
+    if validator:
+        print(f"anomalies: {validator.outputs.get('ExampleAnomalies', {}).get('uri')}")
+    cleaner = runs.get("TextCleaner")
+    uri = cleaner.outputs.get("Examples", {}).get("uri") if cleaner else None
+    report_path = os.path.join(uri, "cleaning_report.json") if uri else ""
+    if report_path and os.path.isfile(report_path):
+        with open(report_path) as f:
+            report = json.load(f)
+        print(f"cleaning report: {report_path}")
+        total = report["total"]
+        print(f"records: read {total['read']}, kept {total['kept']}, dropped {total['dropped']}")
+        for reason, n in sorted(total["dropped_by_reason"].items(), key=lambda kv: -kv[1]):
+            where = ", ".join(f"{src} record {rec}"
+                              for src, rec in report["rejected_samples"].get(reason, []))
+            print(f"  dropped {reason:<28} {n:>8}   e.g. {where}")
+        for repair, n in sorted(total.get("repaired", {}).items(), key=lambda kv: -kv[1]):
+            print(f"  repaired {repair:<27} {n:>8}")
+    drift = runs.get("DriftValidator")
+    anomalies = drift.outputs.get("ExampleAnomalies", {}) if drift else {}
+    if anomalies:
+        measured = {k[len("drift_"):]: v for k, v in anomalies.items()
+                    if k.startswith("drift_") and isinstance(v, float)}
+        if not anomalies.get("baseline_statistics"):
+            print("drift: no blessed run to compare with (text profile recorded)")
+        else:
+            verdict = "DRIFT" if anomalies.get("drift_detected") else "no drift"
+            print(f"drift vs the latest blessed run: {verdict} (Jensen-Shannon divergence, "
+                  f"baseline {anomalies['baseline_statistics']})")
+            for name, value in sorted(measured.items()):
+                print(f"  {name:<36} {value:.4f}")

@@ -1,0 +1,112 @@
+"""What the pipeline commands' options amount to: the PipelineConfig (`--preset`,
+`--set`, `--train-steps`, `--task`), the warm start (`--base-model`), the teacher
+(`--teacher`), the output directory (`--output`) and the choices of `--until`.
+
+Each exits with one `error: ...` line naming a bad value, before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from cli.data import default_corpus, split_data_path
+from pipeline.component_order import COMPONENT_ORDER
+
+
+def component_order() -> tuple[str, ...]:
+    """`--until`'s choices: the pipeline's component ids in run order
+    (`pipeline/component_order.py`, plain data: no TFX import for `--help`)."""
+    return COMPONENT_ORDER
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`--set SECTION.FIELD=VALUE ...` -> {"SECTION.FIELD": value}; a VALUE that parses
+    as JSON is that value (number, bool, list, ...), else the string."""
+    overrides = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"error: --set {item!r}: expected SECTION.FIELD=VALUE")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        overrides[key.strip()] = value
+    return overrides
+
+
+def config_from_args(args: argparse.Namespace, check_tokenizer: bool = True):
+    """The PipelineConfig of `--preset`, `--set` and `--train-steps`; exits naming a bad one
+    (and a bad `tokenizer.path`, unless `check_tokenizer` is False)."""
+    from config import get_config
+
+    overrides = parse_overrides(args.set or [])
+    if getattr(args, "train_steps", None) is not None:
+        overrides["train.train_steps"] = args.train_steps
+    if getattr(args, "task", None) is not None:
+        overrides["data.task"] = args.task
+    try:
+        config = get_config(args.preset, overrides)
+        if check_tokenizer and config.tokenizer.path:  # checked before anything runs
+            from pipeline.pipeline import check_given_tokenizer
+
+            config, _ = check_given_tokenizer(config)
+        return config
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}") from e
+
+
+def warm_start(args: argparse.Namespace, config, output_dir: str):
+    """(config, base model for create_pipeline) of `--base-model`; exits naming a problem."""
+    if not args.base_model:
+        return config, None
+    from pipeline import warm_start as ws
+
+    try:
+        if args.base_model == ws.LATEST:
+            from pipeline.local_runner import run_paths
+
+            uri, model_id = ws.latest_blessed_model(run_paths(output_dir)["metadata_path"])
+            print(f"              base model: latest blessed, {uri} (MLMD id {model_id})")
+            base_dir = uri
+        else:
+            base_dir = os.path.abspath(args.base_model)
+            print(f"              base model: {base_dir}")
+        config = ws.warm_start_config(config, base_dir, parse_overrides(args.set or []))
+        from pipeline.pipeline import check_given_tokenizer
+
+        config, _ = check_given_tokenizer(config)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}") from e
+    return config, args.base_model if args.base_model == ws.LATEST else base_dir
+
+
+def distillation(args: argparse.Namespace, config):
+    """(config, teacher model directory or None) of `--teacher`; exits naming a problem.
+    Without `--base-model` the config takes the teacher's tokenizer (a warm start
+    already has the same one)."""
+    if not args.teacher:
+        return config, None
+    from pipeline import warm_start as ws
+    from savedmodel import base_model as base_model_lib
+
+    try:
+        teacher = base_model_lib.model_dir(os.path.abspath(args.teacher))
+        if not args.base_model:  # a warm start already has the (same) tokenizer
+            config = ws.distillation_config(config, teacher, parse_overrides(args.set or []))
+        print(f"              teacher: {teacher}")
+    except ValueError as e:
+        raise SystemExit(f"error: --teacher: {e}") from e
+    return config, teacher
+
+
+def default_output(args: argparse.Namespace) -> str:
+    """`run`: runs/<corpus>-<preset>; `validate`: runs/validate-<corpus>."""
+    input_base, pattern = split_data_path(args.data or str(default_corpus()))
+    if args.command == "validate":
+        return os.path.join("runs", f"validate-{Path(pattern).stem}")
+    corpus = Path(pattern).stem if pattern != "*" else Path(input_base).name
+    return os.path.join("runs", f"{corpus}-{args.preset}")
