@@ -3,41 +3,25 @@
 import pytest
 
 from models.deepseek.config import DeepSeekConfig
+from models.deepseek.deepseek_presets import deepseek_preset
 
-# The tiny config of the model tests; parameter counts are derived by hand in
-# test_deepseek_causal_lm.py.
-TINY = dict(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    moe_intermediate_size=16,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    q_lora_rank=16,
-    kv_lora_rank=16,
-    qk_nope_head_dim=8,
-    qk_rope_head_dim=4,
-    v_head_dim=8,
-    n_routed_experts=8,
-    n_shared_experts=1,
-    num_experts_per_tok=2,
-    n_group=4,
-    topk_group=2,
-    first_k_dense_replace=1,
-    num_nextn_predict_layers=1,
-    max_position_embeddings=32,
-    tie_word_embeddings=False,
-)
+# The tiny config of the model tests: the `tiny` preset at half its widths, untied;
+# parameter counts are derived by hand in test_deepseek_causal_lm.py.
+TINY = deepseek_preset("tiny").replace(
+    vocab_size=64, hidden_size=32, max_position_embeddings=32, q_lora_rank=16, kv_lora_rank=16,
+    qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, intermediate_size=64,
+    moe_intermediate_size=16, tie_word_embeddings=False)
 
 
 @pytest.fixture
 def tiny_kwargs() -> dict:
-    return dict(TINY)
+    """Every field of `TINY`, as `DeepSeekConfig(**tiny_kwargs)` takes them."""
+    return TINY.to_dict()
 
 
 @pytest.fixture
 def tiny_config() -> DeepSeekConfig:
-    return DeepSeekConfig(**TINY)
+    return TINY
 
 
 @pytest.fixture(scope="module")
@@ -48,4 +32,4 @@ def tiny_model():
     from models.deepseek.causal_lm import DeepSeekCausalLM
 
     keras.utils.set_random_seed(0)
-    return DeepSeekCausalLM(DeepSeekConfig(**TINY))
+    return DeepSeekCausalLM(TINY)

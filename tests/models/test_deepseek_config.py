@@ -60,21 +60,21 @@ def test_validation_names_field_and_value(tiny_kwargs, changes, field):
         DeepSeekConfig(**{**tiny_kwargs, **changes})
 
 
-def test_rope_scaling_is_validated_and_canonical(tiny_kwargs):
-    yarn = DeepSeekConfig(**tiny_kwargs, rope_scaling={"type": "yarn", "factor": 40})
+def test_rope_scaling_is_validated_and_canonical(tiny_config):
+    yarn = tiny_config.replace(rope_scaling={"type": "yarn", "factor": 40})
     assert yarn.rope_scaling["rope_type"] == "yarn"
     # Missing keys take HF's defaults; original_max_position_embeddings defaults
     # to max_position_embeddings.
     assert yarn.rope_scaling["beta_fast"] == 32 and yarn.rope_scaling["beta_slow"] == 1
     assert yarn.rope_scaling["original_max_position_embeddings"] == 32
     assert DeepSeekConfig.from_dict(yarn.to_dict()) == yarn
-    assert DeepSeekConfig(**tiny_kwargs, rope_scaling={"rope_type": "default"}).rope_scaling is None
+    assert tiny_config.replace(rope_scaling={"rope_type": "default"}).rope_scaling is None
     with pytest.raises(ValueError, match="linear"):
-        DeepSeekConfig(**tiny_kwargs, rope_scaling={"type": "linear", "factor": 2})
+        tiny_config.replace(rope_scaling={"type": "linear", "factor": 2})
     with pytest.raises(ValueError, match="factor"):
-        DeepSeekConfig(**tiny_kwargs, rope_scaling={"type": "yarn", "factor": 0.5})
+        tiny_config.replace(rope_scaling={"type": "yarn", "factor": 0.5})
     with pytest.raises(ValueError, match="bogus"):
-        DeepSeekConfig(**tiny_kwargs, rope_scaling={"type": "yarn", "factor": 2, "bogus": 1})
+        tiny_config.replace(rope_scaling={"type": "yarn", "factor": 2, "bogus": 1})
 
 
 def test_yarn_frequencies_and_scales_by_hand():
@@ -104,7 +104,7 @@ def test_yarn_frequencies_and_scales_by_hand():
 
 
 def test_deepseek_v3_preset_has_671b_parameters_and_37b_activated():
-    from models.deepseek.config import deepseek_v3_config
+    from models.deepseek.deepseek_presets import deepseek_v3_config
     from models.deepseek.flops import activated_params, total_params
 
     c = deepseek_v3_config()

@@ -49,7 +49,7 @@ def test_mfu():
 
 
 def test_kv_cache_bytes_by_hand(tiny_config):
-    from models.deepseek.config import deepseek_v3_config
+    from models.deepseek.deepseek_presets import deepseek_v3_config
     from models.deepseek.flops import kv_cache_bytes_per_token
 
     # Tiny: L=2, latent 16 + rope 4 = 20 numbers/layer, float32 -> 2*20*4 = 160 bytes;
@@ -81,7 +81,7 @@ def test_decode_flops_by_hand(tiny_config):
 
 
 def test_decode_flops_of_deepseek_v3_at_4k():
-    from models.deepseek.config import deepseek_v3_config
+    from models.deepseek.deepseek_presets import deepseek_v3_config
 
     v3 = deepseek_v3_config()
     # Per layer and cached token, expanding costs 2*512*128*(128+128) = 33.6 MFLOPs

@@ -1,0 +1,189 @@
+"""The training side of the config: the Trainer (`train`) and the Evaluator's blessing
+rule (`eval`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from config.checks import check_choice, check_positive
+
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
+PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
+JIT_COMPILE = ("auto", "true", "false")
+LORA_TARGETS = ("attention", "mlp")
+
+
+def _check_trainable(value: str) -> None:
+    """Raises ValueError unless `value` is `all`, `top:N` (N >= 0) or a valid regular
+    expression (the forms of `TrainConfig.trainable`)."""
+    if value == "all":
+        return
+    if value.startswith("top:"):
+        n = value[4:]
+        if not n.isdigit() or int(n) < 0:
+            raise ValueError(f"train.trainable={value!r}: top:N needs a whole number N >= 0")
+        return
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise ValueError(f"train.trainable={value!r} is neither all, top:N nor a valid "
+                         f"regular expression ({e})") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The Trainer: packing, optimizer, schedule, distribution, precision, checkpoints.
+
+    Attributes:
+      seq_len: tokens per packed training sequence (documents are concatenated
+        with `[EOS]` between them and cut into windows of seq_len + 1).
+      batch_size: the global batch, in sequences per optimizer step, whatever
+        the number of replicas and micro-batches; the learning-rate schedule is
+        defined in optimizer steps of this global batch.
+      grad_accum_steps: micro-batches per optimizer step (gradient
+        accumulation): each replica runs batch_size / (grad_accum_steps *
+        replicas) sequences at a time; the update equals one step on the whole
+        global batch.
+      train_steps: optimizer steps.
+      learning_rate: peak learning rate of AdamW.
+      min_learning_rate: the floor of the cosine decay.
+      warmup_steps: linear warmup steps from 0 to the peak.
+      weight_decay: decoupled weight decay (AdamW), applied to matrices and
+        embeddings only (not to RMSNorm scales or biases).
+      beta_1, beta_2: AdamW moments (beta_2 = 0.95 as in DeepSeek-V3 §4.2).
+      grad_clip_norm: global-norm gradient clipping (of the global gradient).
+      distribution_strategy: `auto` (TPUStrategy when a TPU is present,
+        MultiWorkerMirroredStrategy when TF_CONFIG names several tasks,
+        MirroredStrategy for several local GPUs, else one device), or one of
+        `one_device`, `mirrored`, `multi_worker`, `tpu` to force it.
+      precision: Keras dtype policy: `auto` (mixed_bfloat16 on TPUs, GPUs of
+        compute capability >= 8.0 and CPUs with AMX; mixed_float16 with dynamic
+        loss scaling on older GPUs >= 7.0; float32 otherwise, e.g. on CPUs
+        without AMX, where bf16 is slower), or `float32`, `mixed_bfloat16`,
+        `mixed_float16`. Router scores, softmax, RMSNorm statistics and the
+        loss stay float32 in every policy.
+      recompute_activations: recompute each decoder block's activations in
+        the backward pass (gradient checkpointing): less memory, ~1/3 more compute.
+      checkpoint_every: steps between checkpoints.
+      log_every: steps between log lines and TensorBoard points.
+      eval_batches: batches of the eval split the Trainer scores at the end.
+      shuffle_buffer: documents in the shuffle buffer.
+      seed: seed of initialization and data order.
+      trainable: which weights train: `all`; `top:N`, the last N decoder blocks
+        plus the final norm, the LM head (the embedding when tied) and the MTP
+        modules; or a regular expression matched (`re.search`) against weight
+        paths such as `layers.3/mlp/experts.0/up_proj/kernel`. The others stay
+        bit-identical and get no optimizer slots (nor router-bias updates).
+      lora_rank: > 0 trains low-rank adapters of this rank (Keras `enable_lora`)
+        on the `lora_targets` projections instead of the weights themselves; the
+        exported model carries the merged weights (Hu et al. 2021, LoRA).
+      lora_targets: comma-separated: `attention` (q/kv/o projections of MLA),
+        `mlp` (dense MLP, experts and shared experts).
+      distill_alpha, distill_temperature: with a teacher (`--teacher`), loss =
+        alpha CE + (1 - alpha) tau^2 KL(softmax(teacher/tau) || softmax(student/tau))
+        (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network", §2).
+      jit_compile: compile the training step with XLA: `auto` (on for GPUs and
+        TPUs, off on CPUs, where `benchmarks/train_throughput.py` measures it
+        slower; see the README), `true` or `false`. With XLA the MoE layers
+        dispatch with a static capacity (`moe_capacity_factor`).
+      moe_capacity_factor: cf of the static-shape MoE dispatch used with XLA: each
+        expert takes at most ceil(cf N K / E) of the N K (token, expert) pairs of
+        a micro-batch; the rest are dropped (counted: `moe_dropped_fraction`).
+        Without XLA the dispatch is dropless.
+      max_skipped_steps: a step whose gradients are not finite changes nothing
+        and is skipped (counted); after this many consecutive skips training
+        stops with FloatingPointError (the last good checkpoint is kept).
+    """
+
+    seq_len: int = 128
+    batch_size: int = 16
+    grad_accum_steps: int = 1
+    train_steps: int = 1000
+    learning_rate: float = 1e-3
+    min_learning_rate: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta_1: float = 0.9
+    beta_2: float = 0.95
+    grad_clip_norm: float = 1.0
+    distribution_strategy: str = "auto"
+    precision: str = "auto"
+    recompute_activations: bool = False
+    checkpoint_every: int = 250
+    log_every: int = 25
+    eval_batches: int = 20
+    shuffle_buffer: int = 10_000
+    seed: int = 1337
+    trainable: str = "all"
+    lora_rank: int = 0
+    lora_targets: str = "attention,mlp"
+    distill_alpha: float = 0.5
+    distill_temperature: float = 2.0
+    jit_compile: str = "auto"
+    moe_capacity_factor: float = 1.25
+    max_skipped_steps: int = 10
+
+    def __post_init__(self) -> None:
+        check_choice("train.jit_compile", self.jit_compile, JIT_COMPILE)
+        check_positive("train.moe_capacity_factor", self.moe_capacity_factor)
+        _check_trainable(self.trainable)
+        if self.lora_rank < 0:
+            raise ValueError(f"train.lora_rank={self.lora_rank} must be >= 0")
+        targets = [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+        if not targets or set(targets) - set(LORA_TARGETS):
+            raise ValueError(f"train.lora_targets={self.lora_targets!r} must be a "
+                             f"comma-separated subset of {list(LORA_TARGETS)}")
+        if not 0.0 <= self.distill_alpha <= 1.0:
+            raise ValueError(f"train.distill_alpha={self.distill_alpha} must be in [0, 1]")
+        check_positive("train.distill_temperature", self.distill_temperature)
+        for name in ("seq_len", "batch_size", "grad_accum_steps", "train_steps",
+                     "checkpoint_every", "log_every", "shuffle_buffer", "max_skipped_steps"):
+            check_positive(f"train.{name}", getattr(self, name))
+        if self.batch_size % self.grad_accum_steps:
+            raise ValueError(
+                f"train.batch_size={self.batch_size} must be divisible by "
+                f"train.grad_accum_steps={self.grad_accum_steps}"
+            )
+        if self.warmup_steps < 0:
+            raise ValueError(f"train.warmup_steps={self.warmup_steps} must be >= 0")
+        if not 0 < self.min_learning_rate <= self.learning_rate:
+            raise ValueError(
+                f"train.min_learning_rate={self.min_learning_rate} must be in "
+                f"(0, learning_rate={self.learning_rate}]"
+            )
+        check_positive("train.grad_clip_norm", self.grad_clip_norm)
+        check_choice("train.distribution_strategy", self.distribution_strategy, STRATEGIES)
+        check_choice("train.precision", self.precision, PRECISIONS)
+        if not isinstance(self.recompute_activations, bool):
+            raise ValueError(
+                f"train.recompute_activations={self.recompute_activations!r} must be a bool"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """The Evaluator's blessing rule.
+
+    A model is blessed when its bits per byte on the eval split is at most
+    `max_bits_per_byte`, and, when a previously blessed model exists, at most
+    that model's bits per byte (on the same eval data) times
+    `1 + baseline_tolerance`.
+
+    Attributes:
+      max_bits_per_byte: absolute threshold (bits per UTF-8 byte).
+      baseline_tolerance: relative slack against the last blessed model.
+      max_eval_tokens: cap on eval tokens scored (0 = all).
+      batch_size: sequences per eval batch.
+    """
+
+    max_bits_per_byte: float = 3.0
+    baseline_tolerance: float = 0.01
+    max_eval_tokens: int = 0
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        check_positive("eval.max_bits_per_byte", self.max_bits_per_byte)
+        if self.baseline_tolerance < 0:
+            raise ValueError(f"eval.baseline_tolerance={self.baseline_tolerance} must be >= 0")
+        check_positive("eval.batch_size", self.batch_size)
