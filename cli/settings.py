@@ -8,7 +8,6 @@ Each exits with one `error: ...` line naming a bad value, before anything runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -23,19 +22,13 @@ def component_order() -> tuple[str, ...]:
 
 
 def parse_overrides(items: list[str]) -> dict:
-    """`--set SECTION.FIELD=VALUE ...` -> {"SECTION.FIELD": value}; a VALUE that parses
-    as JSON is that value (number, bool, list, ...), else the string."""
-    overrides = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise SystemExit(f"error: --set {item!r}: expected SECTION.FIELD=VALUE")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        overrides[key.strip()] = value
-    return overrides
+    """`config.parse_set` of `--set SECTION.FIELD=VALUE ...`; exits with its one-line error."""
+    from config import parse_set
+
+    try:
+        return parse_set(items)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def config_from_args(args: argparse.Namespace, check_tokenizer: bool = True):

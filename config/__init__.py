@@ -28,7 +28,7 @@ from config.data import (
     TokenizerConfig,
     ValidationConfig,
 )
-from config.overrides import coerce, typed_section
+from config.overrides import coerce, parse_set, typed_section
 from config.presets import DEFAULT_PRESET, PRESETS, get_config
 from config.sections import PIPELINE_NAME, GenerationConfig, PipelineConfig, ServeConfig
 from config.train import JIT_COMPILE, LORA_TARGETS, PRECISIONS, STRATEGIES, EvalConfig, TrainConfig
@@ -38,5 +38,5 @@ __all__ = [
     "LORA_TARGETS", "NORMALIZATION_FORMS", "PIPELINE_NAME", "PRECISIONS", "PRESETS",
     "PRE_TOKENIZER_NAMES", "STRATEGIES", "TASKS", "DataConfig", "EvalConfig",
     "GenerationConfig", "PipelineConfig", "ServeConfig", "TokenizerConfig", "TrainConfig",
-    "ValidationConfig", "coerce", "get_config", "typed_section",
+    "ValidationConfig", "coerce", "get_config", "parse_set", "typed_section",
 ]

@@ -3,8 +3,8 @@ field's declared type (`--set`, config files).
 
 `coerce` is the one rule for turning a value given as text or JSON into the type a
 field declares, or refusing it by name; `typed_section` applies it to a section's
-values, `apply_overrides` sets dotted keys in a config's dict form. The CLI splits
-`--set SECTION.FIELD=VALUE` into a key and a JSON-or-text value (`cli.parse_overrides`).
+values, `apply_overrides` sets dotted keys in a config's dict form.
+`--set SECTION.FIELD=VALUE` is split into a key and a JSON-or-text value by `parse_set`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,27 @@ import math
 import types
 import typing
 from typing import Any
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """`--set SECTION.FIELD=VALUE ...` -> {"SECTION.FIELD": value}: a VALUE that parses as
+    JSON is that value (number, bool, list, ...), else the string as written. The value's
+    type is checked later, against the field (`coerce`).
+
+    Raises:
+      ValueError: an item without `=`, naming it.
+    """
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected SECTION.FIELD=VALUE")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        overrides[key.strip()] = value
+    return overrides
 
 
 def apply_overrides(d: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

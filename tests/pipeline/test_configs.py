@@ -84,3 +84,14 @@ def test_cli_refuses_a_bad_set_with_one_line_naming_the_key(setting, capsys):
     message = str(info.value.code)
     assert message.startswith("error: ") and "\n" not in message
     assert setting.split("=")[0] in message
+
+
+def test_parse_set_reads_json_values_or_keeps_the_text():
+    from config import parse_set
+
+    assert parse_set(["train.learning_rate=3e-4", " data.normalization =NFKC",
+                      "train.lora_targets=[\"q\", \"kv\"]", "data.redact_pii=true"]) == {
+        "train.learning_rate": 3e-4, "data.normalization": "NFKC",
+        "train.lora_targets": ["q", "kv"], "data.redact_pii": True}
+    with pytest.raises(ValueError, match=r"--set 'train.learning_rate': expected SECTION.FIELD=VALUE"):
+        parse_set(["train.learning_rate"])
