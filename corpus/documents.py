@@ -539,3 +539,21 @@ def split_text(text: str, document_boundary: str = "blank_line") -> list[str]:
     if buffer:
         docs.append("".join(buffer))
     return docs
+
+
+def document_to_example(doc: Document) -> tf.train.Example:
+    """The tf.Example of a document; with a `prompt` feature when `doc.prompt` is not None."""
+    feature = {
+        "text": _bytes_feature(doc.text.encode("utf-8")),
+        "source": _bytes_feature(doc.source.encode("utf-8")),
+        "record": tf.train.Feature(int64_list=tf.train.Int64List(value=[doc.record])),
+        "reject_reason": _bytes_feature(doc.reject_reason.encode("utf-8")),
+        "repairs": _bytes_feature(",".join(doc.repairs).encode("utf-8")),
+    }
+    if doc.prompt is not None:
+        feature["prompt"] = _bytes_feature(doc.prompt.encode("utf-8"))
+    return tf.train.Example(features=tf.train.Features(feature=feature))
+
+
+def _bytes_feature(value: bytes) -> tf.train.Feature:
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))

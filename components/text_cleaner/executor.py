@@ -109,8 +109,7 @@ def _first_string(features, name: str) -> str:
 
 
 def _to_example(record: dict[str, Any]) -> bytes:
-    from components.text_example_gen.executor import document_to_example
-    from corpus.documents import Document
+    from corpus.documents import Document, document_to_example
 
     doc = Document(record["text"], record["source"], record["record"],
                    repairs=tuple(record["repairs"]), prompt=record.get("prompt"))

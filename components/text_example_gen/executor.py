@@ -36,30 +36,12 @@ from tfx.components.util import examples_utils
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 
-from corpus.documents import Document, read_documents
+from corpus.documents import document_to_example, read_documents
 from tokenization.chat_template import chat_format
-
-
-def document_to_example(doc: Document) -> tf.train.Example:
-    """The tf.Example of a document; with a `prompt` feature when `doc.prompt` is not None."""
-    feature = {
-        "text": _bytes_feature(doc.text.encode("utf-8")),
-        "source": _bytes_feature(doc.source.encode("utf-8")),
-        "record": tf.train.Feature(int64_list=tf.train.Int64List(value=[doc.record])),
-        "reject_reason": _bytes_feature(doc.reject_reason.encode("utf-8")),
-        "repairs": _bytes_feature(",".join(doc.repairs).encode("utf-8")),
-    }
-    if doc.prompt is not None:
-        feature["prompt"] = _bytes_feature(doc.prompt.encode("utf-8"))
-    return tf.train.Example(features=tf.train.Features(feature=feature))
 
 
 def _serialize(example) -> bytes:
     return example if isinstance(example, bytes) else example.SerializeToString()
-
-
-def _bytes_feature(value: bytes) -> tf.train.Feature:
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
 
 
 def list_input_files(input_base: str, split_pattern: str) -> list[str]:

@@ -24,8 +24,7 @@ def _statistics(texts, path):
     import tensorflow_data_validation as tfdv
 
     from components.drift_validator.executor import STATS_OPTIONS, _DecodeBatch, _profile_example
-    from components.text_example_gen.executor import document_to_example
-    from corpus.documents import Document
+    from corpus.documents import Document, document_to_example
 
     examples = [document_to_example(Document(t, "s", i)).SerializeToString()
                 for i, t in enumerate(texts)]

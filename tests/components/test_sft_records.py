@@ -176,7 +176,7 @@ def test_shakespeare_sft_jsonl(shakespeare, tmp_path):
 def test_example_has_a_prompt_feature_only_for_sft():
     import tensorflow as tf
 
-    from components.text_example_gen.executor import document_to_example
+    from corpus.documents import document_to_example
 
     sft = document_to_example(D.Document("a", "s", 0, prompt=_prompt("q")))
     assert sft.features.feature["prompt"].bytes_list.value == [_prompt("q").encode()]
