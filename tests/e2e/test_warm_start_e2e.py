@@ -1,8 +1,8 @@
 """Warm start, end to end (tiny preset).
 
-- Continued pretraining: a run on the first half of a Tiny Shakespeare slice,
-  then a run on the second half with `--base-model latest` into the same
-  `--output`, against a from-scratch run on the second half with the same steps.
+- Continued pretraining: the shared e2e run (the first half of a Tiny Shakespeare slice)
+  continued by a run on the second half with `--base-model latest` into a copy of its
+  ML Metadata, against a from-scratch run on the second half with the same steps.
 - A Hugging Face checkpoint directory (DeepSeek's real tokenizer.json) as
   `--base-model PATH`: the fine-tuned model round-trips through hf-export and
   hf-import.
@@ -26,19 +26,18 @@ from numerics import assert_float32_close
 import cli
 from pipeline.local_runner import run_paths
 
-HALF_BYTES = 60_000
+HALF_BYTES = 60_000  # the shared run's slice (tests/e2e/conftest.py SLICE_BYTES)
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
 
-def _halves(shakespeare: str, directory: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
-    text = shakespeare[: 2 * HALF_BYTES]
-    paragraphs = text[: text.rfind("\n\n")].split("\n\n")
-    half = len(paragraphs) // 2
-    first, second = directory / "first" / "half.txt", directory / "second" / "half.txt"
-    for path, part in ((first, paragraphs[:half]), (second, paragraphs[half:])):
-        path.parent.mkdir(parents=True)
-        path.write_text("\n\n".join(part) + "\n\n", encoding="utf-8")
-    return first, second
+def _second_half(shakespeare: str, directory: pathlib.Path) -> pathlib.Path:
+    """The HALF_BYTES of Tiny Shakespeare after the shared run's slice, whole paragraphs."""
+    text = shakespeare[HALF_BYTES: 2 * HALF_BYTES]
+    text = text[text.find("\n\n") + 2: text.rfind("\n\n") + 2]
+    path = directory / "second" / "half.txt"
+    path.parent.mkdir(parents=True)
+    path.write_text(text, encoding="utf-8")
+    return path
 
 
 def _runs(*runs: list[str]) -> None:
@@ -74,12 +73,17 @@ def _bits_per_byte(store) -> float:
 
 
 @pytest.fixture(scope="module")
-def continued(tmp_path_factory, shakespeare):
+def continued(run, tmp_path_factory, shakespeare):
+    """The base is the shared e2e run's blessed model (tests/e2e/conftest.py `run`, trained
+    on the first HALF_BYTES of Tiny Shakespeare): a copy of its ML Metadata, then a run on
+    the second half with `--base-model latest` into it, and a from-scratch run on the second
+    half with the same steps."""
     d = tmp_path_factory.mktemp("continued")
-    first, second = _halves(shakespeare, d)
+    second = _second_half(shakespeare, d)
     out, scratch = d / "out", d / "scratch"
-    _runs(["--data", str(first), "--output", str(out)],
-          ["--data", str(second), "--output", str(out), "--base-model", "latest",
+    out.mkdir()
+    shutil.copy(run["metadata_path"], out / "metadata.db")
+    _runs(["--data", str(second), "--output", str(out), "--base-model", "latest",
            "--accept-drift"],
           ["--data", str(second), "--output", str(scratch)])
     store = _store(out)
