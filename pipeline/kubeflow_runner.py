@@ -17,8 +17,11 @@ or as a Vertex AI `PipelineJob(template_path=...)`.
 
 from __future__ import annotations
 
+import itertools
 import os
 import posixpath
+
+import yaml  # PyYAML: TFX's own YAML writer (a dependency of tfx and kfp)
 
 from config import PIPELINE_NAME, PipelineConfig
 
@@ -97,7 +100,6 @@ def compile_kfp(
                          "(a custom resolver strategy); stop at TextCleaner or DriftValidator")
     input_base, input_pattern = split_remote_path(data)
 
-    from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
     from tfx.v1.orchestration import experimental
 
     from pipeline.local_runner import DEFAULT_BEAM_PIPELINE_ARGS
@@ -127,12 +129,29 @@ def compile_kfp(
         output_dir=os.path.dirname(output_file),
         output_filename=os.path.basename(output_file),
     )
-    job = runner.run(pipeline, write_out=False)
+    os.makedirs(os.path.dirname(output_file), exist_ok=True)
+    # TFX writes the YAML (a comment header, then the PipelineSpec) and returns
+    # the PipelineJob it came from.
+    job = runner.run(pipeline, write_out=True)
     # TFX keeps the pipeline root in the PipelineJob's runtime config, which the
     # YAML form (the PipelineSpec alone) leaves out; KFP reads it from here.
-    job["pipelineSpec"]["defaultPipelineRoot"] = pipeline_root
-    os.makedirs(os.path.dirname(output_file), exist_ok=True)
-    kubeflow_v2_dag_runner._write_pipeline_spec_to_file(  # noqa: SLF001 (TFX's own writer)
-        job, f"{PIPELINE_NAME}: compiled by deepseek-tfx compile-kfp", output_file
-    )
+    spec = job["pipelineSpec"]
+    spec["defaultPipelineRoot"] = pipeline_root
+    _rewrite_spec(output_file, spec, f"{PIPELINE_NAME}: compiled by deepseek-tfx compile-kfp")
     return output_file
+
+
+def _rewrite_spec(path: str, spec: dict, description: str) -> None:
+    """Rewrites the YAML TFX wrote at `path` with `spec` and `description`.
+
+    Keeps TFX's comment header (pipeline name, inputs, outputs) but for its
+    `# Description:` line, and dumps `spec` the way TFX does (`yaml.dump_all`,
+    keys sorted), so the file is TFX's own with our two changes.
+    """
+    with open(path) as f:
+        header = list(itertools.takewhile(lambda line: line.startswith("#"), f))
+    header = [f"# Description: {description}\n" if line.startswith("# Description:") else line
+              for line in header]
+    with open(path, "w") as f:
+        f.writelines(header)
+        yaml.dump_all([spec], f, sort_keys=True)

@@ -118,7 +118,36 @@ def score_responses(logits_fn: LogitsFn, records, seq_len: int, batch_size: int,
 
 
 def summarize(nll: float, tokens: int, num_bytes: int) -> dict:
-    """Perplexity, bits per byte, bits per token and the counts."""
+    """Perplexity, bits per byte, bits per token and the counts of one scoring.
+
+    With N = `nll` (summed negative log-likelihood, nats), T = `tokens` and
+    B = `num_bytes` (UTF-8 bytes of the text scored):
+
+      loss            N / T              mean NLL per token, nats
+      perplexity      exp(N / T)
+      bits_per_token  N / (ln 2 * T)
+      bits_per_byte   N / (ln 2 * B)     nats -> bits: divide by ln 2
+      bytes_per_token B / T
+
+    Bits per byte is the figure that does not depend on the tokenizer (see
+    the module docstring), as in Gao et al. 2020 (The Pile, arXiv:2101.00027).
+
+    Args:
+      nll: summed NLL over the scored tokens, nats (float).
+      tokens: tokens scored (int).
+      num_bytes: bytes of text those tokens stand for (int).
+
+    Returns:
+      {"bits_per_byte", "perplexity", "loss", "bits_per_token",
+      "bytes_per_token"} (floats) and {"tokens", "bytes"} (the ints given).
+
+    Raises:
+      ValueError: `tokens` or `num_bytes` is 0 ("nothing to score"); negative
+        counts are not checked.
+      OverflowError: the mean NLL is above ~709 nats per token, where exp
+        overflows a float64 (a uniform guess over V tokens scores ln V, ~11
+        nats for V = 64k).
+    """
     if tokens == 0 or num_bytes == 0:
         raise ValueError(f"nothing to score: {tokens} tokens, {num_bytes} bytes")
     return {

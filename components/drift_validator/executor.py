@@ -83,6 +83,32 @@ class Executor(base_beam_executor.BaseBeamExecutor):
     """Computes the text profile of `examples` and compares it with the baseline."""
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 (TFX API)
+        """Profiles every split of `examples` and gates on drift from the baseline.
+
+        Args:
+          input_dict: "examples" (one Examples artifact, TFRecords of tf.Example
+            with a `text` feature, per split `Split-<s>/`) and, optionally,
+            "baseline_statistics" (the first ExampleStatistics is the baseline;
+            ignored unless `validation.check_drift`).
+          output_dict: "statistics" (one ExampleStatistics) and "anomalies" (one
+            ExampleAnomalies).
+          exec_properties: "pipeline_config" (PipelineConfig JSON; its
+            `validation` section) and "accept_drift" (optional int, 1: record
+            drift without stopping).
+
+        Writes `statistics/Split-<s>/FeatureStats.pb` (TFDV statistics of
+        num_chars, num_words and tokens; custom property `text_profile` = 1);
+        `anomalies/Split-<s>/SchemaDiff.pb` (TFDV drift anomalies, empty for a
+        split without a baseline) and `anomalies/drift_report.json`; and on
+        `anomalies` the custom properties `drift_<split>_<feature>` (Jensen-Shannon
+        divergence), `baseline_statistics`, `drift_detected`, `drift_accepted`
+        and `drift_report`.
+
+        Raises:
+          DataValidationError: a feature drifted beyond its threshold in a split
+            of at least `validation.drift_min_documents` documents, and
+            `accept_drift` is not 1 (the outputs above are written first).
+        """
         config = PipelineConfig.from_json(exec_properties["pipeline_config"]).validation
         accept = bool(exec_properties.get("accept_drift") or 0)
         examples = artifact_utils.get_single_instance(input_dict["examples"])

@@ -119,6 +119,36 @@ def evaluate_logits(logits_fn, tokenizer, docs, num_bytes: int, config: Pipeline
 
 class Executor(base_executor.BaseExecutor):
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 (TFX API)
+        """Scores the candidate (and the baseline) on the eval split; blesses or not.
+
+        Args:
+          input_dict: "examples" (one Examples artifact: Transform's
+            transformed_examples, GZIP TFRecords in `Split-eval/`), "model" (one
+            Model: the Trainer's, a SavedModel in `Format-Serving/`) and,
+            optionally, "baseline_model" (the first Model is the baseline: the
+            latest blessed model, or a warm start's base model).
+          output_dict: "evaluation" (one ModelEvaluation) and "blessing" (one
+            ModelBlessing).
+          exec_properties: "pipeline_config" (PipelineConfig JSON; `data.task`
+            picks whole documents or SFT responses, the `eval` section holds the
+            blessing rule, see `decide_blessing`).
+
+        Writes `evaluation/metrics.json` ({"candidate", "baseline", "blessed",
+        "message"}) and on `evaluation` the custom properties bits_per_byte,
+        perplexity, loss (mean NLL per token, nats), for SFT
+        response_perplexity and response_bits_per_byte, eval_tokens, eval_bytes
+        and with a baseline baseline_bits_per_byte; and `blessing/BLESSED` or
+        `blessing/NOT_BLESSED` with the custom properties TFX's Pusher reads
+        (`blessed`, current and baseline model URI and id, the message) and
+        bits_per_byte.
+
+        Raises:
+          FileNotFoundError: the eval split has no transformed examples.
+          ValueError: nothing to score (no tokens or no bytes), or the baseline
+            cannot score the candidate's ids (an SFT baseline with another
+            tokenizer, a Hugging Face baseline without the candidate's
+            tokenizer.json).
+        """
         config = PipelineConfig.from_json(exec_properties["pipeline_config"])
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         model = artifact_utils.get_single_instance(input_dict["model"])

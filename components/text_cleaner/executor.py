@@ -296,6 +296,29 @@ class Executor(base_beam_executor.BaseBeamExecutor):
     """Cleans the `examples` splits into `cleaned_examples`."""
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 (TFX API)
+        """Cleans and deduplicates every split of `examples` (the passes above).
+
+        Args:
+          input_dict: "examples" (one Examples artifact: ExampleGen's TFRecords
+            of tf.Example with `text` and the record's source, per split
+            `Split-<s>/`) and "anomalies" (one ExampleAnomalies: the
+            ExampleValidator's, per split `Split-<s>/SchemaDiff.pb`).
+          output_dict: "cleaned_examples" (one Examples artifact).
+          exec_properties: "pipeline_config" (PipelineConfig JSON; the `data`
+            section holds the cleaning and deduplication rules).
+
+        Writes the kept records to `cleaned_examples/Split-<s>/data_tfrecord-*.gz`
+        (same splits as the input), the counts and rejected samples to
+        `cleaned_examples/cleaning_report.json`, and the counts as custom
+        properties (`records_read`, `records_kept`, `records_dropped`,
+        `dropped_<reason>`, `repaired_<kind>`, `cleaning_report`).
+
+        Raises:
+          DataValidationError: the anomalies artifact lists an anomaly (before
+            any work); the corpus has no records; or more than
+            `data.max_reject_fraction` of the records, or all of them, were
+            dropped (after the outputs above are written).
+        """
         config = PipelineConfig.from_json(exec_properties["pipeline_config"])
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         anomalies = artifact_utils.get_single_instance(input_dict["anomalies"])

@@ -169,6 +169,30 @@ class Executor(BaseExampleGenExecutor):
             examples_utils.set_file_format(examples, write_split.to_file_format_str(file_format))
 
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802 (TFX API)
+        """Reads the input files into tf.Example TFRecords, one set per split.
+
+        Args:
+          input_dict: unused (FileBasedExampleGen has no input channels).
+          output_dict: "examples" (one Examples artifact).
+          exec_properties: TFX's FileBasedExampleGen properties: "input_base"
+            (the input directory), "input_config" and "output_config" (JSON of
+            example_gen_pb2.Input / Output: the split patterns, the hash split),
+            "custom_config" (the PipelineConfig, see
+            `config_from_exec_properties`) and the optional
+            "output_data_format" and "output_file_format".
+
+        Writes `examples/Split-<s>/data_tfrecord-*.gz` (the features in the
+        module docstring) and sets on `examples` its split names, payload and
+        file format, and the custom properties `input_base` and `input_files`
+        ([{"path", "bytes", "sha256"}] of every input file, `file_fingerprints`).
+
+        Raises:
+          FileNotFoundError: a split pattern matches no file.
+          ValueError: "custom_config" is missing, or an input file cannot be
+            used as configured (plain text in an SFT run, a CSV or Parquet file
+            without the configured column, ...).
+          OSError: an input file cannot be opened or read.
+        """
         self._generate_examples(input_dict, output_dict, exec_properties)
         input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
         input_config = example_gen_pb2.Input()

@@ -55,6 +55,32 @@ class Executor(tfx_trainer_executor.GenericExecutor):
     """GenericExecutor that records `training_summary.json` on the Model artifact."""
 
     def Do(self, input_dict, output_dict, exec_properties) -> None:
+        """Runs TFX's GenericExecutor (`run_fn`), then records its summary on the Model.
+
+        Args:
+          input_dict: TFX Trainer's inputs: "examples", "transform_graph",
+            "schema" (read by GenericExecutor into `run_fn`'s FnArgs) and,
+            optionally, "base_model" (a warm start: the first Model's URI is
+            recorded here too).
+          output_dict: "model" (one Model artifact; `run_fn` writes the
+            SavedModel to `Format-Serving/` and `training_summary.json` beside
+            it) and "model_run" (TensorBoard logs).
+          exec_properties: TFX Trainer's properties, "train_args", "eval_args",
+            "module_path" / "run_fn" and "custom_config" (dict or JSON:
+            "pipeline_config", "num_workers", "checkpoint_root", optional
+            "teacher_model", see `run_fn.run_fn`).
+
+        Sets on the Model the custom properties `MODEL_PROPERTIES` found in
+        `training_summary.json` (`record_summary`), and `base_model_uri`,
+        `base_model_id` and `teacher_model_uri` for a warm start or distillation.
+
+        Raises:
+          ValueError: from `run_fn` (which may raise others): TrainArgs.num_steps
+            disagrees with train.train_steps, or the base model or teacher
+            carries another tokenizer.
+          FileNotFoundError: `run_fn` returned without writing
+            `training_summary.json`.
+        """
         super().Do(input_dict, output_dict, exec_properties)
         model = artifact_utils.get_single_instance(output_dict[standard_component_specs.MODEL_KEY])
         path = os.path.join(model.uri, TRAINING_SUMMARY)

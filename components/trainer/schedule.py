@@ -69,7 +69,37 @@ class AdamW(keras.optimizers.AdamW):
 
 
 def make_learning_rate_schedule(train: TrainConfig) -> keras.optimizers.schedules.LearningRateSchedule:
-    """Warmup to `learning_rate` over `warmup_steps`, cosine to `min_learning_rate` at the end."""
+    """Linear warmup to `learning_rate`, then cosine decay to `min_learning_rate`.
+
+    With s the optimizer step (`optimizer.iterations`: one per global batch,
+    after its `grad_accum_steps` micro-batches are summed, whatever the number
+    of replicas; a skipped step, not finite, does not count), peak =
+    `learning_rate`, floor = `min_learning_rate`, W = min(`warmup_steps`,
+    `train_steps` - 1) and D = max(`train_steps` - W, 1):
+
+      lr(s) = peak * s / W                                             s < W
+      lr(s) = floor + (peak - floor) * (1 + cos(pi * min(s - W, D) / D)) / 2
+                                                                       s >= W
+
+    so lr(0) = 0, lr(W) = peak and lr(s) = floor from s = `train_steps` on;
+    with W = 0 there is no warmup and the decay starts at the peak. Keras
+    reads the schedule before it counts the step: the n-th update (n = 1, 2,
+    ...) uses lr(n - 1), so with warmup the first update has learning rate 0.
+
+    The cosine is SGDR's annealing (Loshchilov & Hutter, ICLR 2017,
+    arXiv:1608.03983, Eq. 5) as one cycle without restarts; warmup, then
+    cosine to a floor, as in nanoGPT's `get_lr`. Implemented by
+    `keras.optimizers.schedules.CosineDecay` (`warmup_target` = peak,
+    `alpha` = floor / peak).
+
+    Args:
+      train: `learning_rate`, `min_learning_rate` (0 < floor <= peak, which
+        `TrainConfig` checks), `warmup_steps` and `train_steps`.
+
+    Returns:
+      A Keras LearningRateSchedule: step (int or scalar tensor) -> float32
+      learning rate.
+    """
     warmup = min(train.warmup_steps, train.train_steps - 1)
     return keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0 if warmup > 0 else train.learning_rate,

@@ -91,18 +91,38 @@ def make_strategy(name: str, devices: list[str] | None = None) -> tf.distribute.
     raise ValueError(f"unknown strategy {name!r}")
 
 
+# TensorFlow's default strategy (one device, no distribution), a singleton:
+# what `tf.distribute.get_strategy()` returns outside every strategy's scope.
+# No scope is open while this module is imported: `make_strategy` creates ours.
+_DEFAULT_STRATEGY = tf.distribute.get_strategy()
+
+
 def describe(strategy: tf.distribute.Strategy) -> str:
-    """A short name for logs and ML Metadata, e.g. "MultiWorkerMirroredStrategy"."""
-    name = type(strategy).__name__
-    return {"_DefaultDistributionStrategy": "OneDevice",
-            "CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy",
-            "TPUStrategyV2": "TPUStrategy"}.get(name, name)
+    """A short name for logs and ML Metadata, e.g. "MultiWorkerMirroredStrategy".
+
+    "OneDevice" for TensorFlow's default strategy; the public class name for
+    MultiWorkerMirroredStrategy and TPUStrategy (whose classes are named
+    CollectiveAllReduceStrategy and TPUStrategyV2); otherwise the class name.
+    """
+    if strategy is _DEFAULT_STRATEGY:
+        return "OneDevice"
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "MultiWorkerMirroredStrategy"
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return "TPUStrategy"
+    return type(strategy).__name__
 
 
 def num_workers(strategy: tf.distribute.Strategy) -> int:
-    """Worker processes taking part (1 unless multi-worker)."""
-    extended = strategy.extended
-    return int(getattr(extended, "_num_workers", 1) or 1)
+    """Worker processes taking part (1 unless multi-worker).
+
+    For MultiWorkerMirroredStrategy, the chief and worker tasks of its cluster
+    (`strategy.cluster_resolver`, TF_CONFIG's by default); 1 for every other
+    strategy, a TPUStrategy included (one client process drives all its hosts).
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return 1
+    return max(cluster_size({"cluster": strategy.cluster_resolver.cluster_spec().as_dict()}), 1)
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:

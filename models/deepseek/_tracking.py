@@ -12,6 +12,13 @@ whose children are "0", "1", ...), so checkpoint keys and the keys of a
 SavedModel's `variables/` agree (`model/decoder_layers/0/self_attn/...`), and a
 SavedModel's weights can be read back into a freshly built model with
 `tf.train.Checkpoint(model=model).read(<saved_model>/variables/variables)`.
+
+Why a workaround: the bug is keras-team/keras#19425 (open at Keras 3.6), and
+the fix here leans on internals, Keras' `Layer._tracked` and
+`_trackable_children` and TensorFlow's `tf.__internal__.tracking`.
+tests/models/test_tracking.py pins each of them on the pinned Keras and fails,
+naming the issue and what to do, when an upgrade changes one or fixes the bug
+(then this module and the two overrides go).
 """
 
 import tensorflow as tf

@@ -1,0 +1,124 @@
+"""The Keras and TensorFlow internals `models/deepseek/_tracking.py` relies on.
+
+Keras 3 on TensorFlow leaves a layer's list attributes out of
+`tf.train.Checkpoint` (keras-team/keras#19425, open), so the model's decoder
+blocks and experts would be missing from every checkpoint. `_tracking.py` adds
+them back through internals of the pinned Keras (3.6.0) and of
+`tf.__internal__`. These tests pin each internal, so that a Keras or TensorFlow
+upgrade fails here, loudly and with what to do, instead of writing checkpoints
+that silently lack most of the model.
+"""
+
+import keras
+import tensorflow as tf
+
+from models.deepseek._tracking import with_layer_lists
+
+ISSUE = "keras-team/keras#19425"
+
+
+def changed(what: str) -> str:
+    """The failure message when an internal `_tracking.py` relies on changed."""
+    return (
+        f"Keras {keras.__version__} / TensorFlow {tf.__version__} changed an internal that "
+        f"models/deepseek/_tracking.py relies on (the workaround for {ISSUE}: a Layer's list "
+        f"attributes are missing from tf.train.Checkpoint): {what}. Without it checkpoints "
+        f"silently lose every decoder block and expert. If {ISSUE} is fixed in this Keras, "
+        "delete _tracking.py and the `_trackable_children` overrides in "
+        "models/deepseek/causal_lm.py and moe.py; otherwise adapt _tracking.py to the new "
+        "internal. Either way, check that checkpoint keys are unchanged "
+        "(`model/decoder_layers/0/...`), so existing checkpoints still restore."
+    )
+
+
+FIXED = (
+    f"{ISSUE} looks fixed in Keras {keras.__version__}: the base `_trackable_children"
+    "('checkpoint')` now lists a layer's list attributes. Delete models/deepseek/_tracking.py "
+    "and the `_trackable_children` overrides in models/deepseek/causal_lm.py and moe.py, then "
+    "check that checkpoint keys are unchanged (`model/decoder_layers/0/...`), so existing "
+    "checkpoints still restore, and that test_deepseek_causal_lm.py::"
+    "test_tf_train_checkpoint_covers_every_weight passes."
+)
+
+
+class _Stack(keras.layers.Layer):
+    """Two Dense blocks in a list, like DeepSeekCausalLM.decoder_layers."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.blocks = [keras.layers.Dense(3, name="a"), keras.layers.Dense(3, name="b")]
+
+    def call(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class _TrackedStack(_Stack):
+    """`_Stack` with the override of causal_lm.py and moe.py."""
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = super()._trackable_children(save_type, **kwargs)
+        return with_layer_lists(self, children, save_type)
+
+
+def _built(cls):
+    layer = cls(name="stack")
+    layer(tf.zeros((1, 2)))
+    return layer
+
+
+def test_keras_names_list_attributes_in_tracked():
+    layer = _built(_Stack)
+    # Keras' TF backend records the names of its TrackedList/Dict/Set attributes
+    # in `Layer._tracked` (keras/src/backend/tensorflow/trackable.py).
+    assert "blocks" in getattr(layer, "_tracked", ()), changed(
+        "`Layer._tracked` no longer names list attributes")
+    assert isinstance(layer.blocks, list), changed(
+        "a list attribute is no longer a `list` (TrackedList)")
+
+
+def test_keras_checkpoint_children_still_leave_lists_out():
+    layer = _built(_Stack)
+    # The bug itself: the checkpoint view lacks the list; the SavedModel view has it.
+    assert "blocks" not in layer._trackable_children("checkpoint"), FIXED
+    saved = layer._trackable_children("savedmodel")
+    assert list(saved.get("blocks", ())) == list(layer.blocks), changed(
+        "`_trackable_children('savedmodel')` no longer exposes list attributes")
+
+
+def test_tf_internal_wrap_numbers_list_elements():
+    layer = _built(_Stack)
+    tracking = getattr(tf.__internal__, "tracking", None)
+    assert hasattr(tracking, "Trackable") and hasattr(tracking, "wrap"), changed(
+        "`tf.__internal__.tracking.Trackable` or `.wrap` is gone")
+    assert all(isinstance(block, tracking.Trackable) for block in layer.blocks)
+    wrapped = tracking.wrap(list(layer.blocks))
+    assert isinstance(wrapped, tracking.Trackable), changed(
+        "`tf.__internal__.tracking.wrap(list)` no longer returns a Trackable")
+    children = wrapped._trackable_children()
+    assert list(children) == ["0", "1"], changed(
+        f"a wrapped list's children are {list(children)}, not '0', '1'")
+    assert [children["0"], children["1"]] == list(layer.blocks)
+
+
+def test_checkpoint_keys_are_the_saved_models(tmp_path):
+    layer = _built(_TrackedStack)
+    path = tf.train.Checkpoint(model=layer).save(str(tmp_path / "ckpt"))
+    in_checkpoint = {name.removeprefix("model/") for name, _ in tf.train.list_variables(path)
+                     if name.startswith("model/")}
+    tf.saved_model.save(layer, str(tmp_path / "saved"))
+    in_saved_model = {name for name, _ in
+                      tf.train.list_variables(str(tmp_path / "saved/variables/variables"))
+                      if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")}
+    assert len(in_checkpoint) == len(layer.weights) == 4, changed(
+        f"tf.train.Checkpoint saved {sorted(in_checkpoint)}")
+    assert in_checkpoint == in_saved_model, changed(
+        f"checkpoint keys {sorted(in_checkpoint)} differ from the SavedModel's "
+        f"{sorted(in_saved_model)}")
+    assert any(name.startswith("blocks/0/") for name in in_checkpoint)
+    # Without the override the blocks are missing: the reason `_tracking.py` exists.
+    bare = _built(_Stack)
+    path = tf.train.Checkpoint(model=bare).save(str(tmp_path / "bare"))
+    assert not [name for name, _ in tf.train.list_variables(path)
+                if name.startswith("model/blocks/")], FIXED
