@@ -20,6 +20,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from common.json_file import read_json
 from reporting import mlmd_report
 from reporting.run_summary import ComponentRun, latest_run, open_store
 
@@ -80,12 +81,11 @@ def run_name(run: RunData) -> str:
     return mlmd_report.runs(run.store)[-1]["run"] if run.executions else "none recorded"
 
 
-def _read_json(path: str) -> dict:
-    """The JSON file at `path` (UTF-8, whatever the locale). Raises Unavailable when there is no such file."""
+def _available(path: str) -> str:
+    """`path`; raises Unavailable when there is no such file."""
     if not os.path.isfile(path):
         raise Unavailable(f"no {path}")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return path
 
 
 # ----------------------------------------------------------------------------- pipeline
@@ -144,7 +144,8 @@ def cleaning_report(run: RunData) -> dict:
       Unavailable: the TextCleaner did not run, or wrote no report.
     """
     uri = run.output("TextCleaner", "Examples")["uri"]
-    return _read_json(os.path.join(uri, "cleaning_report.json"))
+    return read_json(_available(os.path.join(uri, "cleaning_report.json")),
+                     "the TextCleaner's cleaning report")
 
 
 def anomaly_rows(run: RunData) -> list[list[str]]:
@@ -190,7 +191,7 @@ def training_summary(run: RunData) -> dict | None:
       Unavailable: the Trainer did not run (to the end).
     """
     path = os.path.join(trainer_dirs(run)[1], "training_summary.json")
-    return _read_json(path) if os.path.isfile(path) else None
+    return read_json(path, "the Trainer's training summary") if os.path.isfile(path) else None
 
 
 def read_events(log_dir: str) -> tuple[dict[str, tuple[list[int], list[float]]],
@@ -266,7 +267,8 @@ def eval_metrics(run: RunData) -> dict:
       Unavailable: the LmEvaluator did not run, or wrote no metrics.json.
     """
     uri = run.output("LmEvaluator", "ModelEvaluation")["uri"]
-    return _read_json(os.path.join(uri, "metrics.json"))
+    return read_json(_available(os.path.join(uri, "metrics.json")),
+                     "the LmEvaluator's metrics")
 
 
 # ----------------------------------------------------------------------------- pushed model
@@ -323,7 +325,7 @@ def generate_samples(run: RunData) -> tuple[str, list[tuple[str, str]]]:
     import tensorflow as tf
     import tensorflow_text  # noqa: F401 (the SavedModel's tokenizer ops)
 
-    from savedmodel.export import has_tokenizer
+    from savedmodel.layout import has_tokenizer
 
     destination = pushed_dir(run)
     if not has_tokenizer(destination):

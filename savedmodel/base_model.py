@@ -5,8 +5,10 @@ Two kinds of directory hold one:
   savedmodel  a SavedModel written by this project: a pushed version directory
               (`<serving_model_dir>/<version>/`), a Trainer Model artifact
               (`.../Trainer/model/<id>/`, whose `Format-Serving/` holds it), or an
-              hf-import output. The model's config is `assets.extra/config.json`
-              (or the pipeline config), its tokenizer `assets/tokenizer.json`.
+              hf-import output. The model's config is the pipeline config
+              (`assets.extra/deepseek_tfx_config.json`) when it carries one, else
+              `assets.extra/config.json` (`savedmodel/layout.py`); its tokenizer
+              `assets/tokenizer.json`.
   hf          a Hugging Face checkpoint directory: `config.json`, safetensors
               (sharded or not) and, for a text model, `tokenizer.json`
               (+ `tokenizer_config.json`, whose `chat_template` is kept).
@@ -66,7 +68,8 @@ def kind(path: str) -> str:
 
 
 def read_model_config(path: str):
-    """The `DeepSeekConfig` of the model at `path`.
+    """The `DeepSeekConfig` of the model at `path`: a HF checkpoint's config.json, or a
+    SavedModel's (`layout.read_model_config`: its pipeline config, else config.json).
 
     Raises:
       BaseModelError: no model at `path`.
@@ -77,16 +80,9 @@ def read_model_config(path: str):
         from models.deepseek.hf_checkpoint import read_config_json
 
         return read_config_json(directory)
-    import json
+    from savedmodel import layout
 
-    from models.deepseek.config import DeepSeekConfig
-    from savedmodel.hf_interop import PIPELINE_CONFIG_ASSET, model_config_of_savedmodel
-
-    pipeline_config = os.path.join(directory, "assets.extra", PIPELINE_CONFIG_ASSET)
-    if tf.io.gfile.exists(pipeline_config):  # a pushed model: every field, not only HF's
-        with tf.io.gfile.GFile(pipeline_config) as f:
-            return DeepSeekConfig.from_dict(json.load(f)["model"])
-    return model_config_of_savedmodel(directory)
+    return layout.read_model_config(directory)
 
 
 def tokenizer_path(path: str) -> str | None:

@@ -57,20 +57,26 @@ import tempfile
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the regex ops the graph uses)
 
+from common.json_file import write_json
 from config import GenerationConfig, PipelineConfig
 from models.deepseek import hf_checkpoint
 from models.deepseek.generation import generate
-from savedmodel.hf_interop import GENERATION_CONFIG_NAME, generation_config_to_hf
-from savedmodel.hf_interop import PIPELINE_CONFIG_ASSET as CONFIG_ASSET
-from tokenization.byte_level_bpe import (
+from savedmodel.hf_generation import generation_config_to_hf
+from savedmodel.layout import (  # noqa: F401  (the CLI's import)
+    CHAT_PROMPT_ASSET,
+    GENERATION_CONFIG_NAME,
+    MODEL_CONFIG_NAME,
+    PIPELINE_CONFIG_ASSET,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
-    ByteLevelBpe,
+    NoTokenizerError,
+    extra_path,
+    has_tokenizer,
 )
+from tokenization.byte_level_bpe import ByteLevelBpe
 from tokenization.byte_pair_encoder import BytePairEncoder
 from tokenization.tokenizer import load_tokenizer
 
-CHAT_PROMPT_ASSET = "chat_prompt.json"  # assets.extra/: the chat template's prompt affixes
 # The inputs of `generate` and `generate_raw`: one value of each per prompt, so rows
 # of different requests can share one call.
 GENERATE_SIGNATURE = [
@@ -246,14 +252,12 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
         if chat_prompt is not None:
             signatures["generate_raw"] = module.generate_raw
         tf.saved_model.save(module, export_dir, signatures=signatures)
-    extra = os.path.join(export_dir, "assets.extra")
-    tf.io.gfile.makedirs(extra)
-    for name, value in ((hf_checkpoint.CONFIG_NAME, hf_checkpoint.config_to_hf(model.config)),
-                        (GENERATION_CONFIG_NAME, generation_config_to_hf(generation, tokenizer)),
-                        *(((CHAT_PROMPT_ASSET, {"prefix": chat_prompt[0], "suffix": chat_prompt[1]}),)
-                          if chat_prompt is not None else ())):
-        with tf.io.gfile.GFile(os.path.join(extra, name), "w") as f:
-            f.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    extras = {MODEL_CONFIG_NAME: hf_checkpoint.config_to_hf(model.config),
+              GENERATION_CONFIG_NAME: generation_config_to_hf(generation, tokenizer)}
+    if chat_prompt is not None:
+        extras[CHAT_PROMPT_ASSET] = {"prefix": chat_prompt[0], "suffix": chat_prompt[1]}
+    for name, value in extras.items():
+        write_json(extra_path(export_dir, name), value, ensure_ascii=True)
     return export_dir
 
 
@@ -276,39 +280,7 @@ def export_serving_model(model, transform_output_dir: str, config: PipelineConfi
         chat_prompt = chat_template.prompt_affixes(template,
                                                    *chat_template.special_tokens(tokenizer))
     save_text_model(model, tokenizer, config.generation, export_dir, chat_prompt)
-    tf.io.gfile.makedirs(os.path.join(export_dir, "assets.extra"))
-    with tf.io.gfile.GFile(os.path.join(export_dir, "assets.extra", CONFIG_ASSET), "w") as f:
-        f.write(json.dumps(config.to_dict(), indent=2, sort_keys=True))
+    with tf.io.gfile.GFile(extra_path(export_dir, PIPELINE_CONFIG_ASSET), "w") as f:
+        f.write(json.dumps(config.to_dict(), indent=2, sort_keys=True))  # no final newline, as ever
     return export_dir
 
-
-def read_chat_prompt(model_dir: str) -> tuple[str, str] | None:
-    """The (prefix, suffix) `save_text_model` wrote to `assets.extra/chat_prompt.json`, or
-    None for a model without a chat template."""
-    path = os.path.join(model_dir, "assets.extra", CHAT_PROMPT_ASSET)
-    if not tf.io.gfile.exists(path):
-        return None
-    with tf.io.gfile.GFile(path) as f:
-        affixes = json.load(f)
-    return affixes["prefix"], affixes["suffix"]
-
-
-def has_tokenizer(model_dir: str) -> bool:
-    """Whether a SavedModel carries a tokenizer (`assets/tokenizer.json`): text signatures."""
-    return tf.io.gfile.exists(os.path.join(model_dir, "assets", TOKENIZER_FILE))
-
-
-def savedmodel_tokenizer(model_dir: str) -> ByteLevelBpe | None:
-    """The tokenizer a SavedModel carries (`assets/tokenizer.json`), or None (logits only)."""
-    path = os.path.join(model_dir, "assets", TOKENIZER_FILE)
-    return ByteLevelBpe.from_file(path) if has_tokenizer(model_dir) else None
-
-
-class NoTokenizerError(ValueError):
-    """Text was asked of a SavedModel without a tokenizer (it serves logits only)."""
-
-    def __init__(self, model_dir: str, what: str):
-        super().__init__(
-            f"{model_dir} has no tokenizer (no assets/{TOKENIZER_FILE}): it serves logits "
-            f"only, so it cannot {what}; hf-import a checkpoint directory that holds "
-            f"{TOKENIZER_FILE} to get the text signatures")

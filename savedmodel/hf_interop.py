@@ -32,26 +32,36 @@ Needs only TensorFlow (and safetensors); no torch, no TFX.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import tensorflow as tf
 
+from common.json_file import read_json, write_json
 from config import GenerationConfig
 from models.deepseek import hf_checkpoint
+from savedmodel.hf_generation import (
+    SAMPLING_KEYS,
+    generation_config_from_hf,
+    generation_config_to_hf,
+    token_ids,
+)
+from savedmodel.layout import (
+    GENERATION_CONFIG_NAME,
+    MODEL_CONFIG_NAME,
+    extra_path,
+    read_hf_generation_config,
+    read_model_config,
+    read_pipeline_config,
+    read_tokenizer,
+)
 from tokenization.byte_level_bpe import (
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     ByteLevelBpe,
 )
 
-PIPELINE_CONFIG_ASSET = "deepseek_tfx_config.json"  # the PipelineConfig beside a pushed model
-GENERATION_CONFIG_NAME = "generation_config.json"  # transformers' GenerationConfig file
 TEXT_SIGNATURES = ("serving_default", "generate", "logits", "tokenize", "detokenize")
 LOGITS_SIGNATURES = ("logits", "serving_default")
-# transformers' GenerationConfig defaults, for keys a generation_config.json leaves out.
-_HF_GENERATION_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
-_SAMPLING_KEYS = (*_HF_GENERATION_DEFAULTS, "max_new_tokens")
 
 
 class LogitsModule(tf.Module):
@@ -64,72 +74,6 @@ class LogitsModule(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="input_ids")])
     def logits(self, input_ids):
         return {"logits": tf.cast(self.model(input_ids, training=False), tf.float32)}
-
-
-# ----------------------------------------------------------------------------- generation
-
-
-def generation_config_from_hf(hf: dict) -> GenerationConfig:
-    """The sampling defaults of a transformers `generation_config.json` dict.
-
-    Keys it leaves out take transformers' defaults (`do_sample` false, temperature
-    1.0, top_k 50, top_p 1.0), so the result decodes as `model.generate()` would:
-    `do_sample` false becomes greedy (temperature 0). `max_new_tokens` defaults to
-    the pipeline's (`GenerationConfig().max_new_tokens`; transformers' `max_length`
-    counts the prompt too and is not used). Beam search and penalties are not used.
-    """
-    # A key set to null is "off" in transformers (no top-k / nucleus filter, no scaling).
-    off = {"do_sample": False, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
-    get = {k: (off[k] if hf[k] is None else hf[k]) if k in hf else default
-           for k, default in _HF_GENERATION_DEFAULTS.items()}
-    greedy = not get["do_sample"] or float(get["temperature"]) <= 0
-    return GenerationConfig(
-        max_new_tokens=int(hf.get("max_new_tokens") or GenerationConfig().max_new_tokens),
-        temperature=0.0 if greedy else float(get["temperature"]),
-        top_k=int(get["top_k"]),
-        top_p=float(get["top_p"]),
-    )
-
-
-def generation_config_to_hf(generation: GenerationConfig,
-                            tokenizer: ByteLevelBpe | None = None) -> dict:
-    """`generation` as a transformers `generation_config.json` dict.
-
-    Temperature 0 (greedy) is `do_sample: false` without sampling keys (transformers
-    warns about sampling keys that greedy decoding ignores, and refuses to save them);
-    top_k 0 and top_p 1.0 mean "off" in both. With a tokenizer, also `bos_token_id` (when it has a
-    beginning token), `eos_token_id` and `pad_token_id`.
-    """
-    hf: dict = {"do_sample": generation.temperature > 0,
-                "max_new_tokens": generation.max_new_tokens}
-    if generation.temperature > 0:
-        hf.update(temperature=generation.temperature, top_k=generation.top_k,
-                  top_p=generation.top_p)
-    if tokenizer is not None:
-        hf.update(token_ids(tokenizer))
-    return hf
-
-
-def token_ids(tokenizer: ByteLevelBpe) -> dict[str, int]:
-    """`bos_token_id` (if any), `eos_token_id` and `pad_token_id`, as transformers names them."""
-    ids = {"eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
-    if tokenizer.bos_token is not None:
-        ids["bos_token_id"] = tokenizer.token_id(tokenizer.bos_token)
-    return ids
-
-
-def _read_json(path: str) -> dict:
-    with tf.io.gfile.GFile(path) as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise hf_checkpoint.CheckpointError(f"{path}: not valid JSON ({e})") from e
-
-
-def _write_json(path: str, value: dict) -> None:
-    tf.io.gfile.makedirs(os.path.dirname(path))
-    with tf.io.gfile.GFile(path, "w") as f:
-        f.write(json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
 
 
 # ----------------------------------------------------------------------------- import
@@ -184,7 +128,8 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True) -> 
         vocab_size (naming both).
       UnsupportedTokenizerError: a tokenizer.json outside the DeepSeek-V3 family,
         or one without an end-of-sequence token (naming the field).
-      ValueError: tokenizer.json or tokenizer_config.json is not JSON.
+      JsonFileError (a ValueError): tokenizer.json, tokenizer_config.json or
+        generation_config.json is not a JSON object.
     """
     from savedmodel.export import save_text_model
 
@@ -203,54 +148,32 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True) -> 
         module = LogitsModule(model)
         tf.saved_model.save(module, out_dir,
                             signatures={"serving_default": module.logits, "logits": module.logits})
-        _write_json(os.path.join(out_dir, "assets.extra", hf_checkpoint.CONFIG_NAME),
-                    hf_checkpoint.config_to_hf(model.config))
+        write_json(extra_path(out_dir, MODEL_CONFIG_NAME), hf_checkpoint.config_to_hf(model.config))
         return ImportedModel(out_dir, LOGITS_SIGNATURES)
 
     hf_generation_path = os.path.join(checkpoint_dir, GENERATION_CONFIG_NAME)
     hf_generation = None
     if tf.io.gfile.exists(hf_generation_path):
-        hf_generation = _read_json(hf_generation_path)
+        hf_generation = read_json(hf_generation_path, "the checkpoint's generation config")
         generation, source = generation_config_from_hf(hf_generation), hf_generation_path
     else:
         generation, source = GenerationConfig(), "the pipeline's GenerationConfig() defaults"
     model = hf_checkpoint.load_hf_checkpoint(checkpoint_dir)
     save_text_model(model, tokenizer, generation, out_dir)  # also assets.extra/config.json
     if hf_generation is not None:  # keep the checkpoint's other keys for hf-export
-        _write_json(os.path.join(out_dir, "assets.extra", GENERATION_CONFIG_NAME),
-                    {**hf_generation, **generation_config_to_hf(generation, tokenizer)})
+        write_json(extra_path(out_dir, GENERATION_CONFIG_NAME),
+                   {**hf_generation, **generation_config_to_hf(generation, tokenizer)})
     return ImportedModel(out_dir, TEXT_SIGNATURES, tokenizer.source, generation, source)
 
 
 # ----------------------------------------------------------------------------- export
 
 
-def model_config_of_savedmodel(model_dir: str):
-    """The DeepSeekConfig stored beside a SavedModel (`assets.extra/config.json`, written by
-    hf-import and `save_text_model`; or the pipeline config of a model pushed before
-    SavedModels carried config.json).
-
-    Raises:
-      FileNotFoundError: neither `assets.extra/config.json` nor the pipeline's config.
-    """
-    from models.deepseek.config import DeepSeekConfig
-
-    extra = os.path.join(model_dir, "assets.extra")
-    hf_path = os.path.join(extra, hf_checkpoint.CONFIG_NAME)
-    pipeline_path = os.path.join(extra, PIPELINE_CONFIG_ASSET)
-    if tf.io.gfile.exists(hf_path):
-        with tf.io.gfile.GFile(hf_path) as f:
-            return hf_checkpoint.config_from_hf(json.load(f))
-    if tf.io.gfile.exists(pipeline_path):
-        with tf.io.gfile.GFile(pipeline_path) as f:
-            return DeepSeekConfig.from_dict(json.load(f)["model"])
-    raise FileNotFoundError(
-        f"{model_dir}: no assets.extra/{hf_checkpoint.CONFIG_NAME} or "
-        f"assets.extra/{PIPELINE_CONFIG_ASSET}; not a deepseek-tfx SavedModel")
-
-
 def load_model_from_savedmodel(model_dir: str):
     """Rebuilds the DeepSeekCausalLM of a SavedModel with its trained weights.
+
+    Its architecture is `layout.read_model_config`'s (the pipeline config, else
+    config.json).
 
     Raises:
       FileNotFoundError: no config beside the SavedModel.
@@ -258,7 +181,7 @@ def load_model_from_savedmodel(model_dir: str):
     """
     from models.deepseek.causal_lm import DeepSeekCausalLM
 
-    model = DeepSeekCausalLM(model_config_of_savedmodel(model_dir))
+    model = DeepSeekCausalLM(read_model_config(model_dir))
     reader = tf.train.Checkpoint(model=model)
     status = reader.read(os.path.join(model_dir, "variables", "variables"))
     status.expect_partial()  # the SavedModel also holds tokenizer tables etc.
@@ -290,13 +213,10 @@ def hf_export(model_dir: str, out_dir: str,
       FileNotFoundError: no config beside the SavedModel.
       AssertionError: the SavedModel's variables do not cover the model.
     """
-    from config import PipelineConfig
-    from savedmodel.export import savedmodel_tokenizer
-
     model = load_model_from_savedmodel(model_dir)
     files = hf_checkpoint.save_hf_checkpoint(model, out_dir, max_shard_bytes=max_shard_bytes,
                                              config_form=config_form, dtype=dtype)
-    tokenizer = savedmodel_tokenizer(model_dir)
+    tokenizer = read_tokenizer(model_dir)
     if tokenizer is None:
         return files
     extra_config = {}
@@ -304,18 +224,16 @@ def hf_export(model_dir: str, out_dir: str,
         extra_config["model_max_length"] = model.config.max_position_embeddings
     tokenizer.write(out_dir, extra_config=extra_config)
 
-    extra = os.path.join(model_dir, "assets.extra")
-    generation_path = os.path.join(extra, GENERATION_CONFIG_NAME)
-    pipeline_path = os.path.join(extra, PIPELINE_CONFIG_ASSET)
-    generation = _read_json(generation_path) if tf.io.gfile.exists(generation_path) else {}
-    if tf.io.gfile.exists(pipeline_path):
-        pipeline = PipelineConfig.from_dict(_read_json(pipeline_path))
-        generation = {k: v for k, v in generation.items() if k not in _SAMPLING_KEYS}
+    generation = read_hf_generation_config(model_dir) or {}
+    pipeline = read_pipeline_config(model_dir)
+    if pipeline is not None:
+        generation = {k: v for k, v in generation.items() if k not in SAMPLING_KEYS}
         generation.update(generation_config_to_hf(pipeline.generation))
     generation.update(token_ids(tokenizer))
-    _write_json(os.path.join(out_dir, GENERATION_CONFIG_NAME), generation)
+    write_json(os.path.join(out_dir, GENERATION_CONFIG_NAME), generation)
 
-    config_path = os.path.join(out_dir, hf_checkpoint.CONFIG_NAME)
-    _write_json(config_path, {**_read_json(config_path), **token_ids(tokenizer)})
+    config_path = os.path.join(out_dir, MODEL_CONFIG_NAME)
+    write_json(config_path, {**read_json(config_path, "the checkpoint's config.json"),
+                             **token_ids(tokenizer)})
     names = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, GENERATION_CONFIG_NAME)
     return files + [os.path.join(out_dir, name) for name in names]

@@ -168,9 +168,9 @@ def retokenize(docs: list[list[int]], from_dir: str, to_dir: str,
     The same list when both SavedModels carry the same tokenizer.json; otherwise
     decoded with one model's `detokenize` and encoded with the other's `tokenize`.
     """
-    from savedmodel.export import savedmodel_tokenizer
+    from savedmodel.layout import read_tokenizer
 
-    source, target = savedmodel_tokenizer(from_dir), savedmodel_tokenizer(to_dir)
+    source, target = read_tokenizer(from_dir), read_tokenizer(to_dir)
     if source.json == target.json:
         return docs
     detokenize = tf.saved_model.load(from_dir).signatures["detokenize"]

@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
-import json
-import os
 import sys
 from collections.abc import Iterator
 from typing import TextIO
@@ -50,8 +48,12 @@ import tensorflow_text  # noqa: F401  (registers the regex ops of the encoder)
 
 from config import GenerationConfig
 from models.deepseek.generation import next_token
-from savedmodel.export import NoTokenizerError, read_chat_prompt, savedmodel_tokenizer
-from savedmodel.hf_interop import GENERATION_CONFIG_NAME, generation_config_from_hf
+from savedmodel.layout import (
+    NoTokenizerError,
+    read_chat_prompt,
+    read_generation_config,
+    read_tokenizer,
+)
 from tokenization import chat_template
 from tokenization.byte_level_bpe import ByteLevelBpe
 from tokenization.byte_pair_encoder import BytePairEncoder
@@ -74,12 +76,8 @@ class Sampling:
 def default_sampling(model_dir: str) -> Sampling:
     """The SavedModel's generation defaults (`assets.extra/generation_config.json`, the
     defaults of its `serving_default`), else `GenerationConfig()` with 100 new tokens."""
-    path = os.path.join(model_dir, "assets.extra", GENERATION_CONFIG_NAME)
-    if tf.io.gfile.exists(path):
-        with tf.io.gfile.GFile(path) as f:
-            g = generation_config_from_hf(json.load(f))
-    else:
-        g = dataclasses.replace(GenerationConfig(), max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
+    g = read_generation_config(model_dir) or dataclasses.replace(
+        GenerationConfig(), max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
     return Sampling(g.max_new_tokens, g.temperature, g.top_k, g.top_p)
 
 
@@ -173,7 +171,7 @@ class ChatSession:
         """
         from savedmodel import base_model
 
-        tokenizer = savedmodel_tokenizer(model_dir)
+        tokenizer = read_tokenizer(model_dir)
         if tokenizer is None:
             raise NoTokenizerError(model_dir, "chat")
         sampling = dataclasses.replace(default_sampling(model_dir),

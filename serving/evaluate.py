@@ -19,29 +19,22 @@ UTF-8 bytes of the texts plus one per separator.
 from __future__ import annotations
 
 import gzip
-import json
-import os
 
 import tensorflow as tf
 import tensorflow_text  # noqa: F401
 
-from config import DataConfig, PipelineConfig
+from config import DataConfig
 from corpus.documents import file_format, read_documents
 from savedmodel import scoring
-from savedmodel.export import CONFIG_ASSET, NoTokenizerError, savedmodel_tokenizer
-from savedmodel.hf_interop import model_config_of_savedmodel
+from savedmodel.layout import (
+    NoTokenizerError,
+    read_model_config,
+    read_pipeline_config,
+    read_tokenizer,
+)
 
 DEFAULT_SEQ_LEN = 1024  # window of a model without a pipeline config (capped by its context)
 LOGITS_BUDGET_BYTES = 256 * 1024**2  # float32 logits per scoring call (at least one window)
-
-
-def load_config(model_dir: str) -> PipelineConfig | None:
-    """The pipeline config beside a pushed model, or None (e.g. an hf-imported model)."""
-    path = os.path.join(model_dir, "assets.extra", CONFIG_ASSET)
-    if not tf.io.gfile.exists(path):
-        return None
-    with tf.io.gfile.GFile(path) as f:
-        return PipelineConfig.from_dict(json.load(f))
 
 
 def _file_bytes(path: str) -> int:
@@ -72,14 +65,14 @@ def evaluate_text_files(model_dir: str, pattern: str, batch_size: int = 64,
       NoTokenizerError: the SavedModel has no tokenizer (logits only).
       ValueError: seq_len beyond the model's max_position_embeddings.
     """
-    tokenizer = savedmodel_tokenizer(model_dir)
+    tokenizer = read_tokenizer(model_dir)
     if tokenizer is None:
         raise NoTokenizerError(model_dir, "score text")
     files = sorted(p for p in tf.io.gfile.glob(pattern) if not tf.io.gfile.isdir(p))
     if not files:
         raise FileNotFoundError(f"no files match {pattern}")
-    config = load_config(model_dir)
-    model_config = config.model if config else model_config_of_savedmodel(model_dir)
+    config = read_pipeline_config(model_dir)
+    model_config = read_model_config(model_dir)
     max_positions = model_config.max_position_embeddings
     if seq_len is None:
         seq_len = config.train.seq_len if config else min(max_positions, DEFAULT_SEQ_LEN)

@@ -25,7 +25,8 @@ per-row input is repeated for every prompt.
 Validation, before any model work: a bad request gets a 400 with `{"error": ...}`
 naming the field and its allowed range, and the server keeps serving:
   max_new_tokens   in [1, context - prompt tokens], the context being
-                   `max_position_embeddings` (assets.extra/config.json) and the prompt
+                   `max_position_embeddings` (the model's config,
+                   `layout.read_model_config`) and the prompt
                    counted by the `tokenize` signature as the model sees it (plain
                    LMs: one [EOS] separator first; chat models: inside the chat
                    template's prefix and suffix, assets.extra/chat_prompt.json, except
@@ -35,8 +36,9 @@ naming the field and its allowed range, and the server keeps serving:
   input_ids        in [0, vocab_size) (`logits`, `detokenize`, a logits-only
                    `serving_default`);
   rows             at most `serve.max_batch_size` prompts per request.
-A model without config.json (nor the pipeline config) skips the checks that need the
-context or the vocabulary; the model itself then rejects what it cannot run.
+A model without config.json (nor the pipeline config), or with one that cannot be
+read, skips the checks that need the context or the vocabulary (a warning says why);
+the model itself then rejects what it cannot run.
 
 Batching (TF Serving's `--enable_batching`, same knob names: `config.
 ServeConfig`). There is no lock around the model: each request is validated in its
@@ -64,7 +66,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -74,10 +75,16 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the regex ops of the tokenizer)
 
 from config import ServeConfig
-from models.deepseek.hf_checkpoint import CONFIG_NAME as _MODEL_CONFIG
-from savedmodel.export import read_chat_prompt
-from savedmodel.hf_interop import GENERATION_CONFIG_NAME as _GENERATION_CONFIG
-from savedmodel.hf_interop import PIPELINE_CONFIG_ASSET as _PIPELINE_CONFIG
+from savedmodel.layout import (
+    MODEL_CONFIG_NAME,
+    PIPELINE_CONFIG_ASSET,
+    has_tokenizer,
+    latest_version,
+    read_chat_prompt,
+    read_hf_generation_config,
+    read_model_config,
+    read_pipeline_config,
+)
 from serving.batcher import Batcher, Unavailable
 
 log = logging.getLogger(__name__)
@@ -99,35 +106,21 @@ class BadRequest(ValueError):
     """A request the model cannot answer; becomes HTTP 400 with the message."""
 
 
-def newest_version(serving_dir: str) -> tuple[str, int]:
-    """(path, version) of the highest numbered SavedModel under `serving_dir`.
-
-    A directory that is itself a SavedModel is version 1.
-
-    Raises:
-      FileNotFoundError: no saved_model.pb in it and no numbered version with one.
-    """
-    if os.path.isfile(os.path.join(serving_dir, "saved_model.pb")):
-        return serving_dir, 1
-    versions = [int(d) for d in os.listdir(serving_dir) if d.isdigit()
-                and os.path.isfile(os.path.join(serving_dir, d, "saved_model.pb"))]
-    if not versions:
-        raise FileNotFoundError(f"{serving_dir}: no saved_model.pb and no numbered SavedModel "
-                                "versions")
-    version = max(versions)
-    return os.path.join(serving_dir, str(version)), version
-
-
 # ----------------------------------------------------------------------------- the model
 
 
-def _read_json(path: str) -> dict:
+def _default_max_new_tokens(model_dir: str) -> int | None:
+    """`serving_default`'s max_new_tokens: generation_config.json's, else the pipeline
+    config's; None when neither file says (or one cannot be read)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+        hf = read_hf_generation_config(model_dir) or {}
+        if hf.get("max_new_tokens"):
+            return hf["max_new_tokens"]
+        pipeline = read_pipeline_config(model_dir)
+    except ValueError as e:
+        log.warning("%s: serving_default's max_new_tokens is not known (%s)", model_dir, e)
+        return None
+    return pipeline.generation.max_new_tokens if pipeline is not None else None
 
 
 class ModelServer:
@@ -140,32 +133,31 @@ class ModelServer:
       serve: batching knobs; `ServeConfig()` when None.
 
     Raises:
-      FileNotFoundError: see `newest_version`.
+      FileNotFoundError: see `layout.latest_version`.
     """
 
     def __init__(self, serving_dir: str, model_name: str = "deepseek",
                  serve: ServeConfig | None = None):
-        self.path, self.version = newest_version(serving_dir)
+        self.path, self.version = latest_version(serving_dir)
         self.name = model_name
         self.serve = serve or ServeConfig()
         self.model = tf.saved_model.load(self.path)
         self.signatures = dict(self.model.signatures)
-        self.has_tokenizer = os.path.isfile(os.path.join(self.path, "assets", "tokenizer.json"))
+        self.has_tokenizer = has_tokenizer(self.path)
         # What validation needs, from assets.extra/ (None: not checked before the model).
-        extra = os.path.join(self.path, "assets.extra")
-        hf = _read_json(os.path.join(extra, _MODEL_CONFIG))
-        pipeline = _read_json(os.path.join(extra, _PIPELINE_CONFIG))
-        model = pipeline.get("model") or {}
-        self.context = hf.get("max_position_embeddings") or model.get("max_position_embeddings")
-        self.vocab_size = hf.get("vocab_size") or model.get("vocab_size")
-        self.default_max_new_tokens = (
-            _read_json(os.path.join(extra, _GENERATION_CONFIG)).get("max_new_tokens")
-            or (pipeline.get("generation") or {}).get("max_new_tokens"))
-        self.chat_prompt = read_chat_prompt(self.path)
-        if self.context is None or self.vocab_size is None:
+        self.context = self.vocab_size = None
+        try:
+            model = read_model_config(self.path)
+            self.context, self.vocab_size = model.max_position_embeddings, model.vocab_size
+        except FileNotFoundError:
             log.warning("%s has no assets.extra/%s (nor %s): max_new_tokens and token ids are "
-                        "not checked before the model runs", self.path, _MODEL_CONFIG,
-                        _PIPELINE_CONFIG)
+                        "not checked before the model runs", self.path, MODEL_CONFIG_NAME,
+                        PIPELINE_CONFIG_ASSET)
+        except ValueError as e:  # a config file that cannot be read: say why
+            log.warning("%s: max_new_tokens and token ids are not checked before the model "
+                        "runs: %s", self.path, e)
+        self.default_max_new_tokens = _default_max_new_tokens(self.path)
+        self.chat_prompt = read_chat_prompt(self.path)
         self.batcher = Batcher(self._call, self.serve)
 
     def close(self) -> None:
@@ -505,7 +497,7 @@ def make_http_server(serving_dir: str, host: str = "127.0.0.1", port: int = 8501
     `httpd.server_close()` to stop the batch threads.
 
     Raises:
-      FileNotFoundError: see `newest_version`.
+      FileNotFoundError: see `layout.latest_version`.
     """
     model_server = ModelServer(serving_dir, model_name, serve)
     httpd = _HTTPServer((host, port), make_handler(model_server))

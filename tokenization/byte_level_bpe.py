@@ -19,6 +19,7 @@ import json
 import os
 from typing import Any
 
+from common.json_file import read_json
 from tokenization.pre_tokenizer import PreTokenizer, UnsupportedTokenizerError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -137,7 +138,8 @@ class ByteLevelBpe:
 
         Raises:
           FileNotFoundError: no tokenizer.json there.
-          ValueError: not JSON (naming the file and line).
+          JsonFileError (a ValueError): not a JSON object (naming the file, and the
+            line and column of invalid JSON).
           UnsupportedTokenizerError: not of the family.
         """
         import tensorflow as tf
@@ -146,8 +148,9 @@ class ByteLevelBpe:
         if not tf.io.gfile.exists(file):
             raise FileNotFoundError(f"{path}: no {TOKENIZER_FILE} there")
         config_file = os.path.join(os.path.dirname(file), TOKENIZER_CONFIG_FILE)
-        config = _read_json(config_file) if tf.io.gfile.exists(config_file) else None
-        return cls(_read_json(file), source=file, tokenizer_config=config)
+        config = (read_json(config_file, TOKENIZER_CONFIG_FILE)
+                  if tf.io.gfile.exists(config_file) else None)
+        return cls(read_json(file, TOKENIZER_FILE), source=file, tokenizer_config=config)
 
     # -- ids the pipeline needs --------------------------------------------------
     def token_id(self, token: str) -> int:
@@ -235,13 +238,3 @@ class ByteLevelBpe:
         with tf.io.gfile.GFile(os.path.join(directory, TOKENIZER_CONFIG_FILE), "w") as f:
             f.write(json.dumps(config, ensure_ascii=False, indent=2, sort_keys=True))
 
-
-def _read_json(path: str) -> dict[str, Any]:
-    import tensorflow as tf
-
-    with tf.io.gfile.GFile(path, "rb") as f:
-        raw = f.read()
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a JSON file: {e}") from None

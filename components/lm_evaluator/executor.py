@@ -27,7 +27,7 @@ from components.trainer.data import PROMPT_LENGTH_KEY
 from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY
 from config import PipelineConfig
 from savedmodel import scoring
-from savedmodel.export import savedmodel_tokenizer
+from savedmodel.layout import read_tokenizer
 from tokenization.byte_level_bpe import ByteLevelBpe
 
 METRICS_FILE = "metrics.json"
@@ -65,7 +65,7 @@ def evaluate_saved_model(model_dir: str, docs, num_bytes: int, config: PipelineC
     """Perplexity and bits per byte of the SavedModel on `docs` (its own token ids)."""
     logits_fn = tf.saved_model.load(model_dir).signatures["logits"]
     return evaluate_logits(lambda x: logits_fn(input_ids=x)["logits"],
-                           savedmodel_tokenizer(model_dir), docs, num_bytes, config)
+                           read_tokenizer(model_dir), docs, num_bytes, config)
 
 
 def evaluate_baseline(baseline_uri: str, candidate_dir: str, docs, num_bytes: int,
@@ -77,14 +77,14 @@ def evaluate_baseline(baseline_uri: str, candidate_dir: str, docs, num_bytes: in
 
     baseline_dir = base_model.model_dir(baseline_uri)
     if base_model.kind(baseline_dir) == base_model.SAVEDMODEL:
-        if config.data.task == "sft" and (savedmodel_tokenizer(baseline_dir).json
-                                          != savedmodel_tokenizer(candidate_dir).json):
+        if config.data.task == "sft" and (read_tokenizer(baseline_dir).json
+                                          != read_tokenizer(candidate_dir).json):
             raise ValueError(f"baseline {baseline_dir} has another tokenizer; response-only "
                              f"scoring of SFT records needs the candidate's")
         baseline_docs = scoring.retokenize(docs, candidate_dir, baseline_dir)
         return evaluate_saved_model(baseline_dir, baseline_docs, num_bytes, config)
     tokenizer_dir = base_model.tokenizer_path(baseline_dir)
-    candidate = savedmodel_tokenizer(candidate_dir)
+    candidate = read_tokenizer(candidate_dir)
     if tokenizer_dir is None or ByteLevelBpe.from_file(tokenizer_dir).json != candidate.json:
         raise ValueError(f"baseline {baseline_dir} (a Hugging Face checkpoint) does not carry "
                          f"the candidate's tokenizer.json, so the two cannot score the same ids")

@@ -17,6 +17,7 @@ import os
 
 import tensorflow as tf
 
+from common.json_file import read_json
 from components.trainer import checkpointing, data, hardware, precision, train_loop
 from components.trainer import job as job_lib
 from config import PipelineConfig
@@ -89,8 +90,7 @@ def run_fn(fn_args) -> None:
                "sft_rejected_too_long": counts["rejected"]["too_long"],
                "sft_response_tokens": counts["response_tokens"]}
     model = train_model(job, config)
-    with open(job.result_path) as f:
-        figures = json.load(f)
+    figures = read_json(job.result_path, "the training job's result")
 
     if config.data.task == "sft":
         eval_ds = data.make_sft_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size,
@@ -131,8 +131,7 @@ def check_tokenizer(path: str, role: str, tokenizer) -> None:
     if tokenizer_dir is None:
         raise ValueError(f"{role} {directory} carries no tokenizer.json; it must have this "
                          f"run's tokenizer ({tokenizer.source})")
-    with tf.io.gfile.GFile(os.path.join(tokenizer_dir, "tokenizer.json"), "rb") as f:
-        theirs = json.loads(f.read())
+    theirs = read_json(os.path.join(tokenizer_dir, "tokenizer.json"), f"the {role}'s tokenizer")
     if theirs != tokenizer.json:
         raise ValueError(f"{role} {directory}: its tokenizer.json differs from this run's "
                          f"({tokenizer.source}); both must tokenize alike")
@@ -156,8 +155,7 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
     from components.trainer import launcher
 
     launcher.run_workers(job, job.num_workers, job_dir=job.log_dir)
-    with open(job.result_path) as f:
-        last = json.load(f)["last_checkpoint"]
+    last = read_json(job.result_path, "the training job's result")["last_checkpoint"]
     model = train_loop.build_trained_model(config)
     tf.train.Checkpoint(model=model).read(last).expect_partial().assert_existing_objects_matched()
     return train_loop.copy_to_float32_model(config, model) if config.train.lora_rank else model

@@ -226,12 +226,9 @@ def saved(subject, tmp_path_factory):
     `logits_only` as saved, and `chat` with the chat tokenizer and the assets.extra files
     `save_text_model` writes beside a chat model (the model's defaults)."""
     from models.deepseek import hf_checkpoint
-    from savedmodel.export import CHAT_PROMPT_ASSET
-    from savedmodel.hf_interop import (
-        GENERATION_CONFIG_NAME,
-        LogitsModule,
-        generation_config_to_hf,
-    )
+    from savedmodel.hf_generation import generation_config_to_hf
+    from savedmodel.hf_interop import LogitsModule
+    from savedmodel.layout import CHAT_PROMPT_ASSET, GENERATION_CONFIG_NAME
 
     root = tmp_path_factory.mktemp("saved")
     logits_only, chat = root / "logits_only", root / "chat"

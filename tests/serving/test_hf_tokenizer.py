@@ -336,7 +336,7 @@ def test_logits_only_export_writes_no_tokenizer(tmp_path, capsys):
 ])
 def test_generation_config_from_hf(hf, expected):
     from config import GenerationConfig
-    from savedmodel.hf_interop import generation_config_from_hf, generation_config_to_hf
+    from savedmodel.hf_generation import generation_config_from_hf, generation_config_to_hf
 
     generation = generation_config_from_hf(hf)
     assert generation == GenerationConfig(**expected)
