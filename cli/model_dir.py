@@ -5,23 +5,27 @@ from __future__ import annotations
 
 import os
 
+from savedmodel.layout import latest_version
+
 
 def resolve_model_dir(model: str) -> str:
-    """A SavedModel directory, or a serving directory whose newest version is used.
+    """A SavedModel directory, or a serving directory whose newest version is used
+    (`savedmodel.layout.latest_version`, the server's rule too).
 
     Args:
       model: a directory holding saved_model.pb, or one holding numbered version
         directories (`<serving_dir>/<version>/saved_model.pb`).
 
     Returns:
-      `model` itself, or `model/<the largest numbered version>`.
+      `model` itself, or `model/<the largest numbered version holding a SavedModel>`.
 
     Raises:
-      SystemExit: neither a SavedModel nor any numbered version in it.
+      SystemExit: neither a SavedModel nor any numbered version with one in it.
     """
-    if os.path.isfile(os.path.join(model, "saved_model.pb")):
-        return model
-    versions = [d for d in os.listdir(model) if d.isdigit()] if os.path.isdir(model) else []
-    if not versions:
-        raise SystemExit(f"error: --model {model}: no SavedModel and no numbered versions in it")
-    return os.path.join(model, max(versions, key=int))
+    if not os.path.isdir(model):
+        raise SystemExit(f"error: --model {model}: no such directory")
+    try:
+        return latest_version(model)[0]
+    except FileNotFoundError:
+        raise SystemExit(f"error: --model {model}: no SavedModel and no numbered versions "
+                         "in it") from None

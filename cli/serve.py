@@ -16,7 +16,7 @@ from cli.model_dir import resolve_model_dir
 
 def require_text_model(model_dir: str, command: str, what: str) -> None:
     """Exits with one line when the SavedModel has no tokenizer (logits only)."""
-    from savedmodel.export import NoTokenizerError, has_tokenizer
+    from savedmodel.layout import NoTokenizerError, has_tokenizer
 
     if not has_tokenizer(model_dir):
         raise SystemExit(f"error: {command}: {NoTokenizerError(model_dir, what)}")

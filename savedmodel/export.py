@@ -62,16 +62,14 @@ from config import GenerationConfig, PipelineConfig
 from models.deepseek import hf_checkpoint
 from models.deepseek.generation import generate
 from savedmodel.hf_generation import generation_config_to_hf
-from savedmodel.layout import (  # noqa: F401  (the CLI's import)
+from savedmodel.layout import (
     CHAT_PROMPT_ASSET,
     GENERATION_CONFIG_NAME,
     MODEL_CONFIG_NAME,
     PIPELINE_CONFIG_ASSET,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
-    NoTokenizerError,
     extra_path,
-    has_tokenizer,
 )
 from tokenization.byte_level_bpe import ByteLevelBpe
 from tokenization.byte_pair_encoder import BytePairEncoder
