@@ -18,9 +18,13 @@ import tempfile
 import textwrap
 
 import numpy as np
+import pytest
 
 from components.trainer import data, train_loop
 from config import get_config
+
+# Slow: each test compiles a training step with XLA.
+pytestmark = pytest.mark.slow
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 

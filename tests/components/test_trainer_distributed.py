@@ -27,6 +27,9 @@ from components.trainer import job as job_lib
 from components.trainer import launcher
 from config import get_config
 
+# Slow: each test starts worker processes (TensorFlow import, a cluster over loopback).
+pytestmark = pytest.mark.slow
+
 STEPS = 50
 # Max |loss_2 workers - loss_1 worker| over the first 50 steps (losses ~4-8 nats).
 # Measured on a 2-core CPU: ~2e-5 (summation order only); the bound leaves room

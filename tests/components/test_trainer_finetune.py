@@ -103,6 +103,7 @@ def test_global_token_count_divides_the_summed_loss():
 # ---------------------------------------------------------------------------- SFT
 
 
+@pytest.mark.slow
 def test_prompt_labels_change_nothing_in_the_update(tmp_path):
     config = tiny()
     prompts, responses = [5, 9, 2, 14, 7, 20, 3, 11], [12, 3, 20, 6, 9, 4, 17, 1]
@@ -157,6 +158,7 @@ MIRRORED_SFT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_uneven_responses_on_two_replicas_and_two_micro_batches_equal_one_batch():
     """2 replicas x 2 micro-batches of 2 sequences whose response lengths differ
     (1 to 30 targets) give the gradient of one batch of 8: the loss is the mean
@@ -215,6 +217,7 @@ def test_frozen_weights_are_bit_identical_and_get_no_slots(rule, pretrain_batche
         assert "norm/weight" in trained and "embed_tokens/embeddings" in trained
 
 
+@pytest.mark.slow
 def test_lora_trains_adapters_only_and_the_merged_copy_has_the_same_logits(
         pretrain_batches, tmp_path):
     config = tiny(lora_rank=4, learning_rate=1e-2)
@@ -242,6 +245,7 @@ def test_a_rule_that_picks_nothing_is_refused():
 # ---------------------------------------------------------------------------- warm start
 
 
+@pytest.mark.slow
 def test_warm_start_from_a_hugging_face_checkpoint_has_its_logits_before_any_step():
     """`train_loop.setup` with a HF checkpoint as base: the model to be trained gives the
     logits transformers computed for the checkpoint (the fixture's expected_logits.npy)."""

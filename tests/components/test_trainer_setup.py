@@ -165,6 +165,7 @@ def test_config_validation_of_train_fields():
         get_config("tiny", {"train.recompute_activations": "yes"})
 
 
+@pytest.mark.slow
 def test_fused_adamw_matches_keras_adamw():
     """The fused update (ResourceApplyAdam + decoupled decay) == keras.optimizers.AdamW."""
     import keras

@@ -172,6 +172,7 @@ def test_cache_overflow_raises(tiny_model):
         tiny_model.call_with_cache(_ids(1, 5), cache, 0)
 
 
+@pytest.mark.slow
 def test_saved_model_round_trip(tiny_model, tmp_path):
     from models.deepseek.generation import generate
 

@@ -74,6 +74,7 @@ def test_cached_decoding_of_imported_checkpoint_matches_transformers():
     assert float(np.abs(cached - expected).max()) <= TOLERANCE
 
 
+@pytest.mark.slow
 def test_hf_import_export_round_trip(tmp_path):
     """hf-import -> SavedModel -> hf-export -> hf-import leaves the logits unchanged."""
     from savedmodel.hf_interop import hf_export, hf_import

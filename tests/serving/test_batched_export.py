@@ -50,6 +50,7 @@ def _each_alone(fn, prompts, knobs):
     return {k: [row[k][0] for row in rows] for k in rows[0]}
 
 
+@pytest.mark.slow
 def test_generate_signature_takes_one_value_per_prompt(signatures):
     for name in ("generate", "generate_raw"):
         specs = signatures[name].structured_input_signature[1]

@@ -23,6 +23,9 @@ import tokenizers
 
 import cli
 
+# Slow: DeepSeek's 129,280-id tokenizer in SavedModel exports and imports.
+pytestmark = pytest.mark.slow
+
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf_deepseek_v3"
 DEEPSEEK_VOCAB = 129_280
 PROMPT = "你好，世界"
