@@ -111,7 +111,8 @@ class MetricWindow:
                   "moe_dropped_fraction": dropped / routed if routed else 0.0,
                   "skipped_steps": skipped_steps}
         self.history.append(record)
-        self.routed_pairs, self.dropped_pairs = self.routed_pairs + routed, self.dropped_pairs + dropped
+        self.routed_pairs += routed
+        self.dropped_pairs += dropped
         self._reset()
         return record, load
 

@@ -61,7 +61,8 @@ def test_the_first_non_finite_loss_since_the_last_check_stops_the_run():
         g.applied(step, tf.constant(loss))
     with pytest.raises(FloatingPointError) as info:
         g.check_losses()
-    assert str(info.value) == f"loss is inf at step 3; training stopped; last good checkpoint: {LAST}"
+    assert str(info.value) == ("loss is inf at step 3; training stopped; last good "
+                               f"checkpoint: {LAST}")
 
 
 def test_weights_are_checked_before_a_checkpoint():
