@@ -20,6 +20,8 @@ to train again from scratch.
 
 Each execution's `model_run/<id>/checkpoints` is a symbolic link to the
 directory it used (a `checkpoints.txt` naming it on filesystems without links).
+What goes into the directory, and when, is the training loop's
+(`checkpointer.Checkpointer`).
 """
 
 from __future__ import annotations

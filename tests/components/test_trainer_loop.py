@@ -184,27 +184,6 @@ def test_mixed_float16_trains_with_dynamic_loss_scaling(train_file, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_progress_bar_only_on_a_terminal_outside_ci(monkeypatch):
-    import io
-
-    from components.trainer.train_loop import PROGRESS_ENV, progress_enabled
-
-    class Tty(io.StringIO):
-        def isatty(self):
-            return True
-
-    monkeypatch.delenv(PROGRESS_ENV, raising=False)
-    monkeypatch.delenv("CI", raising=False)
-    assert progress_enabled(Tty()) and not progress_enabled(io.StringIO())
-    monkeypatch.setenv("CI", "true")
-    assert not progress_enabled(Tty())
-    monkeypatch.setenv(PROGRESS_ENV, "1")
-    assert progress_enabled(io.StringIO())
-    monkeypatch.setenv(PROGRESS_ENV, "yes")
-    with pytest.raises(ValueError, match=PROGRESS_ENV):
-        progress_enabled(Tty())
-
-
 def test_expert_load_is_logged_per_moe_layer_and_logging_window(reference):
     from reporting.report_data import read_events
 
