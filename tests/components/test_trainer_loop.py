@@ -67,6 +67,7 @@ def test_reference_run_learns_and_checkpoints(reference):
     assert os.listdir(os.path.dirname(reference.last_checkpoint))  # ckpt-4, -8, -12
 
 
+@pytest.mark.slow
 def test_grad_accumulation_equals_one_large_batch(reference, train_file, tmp_path):
     """4 micro-batches of 2 sequences == 1 batch of 8: same losses, grad norms and weights."""
     accumulated = run(tiny_config(grad_accum_steps=4), train_file, tmp_path)
@@ -90,6 +91,7 @@ def test_grad_accumulation_equals_one_large_batch(reference, train_file, tmp_pat
         assert_float32_close(a, b, ulps=64, err_msg=w.path)
 
 
+@pytest.mark.slow
 def test_resume_after_a_crash_continues_the_same_run(reference, train_file, tmp_path):
     """A run that dies after step 8 (its data runs out), then resumed, equals an uninterrupted one."""
     config = tiny_config()
@@ -127,6 +129,7 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(train_file, 
             assert np.all(np.isfinite(value)), name
 
 
+@pytest.mark.slow
 def test_recomputation_gives_the_same_loss_and_gradients():
     config = get_config("tiny")
     keras.utils.set_random_seed(0)
