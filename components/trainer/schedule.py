@@ -41,7 +41,38 @@ class AdamW(keras.optimizers.AdamW):
       The training step has done that already (to clip by the global norm and
       check it for NaN/Inf), so a second all-reduce would multiply the update
       by the number of replicas.
+
+    Private Keras hooks. m and v are this class's own `momentums` and
+    `velocities` (public `add_variable_from_reference`, the same variables,
+    names and order as `Adam.build`, so checkpoints are unchanged). Four
+    private hooks of Keras 3.6 remain, for want of a public route that keeps
+    both the numerics and the step graph: `_all_reduce_sum_gradients` (no
+    public switch turns the all-reduce off), `_apply_weight_decay` (Keras'
+    own, with the public `weight_decay`, gives bit-identical weights but
+    evaluates the schedule once per variable and traces a tiny model's step
+    3-4x slower), `_use_weight_decay` (the query of the public
+    `exclude_from_weight_decay`) and `_get_variable_index` (which maps the
+    per-replica tf.Variable that `update_step` receives to its m and v).
+    tests/components/test_optimizer_internals.py pins each (existence,
+    signature, calls per step, results) on the pinned keras==3.6.0 and fails
+    with the hook's name if an upgrade changes one.
     """
+
+    def build(self, variables):
+        """Creates m and v, zeros shaped like each variable, as `keras.optimizers.Adam.build` does.
+
+        Raises:
+          NotImplementedError: `amsgrad` is set (no v_hat here).
+        """
+        if self.built:
+            return
+        if self.amsgrad:
+            raise NotImplementedError("amsgrad")
+        keras.optimizers.Optimizer.build(self, variables)  # Adam.build would add private _momentums
+        self.momentums, self.velocities = [], []
+        for variable in variables:
+            self.momentums.append(self.add_variable_from_reference(variable, name="momentum"))
+            self.velocities.append(self.add_variable_from_reference(variable, name="velocity"))
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return list(grads_and_vars)
@@ -50,8 +81,6 @@ class AdamW(keras.optimizers.AdamW):
         return  # in update_step, with the step's learning rate (same order: decay, then Adam)
 
     def update_step(self, gradient, variable, learning_rate):
-        if self.amsgrad:
-            raise NotImplementedError("amsgrad")
         var = variable.value if isinstance(variable, keras.Variable) else variable  # tf.Variable
         dtype = var.dtype
         lr = tf.cast(learning_rate, dtype)
@@ -61,8 +90,8 @@ class AdamW(keras.optimizers.AdamW):
         step = tf.cast(self.iterations + 1, dtype)
         beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
         tf.raw_ops.ResourceApplyAdam(
-            var=var.handle, m=self._momentums[index].value.handle,
-            v=self._velocities[index].value.handle,
+            var=var.handle, m=self.momentums[index].value.handle,
+            v=self.velocities[index].value.handle,
             beta1_power=tf.pow(beta_1, step), beta2_power=tf.pow(beta_2, step), lr=lr,
             beta1=beta_1, beta2=beta_2, epsilon=tf.cast(self.epsilon, dtype),
             grad=tf.cast(gradient, dtype))
