@@ -18,7 +18,7 @@ import os
 import tensorflow as tf
 
 from common.json_file import read_json
-from components.trainer import checkpointing, data, hardware, precision, train_loop
+from components.trainer import checkpointing, data, hardware, model_io, precision, train_loop
 from components.trainer import job as job_lib
 from config import PipelineConfig
 from savedmodel import base_model
@@ -150,15 +150,15 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
         if (result.precision == "float32" and result.strategy == "OneDevice"
                 and not config.train.lora_rank):
             return result.model
-        return train_loop.copy_to_float32_model(config, result.model)
+        return model_io.copy_to_float32_model(config, result.model)
 
     from components.trainer import launcher
 
     launcher.run_workers(job, job.num_workers, job_dir=job.log_dir)
     last = read_json(job.result_path, "the training job's result")["last_checkpoint"]
-    model = train_loop.build_trained_model(config)
+    model = model_io.build_trained_model(config)
     tf.train.Checkpoint(model=model).read(last).expect_partial().assert_existing_objects_matched()
-    return train_loop.copy_to_float32_model(config, model) if config.train.lora_rank else model
+    return model_io.copy_to_float32_model(config, model) if config.train.lora_rank else model
 
 
 def measure_cpu_peak(job: job_lib.TrainingJob) -> None:

@@ -56,11 +56,7 @@ from components.trainer import data, metrics, trainable
 from components.trainer import strategy as strategy_lib
 from components.trainer.checkpointer import Checkpointer
 from components.trainer.finite_guard import FiniteGuard
-from components.trainer.model_io import (  # noqa: F401  (callers' names: run_fn, tests)
-    build_model,
-    build_trained_model,
-    copy_to_float32_model,
-)
+from components.trainer.model_io import build_model
 from components.trainer.progress import Progress, progress_enabled
 from components.trainer.schedule import make_learning_rate_schedule, make_optimizer
 from components.trainer.summaries import TrainSummaries

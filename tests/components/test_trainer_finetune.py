@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 from numerics import assert_float32_close
 
-from components.trainer import train_loop, trainable
+from components.trainer import model_io, train_loop, trainable
 from config import get_config
 from models.deepseek import losses
 
@@ -51,7 +51,7 @@ def sft_batches(config, prompt_lengths, response_lengths, seed=0, prompt_label=-
 def initial_weights(config) -> dict:
     """The weights a run of `config` starts from (`train_loop.setup` seeds, then builds)."""
     keras.utils.set_random_seed(config.train.seed)
-    return {trainable.weight_path(v): v.numpy() for v in train_loop.build_model(config).weights}
+    return {trainable.weight_path(v): v.numpy() for v in model_io.build_model(config).weights}
 
 
 def train_weights(config, dataset_fn, workdir, **kwargs):
@@ -141,7 +141,7 @@ MIRRORED_SFT_SCRIPT = textwrap.dedent("""
         config = tiny(grad_accum_steps=micro)
         keras.utils.set_random_seed(0)
         with s.scope():
-            model = train_loop.build_model(config)
+            model = model_io.build_model(config)
             variables = model.trainable_variables
             sgd = SGD(learning_rate=1.0)  # update = -gradient
             sgd.build(variables)
@@ -202,7 +202,7 @@ def test_frozen_weights_are_bit_identical_and_get_no_slots(rule, pretrain_batche
     start = initial_weights(config)
     result, after = train_weights(config, pretrain_batches, tmp_path)
     trained = {trainable.weight_path(v) for v in trainable.prepare(
-        train_loop.build_model(config), config.train).variables}
+        model_io.build_model(config), config.train).variables}
     assert 0 < len(trained) < len(start)
     for path, value in start.items():
         router_of_trained = (path.endswith("gate/e_score_correction_bias")
@@ -227,11 +227,11 @@ def test_lora_trains_adapters_only_and_the_merged_copy_has_the_same_logits(
     assert adapters and result.trainable_params == sum(after[p].size for p in adapters)
     for path, value in start.items():
         np.testing.assert_array_equal(after[path], value, err_msg=f"base weight {path} changed")
-    merged = train_loop.copy_to_float32_model(config, result.model)
+    merged = model_io.copy_to_float32_model(config, result.model)
     assert not any(trainable.weight_path(v).endswith("lora_kernel_a") for v in merged.weights)
     ids = tf.constant(np.arange(3, 35, dtype=np.int32)[None])
     lora_logits = result.model(ids).numpy()
-    assert not np.allclose(lora_logits, train_loop.build_model(config)(ids).numpy())
+    assert not np.allclose(lora_logits, model_io.build_model(config)(ids).numpy())
     # x (W + A B) as one kernel vs the same sum formed in the layer: the same ops.
     assert_float32_close(merged(ids).numpy(), lora_logits, ulps=4)
 
@@ -239,7 +239,7 @@ def test_lora_trains_adapters_only_and_the_merged_copy_has_the_same_logits(
 def test_a_rule_that_picks_nothing_is_refused():
     config = tiny(trainable="no_such_weight")
     with pytest.raises(ValueError, match="picks no weight"):
-        trainable.prepare(train_loop.build_model(config), config.train)
+        trainable.prepare(model_io.build_model(config), config.train)
 
 
 # ---------------------------------------------------------------------------- warm start

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 from numerics import assert_float32_close
 
-from components.trainer import data, train_loop
+from components.trainer import data, model_io, train_loop
 from config import get_config
 from models.deepseek import DeepSeekCausalLM
 
@@ -181,7 +181,7 @@ def test_mixed_float16_trains_with_dynamic_loss_scaling(train_file, tmp_path):
     # The loss scale is saved with the optimizer: the checkpoint holds it.
     names = tf.train.list_variables(result.last_checkpoint)
     assert any("dynamic_scale" in name for name, _ in names)
-    float32_copy = train_loop.copy_to_float32_model(config, result.model)
+    float32_copy = model_io.copy_to_float32_model(config, result.model)
     assert float32_copy.compute_dtype == "float32"
     for a, b in zip(float32_copy.get_weights(), result.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
