@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 
-from savedmodel.layout import latest_version
-
 
 def resolve_model_dir(model: str) -> str:
     """A SavedModel directory, or a serving directory whose newest version is used
@@ -22,6 +20,8 @@ def resolve_model_dir(model: str) -> str:
     Raises:
       SystemExit: neither a SavedModel nor any numbered version with one in it.
     """
+    from savedmodel.layout import latest_version  # imports TensorFlow: not at `cli` import
+
     if not os.path.isdir(model):
         raise SystemExit(f"error: --model {model}: no such directory")
     try:
