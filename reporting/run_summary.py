@@ -7,11 +7,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
+
+from common.json_file import read_json
 
 _STATES = {v: k for k, v in metadata_store_pb2.Execution.State.items()}
 
@@ -147,8 +148,7 @@ def print_data_report(metadata_path: str) -> None:
     uri = cleaner.outputs.get("Examples", {}).get("uri") if cleaner else None
     report_path = os.path.join(uri, "cleaning_report.json") if uri else ""
     if report_path and os.path.isfile(report_path):
-        with open(report_path) as f:
-            report = json.load(f)
+        report = read_json(report_path, "TextCleaner's cleaning report")
         print(f"cleaning report: {report_path}")
         total = report["total"]
         print(f"records: read {total['read']}, kept {total['kept']}, dropped {total['dropped']}")

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 
 import tensorflow as tf
 
+from common.json_file import read_json
 from tokenization.byte_level_bpe import (
     BOS_TOKEN,
     EOS_TOKEN,
@@ -151,7 +152,7 @@ def load_tokenizer(transform_output_dir: str) -> ByteLevelBpe:
     """The tokenizer.json (and tokenizer_config.json) that Transform learned or copied
     into its graph's assets."""
     path = find_asset(transform_output_dir, TOKENIZER_ASSET_PREFIX)
-    with tf.io.gfile.GFile(find_asset(transform_output_dir, TOKENIZER_CONFIG_ASSET_PREFIX)) as f:
-        config = json.load(f)
-    with tf.io.gfile.GFile(path) as f:
-        return ByteLevelBpe(json.load(f), source=path, tokenizer_config=config)
+    config = read_json(find_asset(transform_output_dir, TOKENIZER_CONFIG_ASSET_PREFIX),
+                       "the transform graph's tokenizer_config.json")
+    return ByteLevelBpe(read_json(path, "the transform graph's tokenizer.json"), source=path,
+                        tokenizer_config=config)

@@ -18,6 +18,7 @@ from typing import Any
 from tfx.components.trainer import executor as tfx_trainer_executor
 from tfx.types import artifact_utils, standard_component_specs
 
+from common.json_file import read_json
 from components.trainer.run_fn import TRAINING_SUMMARY
 
 MODEL_PROPERTIES = {
@@ -84,8 +85,7 @@ class Executor(tfx_trainer_executor.GenericExecutor):
         super().Do(input_dict, output_dict, exec_properties)
         model = artifact_utils.get_single_instance(output_dict[standard_component_specs.MODEL_KEY])
         path = os.path.join(model.uri, TRAINING_SUMMARY)
-        with open(path) as f:
-            record_summary(model, json.load(f))
+        record_summary(model, read_json(path, "the Trainer's training summary"))
         bases = input_dict.get(standard_component_specs.BASE_MODEL_KEY) or []
         if bases:  # a warm start: the model it started from (also an input event in MLMD)
             model.set_string_custom_property("base_model_uri", bases[0].uri)

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow as tf
 
+from common.json_file import read_json
 from models.deepseek.config import DeepSeekConfig
 
 log = logging.getLogger(__name__)
@@ -255,8 +256,7 @@ def checkpoint_files(checkpoint_dir: str) -> list[str]:
     """
     index = os.path.join(checkpoint_dir, SAFE_WEIGHTS_INDEX_NAME)
     if tf.io.gfile.exists(index):
-        with tf.io.gfile.GFile(index) as f:
-            weight_map = json.load(f)["weight_map"]
+        weight_map = read_json(index, "the safetensors index")["weight_map"]
         return [os.path.join(checkpoint_dir, name) for name in sorted(set(weight_map.values()))]
     single = os.path.join(checkpoint_dir, SAFE_WEIGHTS_NAME)
     if tf.io.gfile.exists(single):
