@@ -79,6 +79,7 @@ HEAVIEST_FIRST = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """Marks tests/e2e/ `e2e`; puts each test in its xdist work unit (its module, or the
     shared run's group) and orders the units heaviest first."""
@@ -96,3 +97,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 _GROUP = pytest.StashKey[str]()
+
+
+def pytest_collection_finish(session):
+    """Fails loudly when pytest-xdist ignores the work units (e.g. a pytest it does not
+    support): the shared pipeline run and every module fixture would be made twice."""
+    if getattr(session.config.option, "loadgroup", False) and session.items \
+            and "@" not in session.items[0].nodeid:
+        raise pytest.UsageError(
+            "pytest-xdist's loadgroup did not tag the tests with their work unit: check the "
+            "pytest / pytest-xdist versions (pyproject.toml pins pytest<9 for this)")
