@@ -158,7 +158,7 @@ grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
 print(pieces, chars, round(grown_mb))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=300, cwd=str(D.__file__).rsplit("/components/", 1)[0])
+                         timeout=300, cwd=os.path.dirname(os.path.dirname(D.__file__)))
     assert out.returncode == 0, out.stderr[-2000:]
     pieces, chars, grown_mb = map(int, out.stdout.split())
     assert chars == 300 * 16 * 65536 + 1 and pieces == -(-chars // 1_000_000)

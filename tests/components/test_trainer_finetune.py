@@ -126,7 +126,7 @@ MIRRORED_SFT_SCRIPT = textwrap.dedent("""
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     sys.path[:0] = ["tests", "tests/components"]
     from test_trainer_finetune import sft_batches, tiny
-    from components.trainer import data, strategy, train_loop, trainable
+    from components.trainer import data, model_io, strategy, train_loop, trainable
     from components.trainer.schedule import AdamW
     from components.trainer.train_step import make_train_step
 
