@@ -5,11 +5,13 @@ bytes, an empty file, whitespace-only documents, JSON lines that do not parse,
 JSON records without the text field, a line longer than `data.max_chars`, a CSV
 file and exact duplicates. Nothing crashes, each case is counted under its
 reason, and records read = kept + dropped, in the report and in ML Metadata.
-An unreadable path stops the run with an error naming the file.
+An unreadable path stops the run with an error naming the file. Too many rejected
+records, and anomalies against a stricter schema, stop the pipeline before training.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 
@@ -104,3 +106,44 @@ def test_unreadable_path_stops_with_its_name(bad_corpus, tmp_path, capsys):
                      *SETTINGS])
     assert code == 1
     assert "dangling.txt" in capsys.readouterr().out
+
+
+# ------------------------------------------------ bad data stops the run before training
+
+
+def _run_expecting_failure(tmp_path, data, **kwargs):
+    from config import get_config
+    from pipeline.local_runner import run_local
+
+    input_base, pattern = os.path.dirname(str(data)), os.path.basename(str(data))
+    with pytest.raises(Exception) as info:
+        run_local(get_config("tiny"), input_base, pattern, str(tmp_path / "out"), **kwargs)
+    return str(info.value)
+
+
+def test_too_many_rejects_stop_before_training(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    lines = [json.dumps({"text": f"good document number {i}"}) for i in range(5)]
+    lines += ["{broken json"] * 8 + [json.dumps({"body": "no text field"})] * 2
+    data.write_text("\n".join(lines) + "\n")
+    message = _run_expecting_failure(tmp_path, data)
+    assert "records rejected" in message
+    assert "invalid_json: 8" in message and "bad.jsonl record" in message
+    assert not glob.glob(str(tmp_path / "out" / "pipeline_root" / "Trainer" / "model" / "*" / "*"))
+
+
+def test_anomalies_stop_before_training(tmp_path, corpus):
+    # A stricter schema: no record may carry a reject reason.
+    from pipeline.pipeline import SCHEMA_FILE
+
+    schema = open(SCHEMA_FILE).read().replace(
+        'name: "reject_reason"\n  type: BYTES\n',
+        'name: "reject_reason"\n  type: BYTES\n  string_domain { value: "" }\n',
+    )
+    schema_path = tmp_path / "strict_schema.pbtxt"
+    schema_path.write_text(schema)
+    data = tmp_path / "mixed.jsonl"
+    data.write_text(json.dumps({"text": "fine"}) + "\n{oops\n")
+    message = _run_expecting_failure(tmp_path, data, schema_path=str(schema_path))
+    assert "ExampleValidator found anomalies" in message
+    assert "reject_reason" in message

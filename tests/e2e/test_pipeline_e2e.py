@@ -3,8 +3,8 @@
 One pipeline run (LocalDagRunner, SQLite ML Metadata) on a slice of Tiny
 Shakespeare, then checks of every component's outputs, of the ML Metadata
 records, of the pushed SavedModel in a plain process, and of the CLI's
-`generate` and `evaluate`. Two more runs check that bad data stops the pipeline
-before training.
+`generate` and `evaluate`. (That bad data stops the pipeline before training is in
+test_bad_input_e2e.py.)
 """
 
 from __future__ import annotations
@@ -204,44 +204,6 @@ def test_cli_generate_and_evaluate(run, corpus, capsys):
     assert metrics["bytes"] == corpus.stat().st_size
     assert 0 < metrics["bits_per_byte"] < 8
     assert metrics["tokens"] > 1000
-
-
-def _run_expecting_failure(tmp_path, data, **kwargs):
-    from config import get_config
-    from pipeline.local_runner import run_local
-
-    input_base, pattern = os.path.dirname(str(data)), os.path.basename(str(data))
-    with pytest.raises(Exception) as info:
-        run_local(get_config("tiny"), input_base, pattern, str(tmp_path / "out"), **kwargs)
-    return str(info.value)
-
-
-def test_too_many_rejects_stop_before_training(tmp_path):
-    data = tmp_path / "bad.jsonl"
-    lines = [json.dumps({"text": f"good document number {i}"}) for i in range(5)]
-    lines += ["{broken json"] * 8 + [json.dumps({"body": "no text field"})] * 2
-    data.write_text("\n".join(lines) + "\n")
-    message = _run_expecting_failure(tmp_path, data)
-    assert "records rejected" in message
-    assert "invalid_json: 8" in message and "bad.jsonl record" in message
-    assert not glob.glob(str(tmp_path / "out" / "pipeline_root" / "Trainer" / "model" / "*" / "*"))
-
-
-def test_anomalies_stop_before_training(tmp_path, corpus):
-    # A stricter schema: no record may carry a reject reason.
-    from pipeline.pipeline import SCHEMA_FILE
-
-    schema = open(SCHEMA_FILE).read().replace(
-        'name: "reject_reason"\n  type: BYTES\n',
-        'name: "reject_reason"\n  type: BYTES\n  string_domain { value: "" }\n',
-    )
-    schema_path = tmp_path / "strict_schema.pbtxt"
-    schema_path.write_text(schema)
-    data = tmp_path / "mixed.jsonl"
-    data.write_text(json.dumps({"text": "fine"}) + "\n{oops\n")
-    message = _run_expecting_failure(tmp_path, data, schema_path=str(schema_path))
-    assert "ExampleValidator found anomalies" in message
-    assert "reject_reason" in message
 
 
 def test_pushed_model_exports_to_hf_and_back(run, tmp_path):
