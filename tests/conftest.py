@@ -126,6 +126,14 @@ def pytest_runtest_protocol(item, nextitem):
         items = [i for i in item.session.items if i.stash.get(_MODULE, None) == module]
         _CHILD_RESULTS[module] = run_module(items, str(PROJECT_ROOT))
     replay(item, phases_of(item, _CHILD_RESULTS[module]))
+    # What the default protocol's teardown would do: tear down the collectors (and their
+    # fixtures) that `nextitem` does not share. pytest has no public call for it (its own
+    # teardown hook expects a set-up item); `teardown_exact` has been there since pytest 7.
+    setup_state = getattr(item.session, "_setupstate", None)
+    assert setup_state is not None and hasattr(setup_state, "teardown_exact"), (
+        "pytest changed Session._setupstate.teardown_exact: adapt tests/conftest.py's "
+        "pytest_runtest_protocol (CHILD_PROCESS_MODULES)")
+    setup_state.teardown_exact(nextitem)
     return True
 
 
