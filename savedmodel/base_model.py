@@ -25,6 +25,10 @@ import os
 
 import tensorflow as tf
 
+from models.deepseek.hf_checkpoint import load_hf_checkpoint, read_config_json
+from savedmodel import layout
+from savedmodel.hf_interop import load_model_from_savedmodel
+
 SAVEDMODEL = "savedmodel"
 HF = "hf"
 _SERVING_SUBDIR = "Format-Serving"
@@ -54,9 +58,9 @@ def model_dir(path: str) -> str:
 
 
 def _kind_of(directory: str) -> str | None:
-    if tf.io.gfile.exists(os.path.join(directory, "saved_model.pb")):
+    if tf.io.gfile.exists(os.path.join(directory, layout.SAVED_MODEL_FILE)):
         return SAVEDMODEL
-    if (tf.io.gfile.exists(os.path.join(directory, "config.json"))
+    if (tf.io.gfile.exists(os.path.join(directory, layout.MODEL_CONFIG_NAME))
             and tf.io.gfile.glob(os.path.join(directory, "*.safetensors"))):
         return HF
     return None
@@ -77,11 +81,7 @@ def read_model_config(path: str):
     """
     directory = model_dir(path)
     if _kind_of(directory) == HF:
-        from models.deepseek.hf_checkpoint import read_config_json
-
         return read_config_json(directory)
-    from savedmodel import layout
-
     return layout.read_model_config(directory)
 
 
@@ -90,8 +90,8 @@ def tokenizer_path(path: str) -> str | None:
     usable as `tokenizer.path`; None when the model carries no tokenizer."""
     directory = model_dir(path)
     if _kind_of(directory) == SAVEDMODEL:
-        directory = os.path.join(directory, "assets")
-    return directory if tf.io.gfile.exists(os.path.join(directory, "tokenizer.json")) else None
+        directory = os.path.join(directory, layout.ASSETS_DIR)
+    return directory if tf.io.gfile.exists(os.path.join(directory, layout.TOKENIZER_FILE)) else None
 
 
 def load_model(path: str):
@@ -104,11 +104,7 @@ def load_model(path: str):
     """
     directory = model_dir(path)
     if _kind_of(directory) == HF:
-        from models.deepseek.hf_checkpoint import load_hf_checkpoint
-
         return load_hf_checkpoint(directory)
-    from savedmodel.hf_interop import load_model_from_savedmodel
-
     return load_model_from_savedmodel(directory)
 
 

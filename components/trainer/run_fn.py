@@ -23,6 +23,7 @@ from components.trainer import job as job_lib
 from config import PipelineConfig
 from savedmodel import base_model
 from savedmodel.export import export_serving_model
+from tokenization.byte_level_bpe import TOKENIZER_FILE
 from tokenization.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ def check_tokenizer(path: str, role: str, tokenizer) -> None:
     if tokenizer_dir is None:
         raise ValueError(f"{role} {directory} carries no tokenizer.json; it must have this "
                          f"run's tokenizer ({tokenizer.source})")
-    theirs = read_json(os.path.join(tokenizer_dir, "tokenizer.json"), f"the {role}'s tokenizer")
+    theirs = read_json(os.path.join(tokenizer_dir, TOKENIZER_FILE), f"the {role}'s tokenizer")
     if theirs != tokenizer.json:
         raise ValueError(f"{role} {directory}: its tokenizer.json differs from this run's "
                          f"({tokenizer.source}); both must tokenize alike")
