@@ -31,217 +31,26 @@ import numpy as np
 import tensorflow as tf
 
 from common.json_file import read_json
-from models.deepseek.config import DeepSeekConfig
+from models.deepseek.hf_config import (
+    CONFIG_NAME,
+    CheckpointError,
+    config_from_hf,
+    config_to_hf,
+    read_config_json,
+)
+from models.deepseek.hf_names import hf_weight_map, shared_mtp_names, tensor_sort_key
+
+__all__ = [
+    "CONFIG_NAME", "CheckpointError", "config_from_hf", "config_to_hf", "read_config_json",
+    "hf_weight_map", "checkpoint_files", "iter_tensors", "load_hf_checkpoint",
+    "model_tensors", "save_hf_checkpoint",
+]
 
 log = logging.getLogger(__name__)
 
-CONFIG_NAME = "config.json"
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # transformers' default max_shard_size ("5GB")
-
-# DeepSeekConfig fields whose HF name and meaning are the same.
-_SHARED_FIELDS = (
-    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
-    "num_hidden_layers", "num_attention_heads", "q_lora_rank", "kv_lora_rank",
-    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
-    "n_shared_experts", "num_experts_per_tok", "n_group", "topk_group",
-    "routed_scaling_factor", "norm_topk_prob", "first_k_dense_replace", "rms_norm_eps",
-    "max_position_embeddings", "tie_word_embeddings", "num_nextn_predict_layers",
-    "rope_interleave", "initializer_range", "attention_dropout", "aux_loss_alpha",
-    # Training rules of the DeepSeek-V3 paper that HF does not have; written as
-    # extra keys (transformers keeps unknown config keys) so a round trip keeps them.
-    "router_bias_update_speed", "mtp_loss_weight",
-)
-# HF keys whose value must be this for the model to be the one implemented here.
-_REQUIRED_VALUES = {
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "topk_method": "noaux_tc",
-    "scoring_func": "sigmoid",
-    "moe_layer_freq": 1,
-}
-# HF keys that do not change the computation (ids, bookkeeping, derived sizes).
-_IGNORED_KEYS = {
-    "architectures", "auto_map", "model_type", "transformers_version", "torch_dtype", "dtype",
-    "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "num_key_value_heads",
-    "head_dim", "pretraining_tp", "ep_size", "seq_aux", "output_router_logits",
-    "router_aux_loss_coef", "rope_theta", "rope_scaling", "rope_parameters",
-    "partial_rotary_factor", "_name_or_path", "return_dict", "output_hidden_states",
-    "output_attentions", "tie_encoder_decoder", "is_encoder_decoder",
-}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not match the model: names the tensor or key and the problem."""
-
-
-# ----------------------------------------------------------------------------- config.json
-
-
-def config_from_hf(hf: dict) -> DeepSeekConfig:
-    """A DeepSeekConfig from a HF `DeepseekV3Config` dict (4.x or 5.x form).
-
-    Raises:
-      CheckpointError: the config describes something else (another activation,
-        attention biases, FP8 quantization, another router), naming the key.
-      ValueError: a value DeepSeekConfig rejects (named).
-    """
-    if "quantization_config" in hf:
-        q = hf["quantization_config"]
-        raise CheckpointError(
-            f"config.json has quantization_config {q.get('quant_method', q)!r}: quantized "
-            "(FP8) checkpoints are not supported; dequantize to bfloat16/float32 first "
-            "(DeepSeek-V3 inference/fp8_cast_bf16.py)")
-    for key, expected in _REQUIRED_VALUES.items():
-        if key in hf and hf[key] != expected:
-            raise CheckpointError(f"config.json {key}={hf[key]!r}: only {expected!r} is supported")
-    kwargs = {name: hf[name] for name in _SHARED_FIELDS if name in hf}
-    if "rope_parameters" in hf and hf["rope_parameters"] is not None:  # transformers 5.x
-        params = dict(hf["rope_parameters"])
-        kwargs["rope_theta"] = float(params.pop("rope_theta", hf.get("rope_theta", 10000.0)))
-        params.pop("partial_rotary_factor", None)
-        kwargs["rope_scaling"] = params if params.get("rope_type", "default") != "default" else None
-    else:  # transformers 4.x and the released checkpoints
-        kwargs["rope_theta"] = float(hf.get("rope_theta", 10000.0))
-        kwargs["rope_scaling"] = hf.get("rope_scaling")
-    if kwargs.get("q_lora_rank") == 0:
-        kwargs["q_lora_rank"] = None
-    unknown = sorted(set(hf) - set(_SHARED_FIELDS) - set(_REQUIRED_VALUES) - _IGNORED_KEYS
-                     - {"quantization_config"})
-    if unknown:
-        log.info("config.json keys not used by DeepSeekConfig: %s", unknown)
-    return DeepSeekConfig(**kwargs)
-
-
-def config_to_hf(config: DeepSeekConfig, form: str = "5.x") -> dict:
-    """The HF `DeepseekV3Config` dict of a DeepSeekConfig.
-
-    Args:
-      config: the model config.
-      form: "5.x" writes `rope_parameters` (transformers >= 5); "4.x" writes
-        `rope_theta` + `rope_scaling` (transformers 4.x, released checkpoints).
-
-    Raises:
-      ValueError: unknown form.
-    """
-    if form not in ("4.x", "5.x"):
-        raise ValueError(f"form={form!r} must be '4.x' or '5.x'")
-    c = config
-    hf = {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "deepseek_v3",
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "num_key_value_heads": c.num_attention_heads,
-        "head_dim": c.qk_rope_head_dim,
-        "topk_method": "noaux_tc",
-        "scoring_func": "sigmoid",
-        "moe_layer_freq": 1,
-        "torch_dtype": "float32",
-        **{name: getattr(c, name) for name in _SHARED_FIELDS},
-    }
-    scaling = None
-    if c.rope_scaling is not None:
-        scaling = {k: v for k, v in c.rope_scaling.items() if v is not None}
-    if form == "5.x":
-        hf["rope_parameters"] = {"rope_theta": c.rope_theta, "rope_type": "default",
-                                 **(scaling or {})}
-    else:
-        hf["rope_theta"] = c.rope_theta
-        if scaling is not None:
-            scaling = {("type" if k == "rope_type" else k): v for k, v in scaling.items()}
-        hf["rope_scaling"] = scaling
-    return hf
-
-
-def read_config_json(checkpoint_dir: str) -> DeepSeekConfig:
-    path = os.path.join(checkpoint_dir, CONFIG_NAME)
-    if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f"{path}: no config.json (is this a HF checkpoint directory?)")
-    with tf.io.gfile.GFile(path) as f:
-        try:
-            return config_from_hf(json.load(f))
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{path}: not valid JSON ({e})") from e
-
-
-# ----------------------------------------------------------------------------- names
-
-
-def hf_weight_map(model) -> dict[str, tuple[tf.Variable, bool]]:
-    """HF tensor name -> (the model's variable, transpose?) for every weight.
-
-    Args:
-      model: a DeepSeekCausalLM.
-
-    Returns:
-      A dict over every variable of the model (router biases included);
-      `transpose` is True for Dense kernels (Keras [in, out] vs HF [out, in]).
-    """
-    c = model.config
-    names: dict[str, tuple[tf.Variable, bool]] = {}
-
-    def dense(prefix, layer):
-        names[f"{prefix}.weight"] = (layer.kernel, True)
-
-    def norm(prefix, layer):
-        names[f"{prefix}.weight"] = (layer.weight, False)
-
-    def mlp(prefix, layer):
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            dense(f"{prefix}.{proj}", getattr(layer, proj))
-
-    def block(prefix, b):
-        norm(f"{prefix}.input_layernorm", b.input_layernorm)
-        norm(f"{prefix}.post_attention_layernorm", b.post_attention_layernorm)
-        a = b.self_attn
-        if c.q_lora_rank is None:
-            dense(f"{prefix}.self_attn.q_proj", a.q_proj)
-        else:
-            dense(f"{prefix}.self_attn.q_a_proj", a.q_a_proj)
-            norm(f"{prefix}.self_attn.q_a_layernorm", a.q_a_layernorm)
-            dense(f"{prefix}.self_attn.q_b_proj", a.q_b_proj)
-        dense(f"{prefix}.self_attn.kv_a_proj_with_mqa", a.kv_a_proj_with_mqa)
-        norm(f"{prefix}.self_attn.kv_a_layernorm", a.kv_a_layernorm)
-        dense(f"{prefix}.self_attn.kv_b_proj", a.kv_b_proj)
-        dense(f"{prefix}.self_attn.o_proj", a.o_proj)
-        if b.is_moe:
-            moe = b.mlp
-            names[f"{prefix}.mlp.gate.weight"] = (moe.gate.weight, False)  # [E, C] both
-            names[f"{prefix}.mlp.gate.e_score_correction_bias"] = (
-                moe.gate.e_score_correction_bias, False)
-            for e, expert in enumerate(moe.experts):
-                mlp(f"{prefix}.mlp.experts.{e}", expert)
-            if moe.shared_experts is not None:
-                mlp(f"{prefix}.mlp.shared_experts", moe.shared_experts)
-        else:
-            mlp(f"{prefix}.mlp", b.mlp)
-
-    names["model.embed_tokens.weight"] = (model.embed_tokens.embeddings, False)
-    for i, b in enumerate(model.decoder_layers):
-        block(f"model.layers.{i}", b)
-    norm("model.norm", model.norm)
-    if model.lm_head is not None:
-        dense("lm_head", model.lm_head)
-    for d, mtp in enumerate(model.mtp_layers):
-        prefix = f"model.layers.{c.num_hidden_layers + d}"
-        norm(f"{prefix}.enorm", mtp.enorm)
-        norm(f"{prefix}.hnorm", mtp.hnorm)
-        dense(f"{prefix}.eh_proj", mtp.eh_proj)
-        norm(f"{prefix}.shared_head.norm", mtp.shared_head_norm)
-        block(prefix, mtp.block)
-    return names
-
-
-def _shared_mtp_names(config: DeepSeekConfig) -> list[str]:
-    """MTP tensors of released checkpoints that are copies of the main model's
-    embedding and output head (DeepSeek-V3 §2.2: shared, not per-module)."""
-    out = []
-    for d in range(config.num_nextn_predict_layers):
-        prefix = f"model.layers.{config.num_hidden_layers + d}"
-        out += [f"{prefix}.embed_tokens.weight", f"{prefix}.shared_head.head.weight"]
-    return out
 
 
 # ----------------------------------------------------------------------------- reading
@@ -300,7 +109,7 @@ def load_hf_checkpoint(checkpoint_dir: str, dtype: str = "float32"):
     config = read_config_json(checkpoint_dir)
     model = DeepSeekCausalLM(config, dtype=dtype)
     weight_map = hf_weight_map(model)
-    shared_copies = set(_shared_mtp_names(config))
+    shared_copies = set(shared_mtp_names(config))
     ignored_suffixes = ("rotary_emb.inv_freq",)
     assigned, unexpected, head_copies = set(), [], {}
     for path, name, tensor in iter_tensors(checkpoint_dir):
@@ -358,7 +167,7 @@ def model_tensors(model) -> dict[str, tf.Tensor]:
         value = tf.convert_to_tensor(variable)
         tensors[name] = tf.transpose(value) if transpose else value
     head = tensors.get("lm_head.weight", tensors["model.embed_tokens.weight"])
-    for name in _shared_mtp_names(model.config):
+    for name in shared_mtp_names(model.config):
         tensors[name] = head if name.endswith("shared_head.head.weight") else tensors[
             "model.embed_tokens.weight"]
     return tensors
@@ -385,7 +194,7 @@ def save_hf_checkpoint(model, out_dir: str, max_shard_bytes: int = DEFAULT_MAX_S
     tensors = {k: tf.cast(v, tf_dtype) for k, v in model_tensors(model).items()}
     shards: list[dict[str, tf.Tensor]] = [{}]
     size = 0
-    for name in sorted(tensors, key=_tensor_sort_key):
+    for name in sorted(tensors, key=tensor_sort_key):
         nbytes = int(np.prod(tensors[name].shape)) * tf_dtype.size
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append({})
@@ -413,11 +222,3 @@ def save_hf_checkpoint(model, out_dir: str, max_shard_bytes: int = DEFAULT_MAX_S
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2,
                   sort_keys=True)
     return files
-
-
-def _tensor_sort_key(name: str):
-    """Layer order (layers.2 before layers.10), then name: keeps a layer in one shard."""
-    parts = name.split(".")
-    if len(parts) > 2 and parts[1] == "layers" and parts[2].isdigit():
-        return (1, int(parts[2]), name)
-    return (0 if "embed_tokens" in name else 2, 0, name)

@@ -1,0 +1,99 @@
+"""The Hugging Face tensor names of a DeepSeekCausalLM's weights.
+
+The layout is that of HF transformers `DeepseekV3ForCausalLM` (`model.embed_tokens`,
+`model.layers.N.{self_attn,mlp,input_layernorm,post_attention_layernorm}`,
+`model.norm`, `lm_head`) and of the released DeepSeek-V3 weights, whose
+multi-token-prediction modules sit at layer index `num_hidden_layers + d`
+(`enorm`, `hnorm`, `eh_proj`, `shared_head.norm`, `shared_head.head`,
+`embed_tokens`, plus a full decoder block). Linear weights are PyTorch's
+[out, in]; Keras kernels are [in, out], so they are transposed both ways.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from models.deepseek.config import DeepSeekConfig
+
+
+def hf_weight_map(model) -> dict[str, tuple[tf.Variable, bool]]:
+    """HF tensor name -> (the model's variable, transpose?) for every weight.
+
+    Args:
+      model: a DeepSeekCausalLM.
+
+    Returns:
+      A dict over every variable of the model (router biases included);
+      `transpose` is True for Dense kernels (Keras [in, out] vs HF [out, in]).
+    """
+    c = model.config
+    names: dict[str, tuple[tf.Variable, bool]] = {}
+
+    def dense(prefix, layer):
+        names[f"{prefix}.weight"] = (layer.kernel, True)
+
+    def norm(prefix, layer):
+        names[f"{prefix}.weight"] = (layer.weight, False)
+
+    def mlp(prefix, layer):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            dense(f"{prefix}.{proj}", getattr(layer, proj))
+
+    def block(prefix, b):
+        norm(f"{prefix}.input_layernorm", b.input_layernorm)
+        norm(f"{prefix}.post_attention_layernorm", b.post_attention_layernorm)
+        a = b.self_attn
+        if c.q_lora_rank is None:
+            dense(f"{prefix}.self_attn.q_proj", a.q_proj)
+        else:
+            dense(f"{prefix}.self_attn.q_a_proj", a.q_a_proj)
+            norm(f"{prefix}.self_attn.q_a_layernorm", a.q_a_layernorm)
+            dense(f"{prefix}.self_attn.q_b_proj", a.q_b_proj)
+        dense(f"{prefix}.self_attn.kv_a_proj_with_mqa", a.kv_a_proj_with_mqa)
+        norm(f"{prefix}.self_attn.kv_a_layernorm", a.kv_a_layernorm)
+        dense(f"{prefix}.self_attn.kv_b_proj", a.kv_b_proj)
+        dense(f"{prefix}.self_attn.o_proj", a.o_proj)
+        if b.is_moe:
+            moe = b.mlp
+            names[f"{prefix}.mlp.gate.weight"] = (moe.gate.weight, False)  # [E, C] both
+            names[f"{prefix}.mlp.gate.e_score_correction_bias"] = (
+                moe.gate.e_score_correction_bias, False)
+            for e, expert in enumerate(moe.experts):
+                mlp(f"{prefix}.mlp.experts.{e}", expert)
+            if moe.shared_experts is not None:
+                mlp(f"{prefix}.mlp.shared_experts", moe.shared_experts)
+        else:
+            mlp(f"{prefix}.mlp", b.mlp)
+
+    names["model.embed_tokens.weight"] = (model.embed_tokens.embeddings, False)
+    for i, b in enumerate(model.decoder_layers):
+        block(f"model.layers.{i}", b)
+    norm("model.norm", model.norm)
+    if model.lm_head is not None:
+        dense("lm_head", model.lm_head)
+    for d, mtp in enumerate(model.mtp_layers):
+        prefix = f"model.layers.{c.num_hidden_layers + d}"
+        norm(f"{prefix}.enorm", mtp.enorm)
+        norm(f"{prefix}.hnorm", mtp.hnorm)
+        dense(f"{prefix}.eh_proj", mtp.eh_proj)
+        norm(f"{prefix}.shared_head.norm", mtp.shared_head_norm)
+        block(prefix, mtp.block)
+    return names
+
+
+def shared_mtp_names(config: DeepSeekConfig) -> list[str]:
+    """MTP tensors of released checkpoints that are copies of the main model's
+    embedding and output head (DeepSeek-V3 §2.2: shared, not per-module)."""
+    out = []
+    for d in range(config.num_nextn_predict_layers):
+        prefix = f"model.layers.{config.num_hidden_layers + d}"
+        out += [f"{prefix}.embed_tokens.weight", f"{prefix}.shared_head.head.weight"]
+    return out
+
+
+def tensor_sort_key(name: str):
+    """Layer order (layers.2 before layers.10), then name: keeps a layer in one shard."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[1] == "layers" and parts[2].isdigit():
+        return (1, int(parts[2]), name)
+    return (0 if "embed_tokens" in name else 2, 0, name)
