@@ -28,6 +28,8 @@ What is counted, per device (`Plan`):
   counts 34 s b h + 5 a s^2 b bytes per GPT layer in 16-bit); adapted to MLA, MoE
   and this code's dtypes. Full recomputation (`tf.recompute_grad` per block,
   ibid. §4.2) keeps each block's input plus one block's activations.
+  LoRA adds one merged kernel W + A B per adapted kernel in the compute dtype,
+  which Keras' `Dense.enable_lora` computes in every call and the matmul keeps.
 - KV cache (inference): MLA caches kv_lora_rank + qk_rope_head_dim numbers per
   token and layer (DeepSeek-V2 §2.1.4; `flops.kv_cache_bytes_per_token`).
 
@@ -179,6 +181,8 @@ class ParameterCounts:
       frozen: total minus the trained base weights (all of `total` under LoRA).
       adapters: LoRA parameters, rank x (in + out) per adapted kernel.
       optimizer_numbers: float32 numbers of optimizer state (see `plan`).
+      adapted_kernels: parameters of the kernels that carry LoRA adapters (0 without);
+        adapted_kernels_block: the most of them in one block (or MTP module).
     """
 
     total: int
@@ -186,6 +190,8 @@ class ParameterCounts:
     frozen: int
     adapters: int
     optimizer_numbers: int
+    adapted_kernels: int = 0
+    adapted_kernels_block: int = 0
 
 
 def _optimizer_numbers(shape: tuple[int, ...], optimizer: str) -> int:
@@ -240,12 +246,16 @@ def parameter_counts(config: DeepSeekConfig, mode: str = "full", lora_rank: int 
         wanted = {x.strip() for x in lora_targets.split(",") if x.strip()}
         if not wanted or wanted - {"attention", "mlp"}:
             raise ValueError(f"lora_targets={lora_targets!r} must name 'attention' and/or 'mlp'")
+        per_block: dict[str, int] = {}
         for t in tensors:
             if t.lora in wanted and picked(t):
                 a, b = (t.shape[0], lora_rank), (lora_rank, t.shape[1])
                 adapters += math.prod(a) + math.prod(b)
                 states += _optimizer_numbers(a, optimizer) + _optimizer_numbers(b, optimizer)
-        return ParameterCounts(total, adapters, total, adapters, states)
+                block = t.path.split("/", 1)[0]  # layers.i or mtp.d
+                per_block[block] = per_block.get(block, 0) + t.size
+        return ParameterCounts(total, adapters, total, adapters, states,
+                               sum(per_block.values()), max(per_block.values(), default=0))
     if mode in ("full", "frozen"):
         trained = [t for t in tensors if t.trainable and picked(t)]
     n_trained = sum(t.size for t in trained)
@@ -497,6 +507,12 @@ def _memory(p: PlanInput, counts: ParameterCounts, devices: int) -> dict[str, in
             grads *= 2  # the running sum beside the micro-batch's gradient
         states = counts.optimizer_numbers * 4
         acts = activation_bytes(c, p.batch_per_device, p.seq_len, p.compute_dtype, p.recompute)
+        # Keras' LoRA (`Dense.enable_lora`) computes the kernel W + A B in every call and
+        # the matmul keeps it for the backward pass: one merged copy per adapted kernel
+        # (one block's with recomputation).
+        merged = (counts.adapted_kernels if p.recompute == "none" else
+                  counts.adapted_kernels_block)
+        acts += merged * DTYPE_BYTES[p.compute_dtype]
     if p.sharding in ("optimizer", "full"):
         master, grads, states = (-(-x // devices) for x in (master, grads, states))
     if p.sharding == "full":

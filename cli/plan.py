@@ -1,0 +1,162 @@
+"""`deepseek-tfx plan`: what fits, from arithmetic only (`models/deepseek/memory_plan.py`).
+
+  deepseek-tfx plan [--tables]
+      the design table: 7B on 1 x A100 80 GB, 65B on 8 x A100, 175B on 64 x A100
+      (and the fewest that fit), DeepSeek-V2-Lite, DeepSeek-V3 671B; full and LoRA
+  deepseek-tfx plan --preset NAME | --config CONFIG_JSON  [--mode full|lora|frozen|inference]
+      [--weights-dtype bfloat16|float32] [--compute-dtype bfloat16|float32]
+      [--optimizer adamw|sgd|adafactor] [--lora-rank R] [--lora-targets attention,mlp]
+      [--trainable-blocks N] [--batch B] [--seq-len T] [--grad-accum-steps K]
+      [--recompute none|full] [--devices N] [--memory-gb GiB]
+      [--sharding none|optimizer|full] [--gpu A100|H100|...] [--peak-tflops F] [--mfu M]
+
+Imports no TensorFlow: it answers in about a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from common.json_file import read_json
+from models.deepseek import flops, memory_plan
+from models.deepseek.deepseek_presets import DEEPSEEK_PRESETS, deepseek_preset
+from models.deepseek.hf_config import CONFIG_NAME, config_from_hf
+
+# Models of the planner itself, beside models/deepseek/deepseek_presets.py.
+PLAN_MODELS = (*memory_plan.DESIGN_CONFIGS, "deepseek_v2_lite")
+
+
+def _config(args: argparse.Namespace):
+    """The DeepSeekConfig of --preset or --config (a config.json or its directory)."""
+    if args.config:
+        path = args.config
+        if os.path.isdir(path):
+            path = os.path.join(path, CONFIG_NAME)
+        try:
+            return config_from_hf(read_json(path, "a HF config.json"))
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"error: {e}" if path in str(e) else f"error: {path}: {e}") from e
+    name = args.preset
+    if name == "deepseek_v2_lite":
+        return memory_plan.deepseek_v2_lite_config()
+    if name in memory_plan.DESIGN_CONFIGS:
+        return memory_plan.DESIGN_CONFIGS[name]
+    try:
+        return deepseek_preset(name)
+    except ValueError:
+        raise SystemExit(f"error: --preset {name!r}: choose one of "
+                         f"{sorted(DEEPSEEK_PRESETS) + list(PLAN_MODELS)}") from None
+
+
+def _peak(args: argparse.Namespace) -> tuple[float, str]:
+    if args.peak_tflops:
+        return args.peak_tflops * 1e12, f"{args.peak_tflops:g} TFLOP/s (--peak-tflops)"
+    peak = flops.table_peak_flops(args.gpu, args.compute_dtype)
+    if peak is None:
+        raise SystemExit(f"error: --gpu {args.gpu!r}: no published {args.compute_dtype} peak; "
+                         f"choose one of {list(flops.PEAK_FLOPS_TABLE)} or give --peak-tflops")
+    tf32 = args.compute_dtype == "float32" and peak != flops.table_peak_flops(
+        args.gpu, "float32", tf32=False)
+    return peak, f"{peak / 1e12:g} TFLOP/s ({args.gpu} {'TF32' if tf32 else args.compute_dtype})"
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Prints the design table, or one case's plan."""
+    if args.tables or not (args.preset or args.config):
+        plans = [memory_plan.plan(case) for _, case in memory_plan.design_cases()]
+        print(DESIGN_INTRO)
+        print(memory_plan.format_table(plans))
+        print(ASSUMPTIONS)
+        return 0
+    config = _config(args)
+    peak, peak_text = _peak(args)
+    checkpoint = args.config if args.config and os.path.isdir(args.config) else \
+        os.path.dirname(os.path.abspath(args.config or "."))
+    name = args.preset or os.path.basename(os.path.abspath(checkpoint))
+    try:
+        case = memory_plan.PlanInput(
+            config, name=name, mode=args.mode, weights_dtype=args.weights_dtype,
+            compute_dtype=args.compute_dtype, optimizer=args.optimizer,
+            lora_rank=args.lora_rank, lora_targets=args.lora_targets,
+            trainable_blocks=args.trainable_blocks, batch_per_device=args.batch,
+            seq_len=args.seq_len, grad_accum_steps=args.grad_accum_steps,
+            recompute=args.recompute, devices=args.devices, memory_gib=args.memory_gb,
+            sharding=args.sharding, peak_flops=peak, mfu=args.mfu)
+        pl = memory_plan.plan(case)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from e
+    print(memory_plan.format_table([pl]))
+    counts = pl.counts
+    print(f"\n{name}: {counts.total:,} parameters, {counts.trained:,} trained"
+          + (f" ({counts.adapters:,} LoRA adapter parameters)" if counts.adapters else ""))
+    print(f"per device (GiB): weights {pl.weights / memory_plan.GIB:.2f}, master weights "
+          f"{pl.master_weights / memory_plan.GIB:.2f}, gradients "
+          f"{pl.gradients / memory_plan.GIB:.2f}, optimizer states "
+          f"{pl.optimizer_states / memory_plan.GIB:.2f}, activations "
+          f"{pl.activations / memory_plan.GIB:.2f}, KV cache {pl.kv_cache / memory_plan.GIB:.2f}"
+          f"; total {pl.total / memory_plan.GIB:.2f} of {args.memory_gb:g}")
+    fewest = ("no number of devices (nothing is divided with --sharding none)"
+              if pl.min_devices is None and args.sharding == "none" else
+              "no number of devices" if pl.min_devices is None else f"{pl.min_devices}")
+    print(f"{'fits' if pl.fits else 'does NOT fit'} on {args.devices} x {args.memory_gb:g} GiB; "
+          f"fewest devices of {args.memory_gb:g} GiB that fit: {fewest}")
+    what = "decoding step" if args.mode == "inference" else "optimizer step"
+    print(f"time at {args.mfu:.0%} MFU of {peak_text}: {pl.step_time_s:.4g} s per {what} "
+          f"({pl.tokens_per_step:,} tokens), {pl.token_time_s:.3g} s per token")
+    return 0
+
+
+DESIGN_INTRO = (
+    "What fits (GiB per device; 80 GB GPUs hold 80 GiB). Batch 1 x 4,096 tokens per device,\n"
+    "full activation recomputation, bf16 compute, AdamW; full = bf16 weights + float32 master\n"
+    "weights, gradients in bf16; LoRA = rank 16 on attention and MLP (experts included), bf16\n"
+    "base, float32 adapters and states. DP = plain data parallel (everything replicated, as the\n"
+    "Trainer runs); ZeRO3 = weights, gradients and states divided over the devices. inference =\n"
+    "bf16 weights + MLA KV cache of 4,096 tokens. 'min dev' = the fewest 80 GiB devices that\n"
+    "fit with that sharding. Times at 40% MFU of A100 312 / H100 989 bf16 TFLOP/s.\n")
+
+ASSUMPTIONS = (
+    "\nNot counted: the runtime (CUDA context, framework), allocator fragmentation, the layer\n"
+    "ZeRO-3 gathers at a time, one layer's transient copies; no tensor, pipeline or expert\n"
+    "parallelism (activations are not divided). LoRA and frozen runs are charged the FLOPs\n"
+    "of full training (an upper bound). Method: models/deepseek/memory_plan.py.")
+
+
+def add_parsers(sub) -> None:
+    """Registers `plan` on `sub`, the top-level parser's `add_subparsers()`."""
+    p = sub.add_parser("plan", help="memory per device and time per step: what fits "
+                       "(no arguments: the design table)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--preset", help=f"a model preset: {', '.join(sorted(DEEPSEEK_PRESETS))}, "
+                      f"{', '.join(PLAN_MODELS)}")
+    what.add_argument("--config", help="a HF config.json (or its checkpoint directory)")
+    what.add_argument("--tables", action="store_true", help="print the design table")
+    p.add_argument("--mode", choices=memory_plan.MODES, default="full",
+                   help="full fine-tuning, LoRA, frozen (top N blocks train), or inference "
+                   "(weights + KV cache: also what an imported checkpoint needs)")
+    p.add_argument("--weights-dtype", choices=tuple(memory_plan.DTYPE_BYTES), default="bfloat16",
+                   help="stored weights (full training adds float32 master weights to bf16)")
+    p.add_argument("--compute-dtype", choices=tuple(memory_plan.DTYPE_BYTES),
+                   default="bfloat16", help="activations and the peak FLOP/s used")
+    p.add_argument("--optimizer", choices=memory_plan.OPTIMIZERS, default="adamw")
+    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--lora-targets", default="attention,mlp")
+    p.add_argument("--trainable-blocks", type=int, default=None,
+                   help="N of train.trainable=top:N (mode frozen; limits LoRA too)")
+    p.add_argument("--batch", type=int, default=1, help="sequences per device per micro-batch")
+    p.add_argument("--seq-len", type=int, default=4096,
+                   help="tokens per sequence (inference: the context in the KV cache)")
+    p.add_argument("--grad-accum-steps", type=int, default=1)
+    p.add_argument("--recompute", choices=memory_plan.RECOMPUTE, default="none")
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--memory-gb", type=float, default=80.0,
+                   help="memory per device in GiB (an 80 GB A100 has 80 GiB)")
+    p.add_argument("--sharding", choices=memory_plan.SHARDINGS, default="none",
+                   help="none: plain data parallel; optimizer: ZeRO-2; full: ZeRO-3/FSDP")
+    p.add_argument("--gpu", default="A100", help="the device whose published peak is used "
+                   f"({', '.join(flops.PEAK_FLOPS_TABLE)})")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="peak TFLOP/s per device (instead of --gpu)")
+    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization")
+    p.set_defaults(fn=cmd_plan)
