@@ -38,6 +38,8 @@ CASES: dict[str, tuple[str, dict]] = {
     "cpu_small": ("cpu_small", {}),
     "cpu_small_b32": ("cpu_small", {"train.batch_size": 32}),
     "cpu_small_recompute": ("cpu_small", {"train.recompute_activations": True}),
+    "cpu_small_recompute_b32": ("cpu_small", {"train.recompute_activations": True,
+                                              "train.batch_size": 32}),
     "cpu_small_lora": ("cpu_small", {"train.lora_rank": 8}),
 }
 
@@ -127,11 +129,23 @@ def main() -> None:
         print(f"{row['case']:<20} {row['baseline_mib']:>9} {row['peak_mib']:>9} "
               f"{row['measured_mib']:>9} {row['planned_mib']:>9} {row['ratio']:>9}   "
               f"{row['planned_parts_mib']}")
-    if "cpu_small" in measured and "cpu_small_b32" in measured:
-        m = measured["cpu_small_b32"][0] - measured["cpu_small"][0]
-        p = measured["cpu_small_b32"][1] - measured["cpu_small"][1]
-        print(f"{'marginal b32 - b16':<20} {'':>9} {'':>9} {m / mib:>9.1f} {p / mib:>9.1f} "
-              f"{m / p:>9.3f}   (activations of 16 more sequences)")
+    for big, small in (("cpu_small_b32", "cpu_small"),
+                       ("cpu_small_recompute_b32", "cpu_small_recompute")):
+        if big in measured and small in measured:
+            m = measured[big][0] - measured[small][0]
+            p = measured[big][1] - measured[small][1]
+            print(f"{'marginal ' + big:<20} {'':>9} {'':>9} {m / mib:>9.1f} {p / mib:>9.1f} "
+                  f"{m / p:>9.3f}   ({big} - {small}: 16 more sequences)")
+    if "tiny" in measured:
+        # What a training process holds beyond the model's bytes (traced graphs, Keras,
+        # tf.data, allocator arenas), taken from tiny, whose plan is 11 MiB.
+        runtime = measured["tiny"][0] - measured["tiny"][1]
+        print(f"\ntraining runtime (tiny: measured - planned) = {runtime / mib:.1f} MiB; "
+              "measured - runtime vs planned:")
+        for name, (m, p) in measured.items():
+            if name != "tiny":
+                print(f"  {name:<24} {(m - runtime) / mib:9.1f} {p / mib:9.1f} "
+                      f"{(m - runtime) / p:9.3f}")
     print(json.dumps(rows))
 
 

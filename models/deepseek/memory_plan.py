@@ -375,7 +375,7 @@ def activation_bytes(config: DeepSeekConfig, micro_batch: int, seq_len: int,
     mtp_tokens = [micro_batch * max(seq_len - k, 0) for k in range(1, depths + 1)]
     if recompute == "none":
         total = tokens * (sum(b for _, b in blocks) + head)
-        total += sum(n * (blk + mtp_extra + head) for n, blk in zip(mtp_tokens, mtp_blocks))
+        total += sum(n * (blk + mtp_extra + head) for n, blk in zip(mtp_tokens, mtp_blocks, strict=True))
         return total
     kept = a * c.hidden_size
     largest = max([b for _, b in blocks] + mtp_blocks)
