@@ -87,6 +87,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SystemExit(f"error: {e}") from e
     print(memory_plan.format_table([pl]))
+    if args.seq_len > config.max_position_embeddings:
+        print(f"note: --seq-len {args.seq_len} exceeds the model's max_position_embeddings "
+              f"{config.max_position_embeddings}")
     counts = pl.counts
     print(f"\n{name}: {counts.total:,} parameters, {counts.trained:,} trained"
           + (f" ({counts.adapters:,} LoRA adapter parameters)" if counts.adapters else ""))
