@@ -348,8 +348,10 @@ def activation_bytes(config: DeepSeekConfig, micro_batch: int, seq_len: int,
     (`head_activation_bytes_per_token`), per token; each MTP depth k adds its
     enorm, hnorm, eh_proj input (2 x (4C + aC) + 2aC), a block, and a head, over
     T - k tokens. With recompute="full": each block and MTP module keeps its
-    input (aC per token; Korthikanti et al. 2022 §4.2, 2 s b h L in 16 bit) and
-    one block's activations live at a time during the backward pass.
+    input (aC per token; Korthikanti et al. 2022 §4.2, 2 s b h L in 16 bit), plus
+    the larger of the head (at the end of the forward pass) and one block's
+    activations (recomputed one at a time in the backward pass); each MTP depth
+    keeps its input and its head.
 
     Raises:
       ValueError: unknown compute_dtype or recompute; micro_batch or seq_len < 1.
@@ -377,9 +379,11 @@ def activation_bytes(config: DeepSeekConfig, micro_batch: int, seq_len: int,
         total = tokens * (sum(b for _, b in blocks) + head)
         total += sum(n * (blk + mtp_extra + head) for n, blk in zip(mtp_tokens, mtp_blocks, strict=True))
         return total
+    # The peak is at the end of the forward pass (inputs kept + the head) or while the
+    # backward pass recomputes a block (inputs kept + one block), whichever is larger.
     kept = a * c.hidden_size
     largest = max([b for _, b in blocks] + mtp_blocks)
-    total = tokens * (len(blocks) * kept + head) + tokens * largest
+    total = tokens * (len(blocks) * kept + max(head, largest))
     total += sum(n * (kept + head) for n in mtp_tokens)
     return total
 

@@ -71,9 +71,10 @@ def test_bytes_per_device_by_hand():
     assert p.step_time_s == pytest.approx(3 * 2100 / 500)
     assert p.token_time_s == pytest.approx(2100 / 500)
 
-    # Recomputation: each block keeps its input (aC = 16) plus the largest block (364).
+    # Recomputation: each block keeps its input (aC = 16), plus the larger of the head
+    # (128, end of the forward pass) and the largest block (364, recomputed in backward).
     recompute = mp.plan(dataclass_replace(case, recompute="full"))
-    assert recompute.activations == 3 * (2 * 16 + 128) + 3 * 364
+    assert recompute.activations == 3 * 2 * 16 + 3 * 364
     assert recompute.step_time_s == pytest.approx(3 * 2100 / 500 * 4 / 3)
 
     # bf16 weights, full training: bf16 weights + float32 master + bf16 gradients + AdamW.
