@@ -271,3 +271,21 @@ def test_v2_config_builds_and_counts_parameters(tiny_config):
     # The only difference: V3's router biases, one of n_routed_experts per MoE layer.
     assert v3.count_params() - model.count_params() == (
         len(v3.moe_layers) * tiny_config.n_routed_experts)
+
+
+def test_hf_import_export_of_v2_lite_through_a_savedmodel(tmp_path):
+    """hf-import -> SavedModel (its logits) -> hf-export writes deepseek_v2, same tensors."""
+    from savedmodel.hf_interop import hf_export, hf_import
+
+    d, input_ids, expected = _fixture("v2_lite")
+    saved = hf_import(str(d), str(tmp_path / "saved")).path
+    served = tf.saved_model.load(saved).signatures["logits"](
+        input_ids=tf.constant(input_ids))["logits"].numpy()
+    assert float(np.abs(served - expected).max()) <= TOLERANCE
+    hf_export(saved, str(tmp_path / "hf"), config_form="4.x")
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert written["model_type"] == "deepseek_v2" and written["topk_method"] == "greedy"
+    ours, theirs = _read_tensors(tmp_path / "hf"), _read_tensors(d)
+    assert sorted(ours) == sorted(theirs)
+    for key, value in theirs.items():
+        np.testing.assert_array_equal(ours[key], value, err_msg=key)
