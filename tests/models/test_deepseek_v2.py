@@ -289,3 +289,21 @@ def test_hf_import_export_of_v2_lite_through_a_savedmodel(tmp_path):
     assert sorted(ours) == sorted(theirs)
     for key, value in theirs.items():
         np.testing.assert_array_equal(ours[key], value, err_msg=key)
+
+
+def test_training_summaries_of_a_v2_model_have_load_but_no_router_bias(tiny_config, tmp_path):
+    from components.trainer.summaries import TrainSummaries
+    from reporting.report_data import read_events
+
+    model = DeepSeekCausalLM(tiny_config.replace(**V2_ROUTING))
+    record = {"step": 1, "loss": 1.0, "lm_loss": 1.0, "mtp_loss": 0.0, "balance_loss": 0.01,
+              "distill_loss": 0.0, "grad_norm": 0.5, "learning_rate": 0.001,
+              "tokens_per_second": 1.0, "mfu": 0.1, "moe_dropped_fraction": 0.0,
+              "skipped_steps": 0}
+    summaries = TrainSummaries(str(tmp_path), model)
+    summaries.write(record, np.full([1, 8], 2.0, np.float32))
+    summaries.flush()
+    scalars, tensors = read_events(str(tmp_path))
+    assert "moe/layers.1/expert_load" in tensors
+    assert scalars["moe/layers.1/load_max_over_mean"][1] == [1.0]
+    assert not [k for k in scalars if k.startswith("router_bias/")]
