@@ -68,6 +68,8 @@ class TrainSummaries:
             tf.summary.scalar(f"moe/{name}/load_max_over_mean",
                               float(layer_load.max()) / mean if mean > 0 else 0.0)
             tf.summary.write(f"moe/{name}/expert_load", layer_load.astype(np.float32))
+            if moe.gate.e_score_correction_bias is None:  # DeepSeek-V2 routers: no bias
+                continue
             bias = moe.gate.e_score_correction_bias.numpy()
             tf.summary.scalar(f"router_bias/{name}/min", float(bias.min()))
             tf.summary.scalar(f"router_bias/{name}/max", float(bias.max()))

@@ -1,10 +1,20 @@
-"""DeepSeekConfig: the single source of truth for a DeepSeek-V3-style model.
+"""DeepSeekConfig: the single source of truth for a DeepSeek-V3- or V2-style model.
 
 Field names and meanings follow Hugging Face `DeepseekV3Config`
 (transformers `configuration_deepseek_v3.py`), so a config.json maps field by
 field. Three training-rule fields that HF lacks come from the DeepSeek-V3 paper
 (arXiv 2412.19437): `router_bias_update_speed` (gamma, §2.1.2),
 `aux_loss_alpha` (alpha, §2.1.2 eq. 17) and `mtp_loss_weight` (lambda, §2.2 eq. 25).
+
+The router is chosen by DeepSeek's own config.json keys `topk_method` and
+`scoring_func` (with `seq_aux` for the balance loss):
+
+  topk_method            scoring_func  router (router.py)                     released in
+  "noaux_tc" (default)   "sigmoid"     bias-adjusted, group score = top-2 sum  DeepSeek-V3, R1
+  "greedy"               "softmax"     plain top-k, no bias                    DeepSeek-V2-Lite
+  "group_limited_greedy" "softmax"     group score = group max, no bias        DeepSeek-V2
+
+Any other combination is refused by name.
 
 This module imports neither TensorFlow nor Keras, so configs can be built and
 validated cheaply (the pipeline's CLI does so before importing TensorFlow).
@@ -16,6 +26,9 @@ import dataclasses
 from typing import Any
 
 from models.deepseek.rope_scaling import normalize_rope_scaling
+
+# topk_method -> the scoring_func it is supported with (DeepSeek's config.json names).
+TOPK_METHODS = {"noaux_tc": "sigmoid", "greedy": "softmax", "group_limited_greedy": "softmax"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +74,18 @@ class DeepSeekConfig:
       initializer_range: stddev of the normal weight initializer.
       attention_dropout: dropout on attention probabilities (training only).
       router_bias_update_speed: gamma of the auxiliary-loss-free balancing rule.
-      aux_loss_alpha: alpha, weight of the sequence-wise balance loss.
+      aux_loss_alpha: alpha, weight of the balance loss (V3: §2.1.2 eq. 17;
+        V2: the expert-level balance loss, DeepSeek-V2 arXiv 2405.04434 §2.2.3).
       mtp_loss_weight: lambda, weight of the MTP loss.
+      topk_method: DeepSeek's `topk_method`: "noaux_tc" (DeepSeek-V3: sigmoid
+        scores, `e_score_correction_bias`, auxiliary-loss-free balancing),
+        "greedy" (DeepSeek-V2-Lite) or "group_limited_greedy" (DeepSeek-V2),
+        both softmax scores without a router bias.
+      scoring_func: DeepSeek's `scoring_func`: "sigmoid" for "noaux_tc",
+        "softmax" for the two V2 methods (the only pairs supported).
+      seq_aux: DeepSeek's `seq_aux`: True = the balance loss is computed per
+        sequence and averaged over the batch; False = once over all tokens of
+        the batch (V2 methods only; DeepSeek-V3 is sequence-wise).
 
     Raises:
       ValueError: on construction, naming the offending field and value.
@@ -100,6 +123,11 @@ class DeepSeekConfig:
     router_bias_update_speed: float = 0.001
     aux_loss_alpha: float = 0.0001
     mtp_loss_weight: float = 0.3
+    # The router variant, named as in DeepSeek's config.json (appended last so
+    # positional construction of the fields above is unchanged).
+    topk_method: str = "noaux_tc"
+    scoring_func: str = "sigmoid"
+    seq_aux: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -113,7 +141,7 @@ class DeepSeekConfig:
             _check_int(name, getattr(self, name), minimum=0)
         if self.q_lora_rank is not None:
             _check_int("q_lora_rank", self.q_lora_rank, minimum=1)
-        for name in ("norm_topk_prob", "tie_word_embeddings", "rope_interleave"):
+        for name in ("norm_topk_prob", "tie_word_embeddings", "rope_interleave", "seq_aux"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         for name in ("routed_scaling_factor", "rms_norm_eps", "rope_theta", "initializer_range"):
@@ -129,6 +157,7 @@ class DeepSeekConfig:
                 f"num_experts_per_tok={self.num_experts_per_tok} must be <= "
                 f"n_routed_experts={self.n_routed_experts}"
             )
+        self._check_router()
         if self.n_routed_experts % self.n_group:
             raise ValueError(
                 f"n_routed_experts={self.n_routed_experts} must be divisible by "
@@ -137,7 +166,7 @@ class DeepSeekConfig:
         if self.topk_group > self.n_group:
             raise ValueError(f"topk_group={self.topk_group} must be <= n_group={self.n_group}")
         experts_in_kept_groups = self.topk_group * (self.n_routed_experts // self.n_group)
-        if self.num_experts_per_tok > experts_in_kept_groups:
+        if self.topk_method != "greedy" and self.num_experts_per_tok > experts_in_kept_groups:
             raise ValueError(
                 f"num_experts_per_tok={self.num_experts_per_tok} must be <= topk_group * "
                 f"(n_routed_experts // n_group) = {experts_in_kept_groups}"
@@ -151,7 +180,27 @@ class DeepSeekConfig:
         object.__setattr__(self, "rope_scaling", normalize_rope_scaling(
             self.rope_scaling, self.max_position_embeddings))
 
+    def _check_router(self) -> None:
+        """Refuses, by name, a topk_method / scoring_func / seq_aux combination
+        that the router does not implement."""
+        if self.topk_method not in TOPK_METHODS:
+            raise ValueError(f"topk_method={self.topk_method!r} is not supported; "
+                             f"choose one of {sorted(TOPK_METHODS)}")
+        expected = TOPK_METHODS[self.topk_method]
+        if self.scoring_func != expected:
+            raise ValueError(f"scoring_func={self.scoring_func!r} with topk_method="
+                             f"{self.topk_method!r} is not supported: {self.topk_method!r} "
+                             f"scores with {expected!r}")
+        if self.topk_method == "noaux_tc" and not self.seq_aux:
+            raise ValueError("seq_aux=False with topk_method='noaux_tc' is not supported: the "
+                             "DeepSeek-V3 balance loss is sequence-wise (arXiv 2412.19437 eq. 17)")
+
     # ------------------------------------------------------------------ derived sizes
+
+    @property
+    def uses_router_bias(self) -> bool:
+        """True if the router has `e_score_correction_bias` (topk_method "noaux_tc")."""
+        return self.topk_method == "noaux_tc"
 
     @property
     def qk_head_dim(self) -> int:

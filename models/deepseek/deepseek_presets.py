@@ -1,4 +1,4 @@
-"""Named DeepSeek-V3-style architectures, each written as its differences from `DeepSeekConfig()`.
+"""Named DeepSeek-V3- and V2-style architectures, each written as its differences from `DeepSeekConfig()`.
 
 As keras-hub's `*_presets.py` files sit beside their backbones, these sit beside
 `config.py`: every entry lists only the fields it changes from the dataclass
@@ -43,6 +43,40 @@ DEEPSEEK_PRESETS: dict[str, dict[str, Any]] = {
         rope_scaling={
             "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
             "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+        }),
+    # The released DeepSeek-V2-Lite (15.7B total, 2.4B activated): the `config.json` of
+    # deepseek-ai/DeepSeek-V2-Lite (sizes also in arXiv 2405.04434 appendix B and MaxText's
+    # configs/models/deepseek2-16b.yml): softmax "greedy" routing, no q compression, no
+    # router bias, no MTP. Not in its config.json: rope_interleave (DeepseekV2 always
+    # interleaves) and MTP, hence the two V3-only fields below.
+    "deepseek_v2_lite": dict(
+        vocab_size=102400, hidden_size=2048, num_hidden_layers=27, max_position_embeddings=163840,
+        num_attention_heads=16, q_lora_rank=None, kv_lora_rank=512,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        intermediate_size=10944, moe_intermediate_size=1408, first_k_dense_replace=1,
+        n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6, n_group=1, topk_group=1,
+        topk_method="greedy", scoring_func="softmax", seq_aux=True, norm_topk_prob=False,
+        routed_scaling_factor=1.0, aux_loss_alpha=0.001, num_nextn_predict_layers=0,
+        rope_scaling={
+            "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707,
+        }),
+    # The released DeepSeek-V2 (236B total, 21B activated): the `config.json` of
+    # deepseek-ai/DeepSeek-V2 (also MaxText's configs/models/deepseek2-236b.yml):
+    # "group_limited_greedy" over 8 groups of 20 experts keeping 3 (the paper's
+    # device-limited routing, arXiv 2405.04434 §2.2.2), routed_scaling_factor 16.
+    "deepseek_v2": dict(
+        vocab_size=102400, hidden_size=5120, num_hidden_layers=60, max_position_embeddings=163840,
+        num_attention_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        intermediate_size=12288, moe_intermediate_size=1536, first_k_dense_replace=1,
+        n_routed_experts=160, n_shared_experts=2, num_experts_per_tok=6, n_group=8, topk_group=3,
+        topk_method="group_limited_greedy", scoring_func="softmax", seq_aux=True,
+        norm_topk_prob=False, routed_scaling_factor=16.0, aux_loss_alpha=0.003,
+        num_nextn_predict_layers=0,
+        rope_scaling={
+            "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707,
         }),
 }
 

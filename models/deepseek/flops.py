@@ -40,8 +40,10 @@ def _attention_params(c: DeepSeekConfig) -> int:
 
 
 def _moe_params(c: DeepSeekConfig, experts: int) -> int:
-    """Router weight and bias, `experts` routed experts, the fused shared expert."""
-    router = c.n_routed_experts * c.hidden_size + c.n_routed_experts
+    """Router weight and bias (V3 only: the V2 routers have none), `experts` routed
+    experts, the fused shared expert."""
+    router = c.n_routed_experts * c.hidden_size + (c.n_routed_experts if c.uses_router_bias
+                                                   else 0)
     shared = _mlp_params(c.hidden_size, c.moe_intermediate_size * c.n_shared_experts)
     return router + experts * _mlp_params(c.hidden_size, c.moe_intermediate_size) + shared
 

@@ -56,8 +56,9 @@ def hf_weight_map(model) -> dict[str, tuple[tf.Variable, bool]]:
         if b.is_moe:
             moe = b.mlp
             names[f"{prefix}.mlp.gate.weight"] = (moe.gate.weight, False)  # [E, C] both
-            names[f"{prefix}.mlp.gate.e_score_correction_bias"] = (
-                moe.gate.e_score_correction_bias, False)
+            if moe.gate.e_score_correction_bias is not None:  # V3 only; V2 has no bias
+                names[f"{prefix}.mlp.gate.e_score_correction_bias"] = (
+                    moe.gate.e_score_correction_bias, False)
             for e, expert in enumerate(moe.experts):
                 mlp(f"{prefix}.mlp.experts.{e}", expert)
             if moe.shared_experts is not None:

@@ -36,6 +36,10 @@ complementary sequence-wise balance loss (§2.1.2 eq. 17-20):
     s'_i,t = s_i,t / sum_j s_j,t                                     eq. 19
     P_i = 1/T sum_t s'_i,t                                           eq. 20
     L_Bal = alpha * sum_i f_i P_i     (per sequence, then batch mean) eq. 17
+
+With a DeepSeek-V2 router (topk_method "greedy" / "group_limited_greedy") there
+is no bias to update, and the loss is V2's expert-level balance loss on the
+softmax scores (`expert_balance_loss`, DeepSeek-V2 §2.2.3, L_ExpBal).
 """
 
 import fractions
@@ -47,6 +51,50 @@ from models.deepseek._tracking import with_layer_lists
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.mlp import SwiGLU
 from models.deepseek.router import DeepSeekTopKRouter
+
+
+def expert_balance_loss(topk_indices, scores, batch, seq, n_routed_experts: int,
+                        num_experts_per_tok: int, aux_loss_alpha: float, seq_aux: bool = True):
+    """DeepSeek-V2's expert-level balance loss on softmax router scores.
+
+    DeepSeek-V2 (arXiv 2405.04434) §2.2.3, the expert-level balance loss:
+
+        L_ExpBal = alpha_1 * sum_{i=1}^{N'} f_i P_i
+        f_i = N' / (K' T) * sum_{t=1}^{T} 1(token t selects expert i)
+        P_i = 1/T * sum_{t=1}^{T} s_i,t
+
+    with N' = n_routed_experts, K' = num_experts_per_tok and s the softmax
+    scores (they sum to one over the experts: no renormalization, unlike
+    DeepSeek-V3's eq. 19), as DeepSeek's `modeling_deepseek.py` `MoEGate`
+    computes it: with `seq_aux` the T tokens are those of one sequence and the
+    loss is the mean over the B sequences; without, T = B*T tokens of the whole
+    batch at once. f counts choices (no gradient); the gradient flows through P.
+
+    Args:
+      topk_indices: int tensor (B*T, K), the chosen experts of each token
+        (sequence-major: row b*T + t).
+      scores: float32 (B*T, E), softmax scores s.
+      batch, seq: B and T (ints or int32 scalar tensors).
+      n_routed_experts, num_experts_per_tok: N' and K'.
+      aux_loss_alpha: alpha_1.
+      seq_aux: per sequence (True) or over the batch (False).
+
+    Returns:
+      float32 scalar, alpha_1 * L_ExpBal (dimensionless).
+    """
+    n_experts, top_k = n_routed_experts, num_experts_per_tok
+    chosen = tf.reduce_sum(tf.one_hot(topk_indices, n_experts), axis=1)  # (N, E) 0/1
+    scores = tf.cast(scores, tf.float32)
+    if seq_aux:
+        chosen = tf.reshape(chosen, [batch, seq, n_experts])  # (B, T, E)
+        probs = tf.reshape(scores, [batch, seq, n_experts])  # (B, T, E)
+    else:
+        chosen, probs = chosen[None], scores[None]  # (1, B*T, E)
+    tokens = tf.cast(tf.shape(chosen)[1], tf.float32)  # T
+    f = n_experts / (top_k * tokens) * tf.reduce_sum(chosen, axis=1)  # (B or 1, E)  f_i
+    p = tf.reduce_mean(probs, axis=1)  # (B or 1, E)  P_i
+    per_group = tf.reduce_sum(tf.stop_gradient(f) * p, axis=-1)  # (B or 1,)  sum_i f_i P_i
+    return aux_loss_alpha * tf.reduce_mean(per_group)
 
 
 def expert_capacity(n_tokens, n_experts: int, top_k: int, capacity_factor: float):
@@ -79,7 +127,8 @@ def expert_capacity(n_tokens, n_experts: int, top_k: int, capacity_factor: float
 
 @keras.saving.register_keras_serializable(package="deepseek")
 class DeepSeekMoE(keras.layers.Layer):
-    """Mixture of experts with sigmoid, group-limited, bias-balanced routing.
+    """Mixture of experts: DeepSeek-V3's sigmoid, group-limited, bias-balanced
+    routing, or DeepSeek-V2's softmax routing (config.topk_method).
 
     Sublayers (HF names): `gate` (DeepSeekTopKRouter), `experts.0..E-1`
     (SwiGLU of width moe_intermediate_size), `shared_experts` (SwiGLU of width
@@ -102,7 +151,8 @@ class DeepSeekMoE(keras.layers.Layer):
           each expert in this call (B*T*num_experts_per_tok in total), before
           any dropping;
         balance_loss: float32 scalar, aux_loss_alpha * L_Bal (eq. 17), the
-          mean over the B sequences;
+          mean over the B sequences; for the V2 methods, aux_loss_alpha *
+          L_ExpBal (`expert_balance_loss`);
         dropped: float32 scalar, the (token, expert) pairs dropped for lack of
           capacity (0.0 on the dropless path).
 
@@ -160,7 +210,12 @@ class DeepSeekMoE(keras.layers.Layer):
         out = tf.reshape(out, [batch, seq, c.hidden_size])  # (B, T, C)
 
         expert_load = tf.cast(counts, tf.float32)  # (E,)
-        balance_loss = self._sequence_balance_loss(topk_indices, scores, batch, seq)
+        if c.uses_router_bias:
+            balance_loss = self._sequence_balance_loss(topk_indices, scores, batch, seq)
+        else:
+            balance_loss = expert_balance_loss(
+                topk_indices, scores, batch, seq, n_experts, c.num_experts_per_tok,
+                c.aux_loss_alpha, c.seq_aux)
         return out, expert_load, balance_loss, dropped
 
     def _dropless(self, x, topk_indices, topk_weights, counts):
@@ -262,7 +317,8 @@ class DeepSeekMoE(keras.layers.Layer):
           update_speed: gamma; defaults to config.router_bias_update_speed.
 
         Returns:
-          The updated bias, float32 (n_routed_experts,).
+          The updated bias, float32 (n_routed_experts,); None, changing
+          nothing, for the V2 methods (no bias).
 
         Reference: DeepSeek-V3 §2.1.2, "Auxiliary-Loss-Free Load Balancing".
         """

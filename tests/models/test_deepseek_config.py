@@ -115,6 +115,53 @@ def test_deepseek_v3_preset_has_671b_parameters_and_37b_activated():
     assert c.rope_scaling["factor"] == 40 and c.q_lora_rank == 1536
 
 
+def test_router_fields_default_to_deepseek_v3_and_refuse_other_pairs_by_name():
+    c = DeepSeekConfig()
+    assert (c.topk_method, c.scoring_func, c.seq_aux, c.uses_router_bias) == (
+        "noaux_tc", "sigmoid", True, True)
+    for method in ("greedy", "group_limited_greedy"):
+        v2 = c.replace(topk_method=method, scoring_func="softmax")
+        assert not v2.uses_router_bias and DeepSeekConfig.from_dict(v2.to_dict()) == v2
+    cases = [
+        (dict(topk_method="noaux_tc", scoring_func="softmax"),
+         r"scoring_func='softmax' with topk_method='noaux_tc' is not supported"),
+        (dict(topk_method="greedy", scoring_func="sigmoid"),
+         r"scoring_func='sigmoid' with topk_method='greedy'"),
+        (dict(topk_method="gready", scoring_func="softmax"), r"topk_method='gready' is not supported"),
+        (dict(topk_method="group_limited_greedy", scoring_func="sigmoid"),
+         r"scoring_func='sigmoid' with topk_method='group_limited_greedy'"),
+        (dict(seq_aux=False), r"seq_aux=False with topk_method='noaux_tc'"),
+        (dict(seq_aux=1), r"seq_aux=1 must be a bool"),
+    ]
+    for changes, message in cases:
+        with pytest.raises(ValueError, match=message):
+            c.replace(**changes)
+    # greedy ignores groups (as HF does); group_limited_greedy needs enough experts in them.
+    greedy = c.replace(topk_method="greedy", scoring_func="softmax", n_group=4, topk_group=1,
+                       num_experts_per_tok=4)
+    assert greedy.num_experts_per_tok == 4
+    with pytest.raises(ValueError, match="num_experts_per_tok=4 must be <= topk_group"):
+        greedy.replace(topk_method="group_limited_greedy")
+
+
+def test_deepseek_v2_presets_have_their_published_sizes():
+    from models.deepseek.deepseek_presets import deepseek_preset
+    from models.deepseek.flops import activated_params, total_params
+
+    lite = deepseek_preset("deepseek_v2_lite")
+    # DeepSeek-V2-Lite model card: 15.7B total, 2.4B activated.
+    assert round(total_params(lite) / 1e9, 1) == 15.7
+    assert 2.35e9 < activated_params(lite) < 2.5e9
+    assert (lite.topk_method, lite.q_lora_rank, lite.n_routed_experts) == ("greedy", None, 64)
+    assert lite.num_nextn_predict_layers == 0 and not lite.uses_router_bias
+    v2 = deepseek_preset("deepseek_v2")
+    # DeepSeek-V2 (arXiv 2405.04434): 236B total, 21B activated.
+    assert round(total_params(v2) / 1e9) == 236
+    assert 20.5e9 < activated_params(v2) < 21.5e9
+    assert (v2.topk_method, v2.n_group, v2.topk_group, v2.routed_scaling_factor) == (
+        "group_limited_greedy", 8, 3, 16.0)
+
+
 def test_models_never_import_tfx_beam_or_transform():
     forbidden = {"tfx", "apache_beam", "tensorflow_transform"}
     for path in MODELS_DIR.rglob("*.py"):

@@ -73,6 +73,83 @@ def test_released_deepseek_v3_config_json_reads():
         hf_checkpoint.config_from_hf({**released, "hidden_act": "gelu"})
 
 
+# DeepSeek-V2-Lite's config.json (deepseek-ai/DeepSeek-V2-Lite), auto_map left out.
+V2_LITE_CONFIG_JSON = {
+    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False,
+    "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "bos_token_id": 100000,
+    "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 10944,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2",
+    "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
+    "n_shared_experts": 2, "norm_topk_prob": False, "num_attention_heads": 16,
+    "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+    "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                     "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
+    "seq_aux": True, "tie_word_embeddings": False, "topk_group": 1, "topk_method": "greedy",
+    "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": True,
+    "v_head_dim": 128, "vocab_size": 102400,
+}
+
+
+def test_released_deepseek_v2_lite_config_json_reads():
+    from models.deepseek.deepseek_presets import deepseek_preset
+
+    config = hf_checkpoint.config_from_hf(V2_LITE_CONFIG_JSON)
+    assert config == deepseek_preset("deepseek_v2_lite")
+    for form in ("4.x", "5.x"):
+        hf = json.loads(json.dumps(hf_checkpoint.config_to_hf(config, form)))
+        assert hf["model_type"] == "deepseek_v2"
+        assert hf["architectures"] == ["DeepseekV2ForCausalLM"]
+        assert (hf["topk_method"], hf["scoring_func"], hf["seq_aux"]) == (
+            "greedy", "softmax", True)
+        assert hf_checkpoint.config_from_hf(hf) == config
+    v2 = deepseek_preset("deepseek_v2")
+    assert hf_checkpoint.config_from_hf(hf_checkpoint.config_to_hf(v2)) == v2
+    # transformers 5.x may write n_group / topk_group as null with "greedy".
+    nulls = {**V2_LITE_CONFIG_JSON, "n_group": None, "topk_group": None}
+    assert hf_checkpoint.config_from_hf(nulls) == config
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("scoring_func", "sigmoid", r"scoring_func='sigmoid' with model_type 'deepseek_v2'"),
+    ("topk_method", "noaux_tc", r"topk_method='noaux_tc' with model_type 'deepseek_v2'"),
+    ("topk_method", "gready", r"topk_method='gready'"),
+    ("moe_layer_freq", 2, r"moe_layer_freq=2 with model_type 'deepseek_v2'"),
+    ("norm_topk_prob", True, r"norm_topk_prob=True with model_type 'deepseek_v2'"),
+    ("num_nextn_predict_layers", 1, r"num_nextn_predict_layers=1"),
+    ("mlp_bias", True, r"mlp_bias=True"),
+    ("model_type", "llama", r"model_type='llama'"),
+])
+def test_unsupported_deepseek_v2_configs_are_refused_by_name(key, value, message):
+    with pytest.raises(hf_checkpoint.CheckpointError, match=message):
+        hf_checkpoint.config_from_hf({**V2_LITE_CONFIG_JSON, key: value})
+    glg = {**V2_LITE_CONFIG_JSON, "topk_method": "group_limited_greedy", "n_group": None}
+    with pytest.raises(hf_checkpoint.CheckpointError, match="n_group=None"):
+        hf_checkpoint.config_from_hf(glg)
+
+
+def test_v2_configs_deepseek_v2_cannot_express_are_not_exported(tiny_config):
+    v2 = tiny_config.replace(topk_method="greedy", scoring_func="softmax", n_group=1,
+                             topk_group=1, norm_topk_prob=False, num_nextn_predict_layers=0)
+    hf_checkpoint.config_to_hf(v2)
+    for changes in (dict(norm_topk_prob=True), dict(num_nextn_predict_layers=1),
+                    dict(rope_interleave=False)):
+        name = next(iter(changes))
+        with pytest.raises(ValueError, match=f"{name}=.* model_type 'deepseek_v2' needs"):
+            hf_checkpoint.config_to_hf(v2.replace(**changes))
+
+
+def test_v3_config_json_is_written_as_before(tiny_config):
+    hf = hf_checkpoint.config_to_hf(tiny_config)
+    assert hf["model_type"] == "deepseek_v3" and hf["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert (hf["topk_method"], hf["scoring_func"]) == ("noaux_tc", "sigmoid")
+    assert "seq_aux" not in hf and "mlp_bias" not in hf and hf["rope_interleave"] is True
+
+
 def test_weight_map_covers_every_variable_once(tiny_config):
     model = DeepSeekCausalLM(tiny_config)
     mapped = hf_checkpoint.hf_weight_map(model)
