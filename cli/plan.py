@@ -24,7 +24,7 @@ from models.deepseek.deepseek_presets import DEEPSEEK_PRESETS, deepseek_preset
 from models.deepseek.hf_config import CONFIG_NAME, config_from_hf
 
 # Models of the planner itself, beside models/deepseek/deepseek_presets.py.
-PLAN_MODELS = (*memory_plan.DESIGN_CONFIGS, "deepseek_v2_lite")
+PLAN_MODELS = tuple(memory_plan.DESIGN_CONFIGS)
 
 
 def _config(args: argparse.Namespace):
@@ -38,8 +38,6 @@ def _config(args: argparse.Namespace):
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(f"error: {e}" if path in str(e) else f"error: {path}: {e}") from e
     name = args.preset
-    if name == "deepseek_v2_lite":
-        return memory_plan.deepseek_v2_lite_config()
     if name in memory_plan.DESIGN_CONFIGS:
         return memory_plan.DESIGN_CONFIGS[name]
     try:

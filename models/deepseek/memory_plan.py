@@ -61,7 +61,7 @@ import math
 
 from models.deepseek import flops
 from models.deepseek.config import DeepSeekConfig
-from models.deepseek.deepseek_presets import deepseek_v3_config
+from models.deepseek.deepseek_presets import deepseek_preset, deepseek_v3_config
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -598,18 +598,6 @@ DESIGN_CONFIGS: dict[str, DeepSeekConfig] = {
 }
 
 
-def deepseek_v2_lite_config() -> DeepSeekConfig:
-    """DeepSeek-V2-Lite (15.7B total, 2.4B activated), from its config.json; the router
-    fields this config cannot express (softmax scores, greedy top-k) do not change sizes."""
-    return DeepSeekConfig(
-        vocab_size=102400, hidden_size=2048, num_hidden_layers=27, num_attention_heads=16,
-        q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-        v_head_dim=128, intermediate_size=10944, moe_intermediate_size=1408,
-        n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
-        first_k_dense_replace=1, n_group=1, topk_group=1, num_nextn_predict_layers=0,
-        max_position_embeddings=32768)
-
-
 def design_cases() -> list[tuple[str, PlanInput]]:
     """The table of `deepseek-tfx plan`: the design documents' three cases (7B on one
     A100 80 GB, 65B on 8 x A100 80 GB, 175B on as many 80 GB GPUs as it takes),
@@ -627,7 +615,7 @@ def design_cases() -> list[tuple[str, PlanInput]]:
     models = [("7B dense", DESIGN_CONFIGS["dense_7b"], 1, a100),
               ("65B dense", DESIGN_CONFIGS["dense_65b"], 8, a100),
               ("175B dense", DESIGN_CONFIGS["dense_175b"], 64, a100),
-              ("V2-Lite 16B", deepseek_v2_lite_config(), 1, a100),
+              ("V2-Lite 16B", deepseek_preset("deepseek_v2_lite"), 1, a100),
               ("V3 671B", deepseek_v3_config(), 8, h100)]
     cases = []
     for label, config, devices, peak in models:

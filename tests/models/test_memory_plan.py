@@ -139,7 +139,7 @@ def test_bad_input_is_refused_by_name():
 
 def test_design_cases_and_v2_lite_sizes():
     # DeepSeek-V2-Lite: 15.7B parameters, 2.4B activated (arXiv 2405.04434, Appendix B).
-    v2_lite = mp.deepseek_v2_lite_config()
+    v2_lite = deepseek_preset("deepseek_v2_lite")
     assert round(flops.total_params(v2_lite) / 1e9, 1) == 15.7
     assert round(flops.activated_params(v2_lite) / 1e9, 1) == 2.5  # 2.4 without the lm_head
     sizes = {k: flops.total_params(c) / 1e9 for k, c in mp.DESIGN_CONFIGS.items()}
