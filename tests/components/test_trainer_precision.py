@@ -122,3 +122,39 @@ def test_dtype_breakdown_by_share_of_elements():
     assert precision.dtype_breakdown([a]) == "bfloat16"
     assert precision.dtype_breakdown([a, b]) == "bfloat16 75.0%, float32 25.0%"
     assert precision.dtype_breakdown([]) == "none"
+
+
+PARTS = {"frozen_weights_dtype": "bfloat16 99.9%, float32 0.1%",
+         "trainable_weights_dtype": "float32", "optimizer_states_dtype": "float32",
+         "compute_dtype": "bfloat16", "exported_weights_dtype": "bfloat16"}
+
+
+def test_the_run_summary_prints_each_parts_precision(monkeypatch, capsys):
+    from reporting import run_summary
+
+    model = {"train_steps": 2, "precision": "bfloat16", **PARTS}
+    runs = [run_summary.ComponentRun("Trainer", "COMPLETE", 1.0, {"Model": model})]
+    monkeypatch.setattr(run_summary, "latest_run", lambda path: runs)
+    run_summary.print_summary("unused.sqlite", 1.0)
+    out = capsys.readouterr().out
+    assert ("precision: frozen weights bfloat16 99.9%, float32 0.1%, trained weights float32, "
+            "optimizer states float32, compute bfloat16, exported bfloat16") in out
+
+
+@pytest.mark.slow  # imports tfx
+def test_the_model_artifact_records_each_parts_precision():
+    from components.trainer.executor import record_summary
+
+    class Artifact:
+        def __init__(self):
+            self.properties = {}
+
+        def set_string_custom_property(self, key, value):
+            self.properties[key] = value
+
+        set_int_custom_property = set_float_custom_property = set_string_custom_property
+        set_bool_custom_property = set_string_custom_property
+
+    artifact = Artifact()
+    record_summary(artifact, {**PARTS, "precision": "bfloat16"})
+    assert artifact.properties == {**PARTS, "precision": "bfloat16"}
