@@ -17,9 +17,9 @@ the logic lives in the modules it calls.
                          [--max-batch-size ROWS] [--batch-timeout-micros US]
                          [--max-enqueued-batches N] [--num-batch-threads N]
   deepseek-tfx mlmd      --output DIR {runs|artifacts|lineage MODEL_DIR} [--json]
-  deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer]
+  deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer] [--dtype auto|bfloat16|float32]
   deepseek-tfx hf-export MODEL_DIR OUT_DIR [--max-shard-size BYTES] [--config-form 4.x|5.x]
-                         [--dtype float32|bfloat16]
+                         [--dtype auto|bfloat16|float32]
   deepseek-tfx plan      [--tables] | --preset NAME | --config CONFIG_JSON [--mode ...] (cli/plan.py)
 
 run, validate, generate, evaluate, serve, hf-import and hf-export show the project's own

@@ -9,6 +9,7 @@ import os
 
 from cli import console
 from cli.model_dir import resolve_model_dir
+from savedmodel.precision import AUTO, WEIGHT_DTYPES
 
 
 def cmd_hf_import(args: argparse.Namespace) -> int:
@@ -17,11 +18,12 @@ def cmd_hf_import(args: argparse.Namespace) -> int:
 
     try:
         imported = hf_import(args.checkpoint_dir, args.out_dir,
-                             use_tokenizer=not args.no_tokenizer)
+                             use_tokenizer=not args.no_tokenizer, dtype=args.dtype)
     except (FileNotFoundError, ValueError) as e:  # CheckpointError, UnsupportedTokenizerError
         raise SystemExit(f"error: {e}") from e
     print(f"SavedModel with signatures {', '.join(imported.signatures)}: "
           f"{os.path.abspath(imported.path)}")
+    print(f"  weights: {imported.weight_dtype}")
     if imported.tokenizer is None:
         why = "--no-tokenizer" if args.no_tokenizer else f"no tokenizer.json in {args.checkpoint_dir}"
         print(f"  logits only ({why}): generate, evaluate and text requests to serve need a "
@@ -44,7 +46,7 @@ def cmd_hf_export(args: argparse.Namespace) -> int:
     try:
         files = hf_export(model_dir, args.out_dir, max_shard_bytes=args.max_shard_size,
                           config_form=args.config_form, dtype=args.dtype)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: {e}") from e
     shards = [f for f in files if f.endswith(".safetensors")]
     names = sorted({os.path.basename(f) for f in files} - {os.path.basename(f) for f in shards})
@@ -65,6 +67,9 @@ def add_parsers(sub) -> None:
     hf_in.add_argument("out_dir", help="where the SavedModel is written")
     hf_in.add_argument("--no-tokenizer", action="store_true",
                        help="import the weights only (logits), ignoring tokenizer.json")
+    hf_in.add_argument("--dtype", choices=(AUTO, *WEIGHT_DTYPES), default=AUTO,
+                       help="the SavedModel's weights: auto = the checkpoint's own precision "
+                       "(bf16 and FP8 checkpoints -> bfloat16, float32 -> float32)")
     console.add_arguments(hf_in, "hf-import")
     hf_in.set_defaults(fn=cmd_hf_import)
 
@@ -79,6 +84,8 @@ def add_parsers(sub) -> None:
     hf_out.add_argument("--config-form", choices=("4.x", "5.x"), default="5.x",
                         help="config.json as transformers 4.x (rope_scaling) or 5.x "
                         "(rope_parameters) writes it")
-    hf_out.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    hf_out.add_argument("--dtype", choices=(AUTO, *WEIGHT_DTYPES), default=AUTO,
+                        help="the safetensors' dtype: auto = the SavedModel's own precision "
+                        "(a bf16 import exports the tensors it was imported from)")
     console.add_arguments(hf_out, "hf-export")
     hf_out.set_defaults(fn=cmd_hf_export)

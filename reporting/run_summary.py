@@ -104,6 +104,12 @@ def print_summary(metadata_path: str, wall_s: float) -> list[str]:
               f"{100 * model.get('steady_mfu', 0):.1f}%) of a peak of "
               f"{model.get('peak_flops', 0) / 1e9:.1f} GFLOP/s "
               f"({model.get('peak_flops_source', 'unknown')})")
+        if "trainable_weights_dtype" in model:
+            print(f"         precision: frozen weights {model.get('frozen_weights_dtype')}, "
+                  f"trained weights {model.get('trainable_weights_dtype')}, optimizer states "
+                  f"{model.get('optimizer_states_dtype')}, compute "
+                  f"{model.get('compute_dtype')}, exported "
+                  f"{model.get('exported_weights_dtype')}")
         if model.get("moe_dropped_fraction") or model.get("skipped_steps"):
             print(f"         MoE pairs dropped by the capacity: "
                   f"{100 * model.get('moe_dropped_fraction', 0):.2f}%; steps skipped (not "

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from models.deepseek.hf_checkpoint import load_hf_checkpoint, read_config_json
 from savedmodel import layout
-from savedmodel.hf_interop import load_model_from_savedmodel
+from savedmodel.hf_interop import checkpoint_weight_dtype, load_model_from_savedmodel
 
 SAVEDMODEL = "savedmodel"
 HF = "hf"
@@ -94,8 +94,25 @@ def tokenizer_path(path: str) -> str | None:
     return directory if tf.io.gfile.exists(os.path.join(directory, layout.TOKENIZER_FILE)) else None
 
 
-def load_model(path: str):
-    """The float32 `DeepSeekCausalLM` at `path`, every weight from the directory.
+def weight_dtype(path: str) -> str:
+    """The precision the model at `path` is stored in (`layout.WEIGHT_DTYPES`): a
+    SavedModel's `layout.read_weight_dtype`, a HF checkpoint's
+    `hf_interop.checkpoint_weight_dtype` (FP8 counts as bfloat16).
+
+    Raises:
+      BaseModelError: no model at `path`.
+    """
+    directory = model_dir(path)
+    if _kind_of(directory) == HF:
+        return checkpoint_weight_dtype(directory)
+    return layout.read_weight_dtype(directory)
+
+
+def load_model(path: str, dtype: str | None = None):
+    """The `DeepSeekCausalLM` at `path`, every weight from the directory, built in the
+    Keras dtype policy `dtype`, or (None) in the precision it is stored in
+    (`weight_dtype`: a bf16 model stays bf16). Either way one model is built and the
+    stored tensors are cast into its variables as they load (no second copy).
 
     Raises:
       BaseModelError: no model at `path`.
@@ -104,8 +121,9 @@ def load_model(path: str):
     """
     directory = model_dir(path)
     if _kind_of(directory) == HF:
-        return load_hf_checkpoint(directory)
-    return load_model_from_savedmodel(directory)
+        policy = layout.keras_policy(weight_dtype(directory)) if dtype is None else dtype
+        return load_hf_checkpoint(directory, dtype=policy)
+    return load_model_from_savedmodel(directory, dtype=dtype)
 
 
 def fingerprint(path: str) -> str:

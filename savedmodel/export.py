@@ -70,6 +70,8 @@ from savedmodel.layout import (
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     extra_path,
+    weight_dtype_of,
+    write_weight_dtype,
 )
 from tokenization.byte_level_bpe import ByteLevelBpe
 from tokenization.byte_pair_encoder import BytePairEncoder
@@ -223,10 +225,13 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
     as assets), writes in `assets.extra/`, in transformers' forms, what `hf-export`
     passes on: `config.json` (the model's config, `hf_checkpoint.config_to_hf`) and
     `generation_config.json` (the defaults of `serving_default` and the tokenizer's
-    bos/eos/pad ids, `hf_interop.generation_config_to_hf`).
+    bos/eos/pad ids, `hf_interop.generation_config_to_hf`); and `precision.json`, the
+    dtype of the model's variables (`layout.write_weight_dtype`), which readers build
+    the model in. The `logits` signature returns float32 whatever that dtype.
 
     Args:
-      model: a `DeepSeekCausalLM` whose vocab_size covers the tokenizer's ids.
+      model: a `DeepSeekCausalLM` (variables float32 or bfloat16) whose vocab_size
+        covers the tokenizer's ids.
       tokenizer: its `ByteLevelBpe`.
       generation: the defaults of `serving_default`.
       export_dir: the SavedModel directory to write.
@@ -256,6 +261,7 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
         extras[CHAT_PROMPT_ASSET] = {"prefix": chat_prompt[0], "suffix": chat_prompt[1]}
     for name, value in extras.items():
         write_json(extra_path(export_dir, name), value, ensure_ascii=True)
+    write_weight_dtype(export_dir, weight_dtype_of(model))
     return export_dir
 
 

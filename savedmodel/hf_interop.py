@@ -2,7 +2,8 @@
 
   hf_import(CHECKPOINT_DIR, OUT_DIR)  config.json + safetensors (+ tokenizer.json,
                                       tokenizer_config.json, generation_config.json
-                                      when present) -> SavedModel.
+                                      when present) -> SavedModel, its variables in the
+                                      checkpoint's precision (or `dtype`).
   hf_export(MODEL_DIR, OUT_DIR)       a SavedModel written by hf-import, by the pipeline's
                                       Trainer/Pusher or by `save_text_model` ->
                                       config.json + safetensors (+ tokenizer.json,
@@ -22,6 +23,12 @@ What hf-export writes is what `transformers.AutoModelForCausalLM` /
 `AutoTokenizer.from_pretrained(OUT_DIR)` read (`PreTrainedTokenizerFast` from
 tokenizer.json + tokenizer_config.json; `GenerationConfig` from generation_config.json);
 `tokenizers.Tokenizer.from_file(OUT_DIR/tokenizer.json)` gives the SavedModel's ids.
+
+Precision (`layout.WEIGHT_DTYPES`, `layout.read_weight_dtype`): a bf16 checkpoint (or
+an FP8 one, dequantized to bf16) imports as a SavedModel with bf16 variables unless
+`dtype="float32"`; `assets.extra/precision.json` records it, `load_model_from_savedmodel`
+builds the model in it, and `hf_export` writes it back unchanged (bit for bit) by
+default.
 
 The weights travel through `models/deepseek/hf_checkpoint.py`; the SavedModel's
 variables are read back into a freshly built model with `tf.train.Checkpoint`
@@ -49,10 +56,15 @@ from savedmodel.layout import (
     GENERATION_CONFIG_NAME,
     MODEL_CONFIG_NAME,
     extra_path,
+    keras_policy,
     read_hf_generation_config,
     read_model_config,
     read_pipeline_config,
     read_tokenizer,
+    read_weight_dtype,
+    resolve_weight_dtype,
+    weight_dtype_of,
+    write_weight_dtype,
 )
 from tokenization.byte_level_bpe import (
     TOKENIZER_CONFIG_FILE,
@@ -79,6 +91,28 @@ class LogitsModule(tf.Module):
 # ----------------------------------------------------------------------------- import
 
 
+def checkpoint_weight_dtype(checkpoint_dir: str) -> str:
+    """The precision a HF checkpoint's weights are stored in, from its config.json:
+    `quantization_config` with quant_method "fp8" -> "bfloat16" (FP8 dequantizes to
+    bf16); else `torch_dtype` (transformers 4.x) or `dtype` (5.x): "bfloat16" ->
+    "bfloat16", "float32" -> "float32"; absent -> "float32". Other values ("float16")
+    map to "float32", the dtype that holds them exactly.
+
+    (To be replaced by `hf_checkpoint.stored_precision`, which reads the safetensors
+    headers instead of trusting config.json.)
+
+    Raises:
+      FileNotFoundError: no config.json.
+      JsonFileError: config.json is not a JSON object.
+    """
+    config = read_json(os.path.join(checkpoint_dir, MODEL_CONFIG_NAME), "the checkpoint's config")
+    quantization = config.get("quantization_config") or {}
+    if isinstance(quantization, dict) and quantization.get("quant_method") == "fp8":
+        return "bfloat16"
+    stored = config.get("torch_dtype", config.get("dtype"))
+    return "bfloat16" if stored == "bfloat16" else "float32"
+
+
 @dataclasses.dataclass(frozen=True)
 class ImportedModel:
     """What `hf_import` wrote.
@@ -90,6 +124,7 @@ class ImportedModel:
       generation: the defaults of its `serving_default` (text models), else None.
       generation_source: where they came from: the checkpoint's
         generation_config.json, or the pipeline's defaults.
+      weight_dtype: the dtype of its variables (`layout.WEIGHT_DTYPES`).
     """
 
     path: str
@@ -97,9 +132,11 @@ class ImportedModel:
     tokenizer: str | None = None
     generation: GenerationConfig | None = None
     generation_source: str | None = None
+    weight_dtype: str = "float32"
 
 
-def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True) -> ImportedModel:
+def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
+              dtype: str = "auto") -> ImportedModel:
     """Reads a HF DeepSeek-V3 checkpoint directory and writes a SavedModel.
 
     With a `tokenizer.json` in `checkpoint_dir` (and `use_tokenizer`), the SavedModel
@@ -117,11 +154,16 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True) -> 
         tokenizer.json, tokenizer_config.json and generation_config.json.
       out_dir: where the SavedModel is written.
       use_tokenizer: False imports the weights only (logits), ignoring tokenizer.json.
+      dtype: the dtype of the SavedModel's variables: "auto" (the checkpoint's own,
+        `checkpoint_weight_dtype`) or one of `layout.WEIGHT_DTYPES`. The model is built
+        in it (`layout.keras_policy`) and the tensors are cast to it as they load;
+        `assets.extra/precision.json` records it.
 
     Returns:
-      An `ImportedModel` naming the signatures written.
+      An `ImportedModel` naming the signatures written and the weights' dtype.
 
     Raises:
+      ValueError: `dtype` is not "auto" or one of `layout.WEIGHT_DTYPES`.
       FileNotFoundError: no config.json or no safetensors files.
       hf_checkpoint.CheckpointError: the weights do not match config.json (see
         `load_hf_checkpoint`), or the tokenizer has ids beyond config.json's
@@ -134,6 +176,8 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True) -> 
     from savedmodel.export import save_text_model
 
     config = hf_checkpoint.read_config_json(checkpoint_dir)  # fails fast on a bad config
+    weight_dtype = resolve_weight_dtype(dtype, checkpoint_weight_dtype(checkpoint_dir))
+    policy = keras_policy(weight_dtype)
     tokenizer = None
     if use_tokenizer and tf.io.gfile.exists(os.path.join(checkpoint_dir, TOKENIZER_FILE)):
         tokenizer = ByteLevelBpe.from_file(checkpoint_dir)
@@ -144,12 +188,13 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True) -> 
                 f"{config.vocab_size}: the model's vocabulary must cover the tokenizer's ids")
         _ = tokenizer.eos_id  # raises now, before the weights load, if it has none
     if tokenizer is None:
-        model = hf_checkpoint.load_hf_checkpoint(checkpoint_dir)
+        model = hf_checkpoint.load_hf_checkpoint(checkpoint_dir, dtype=policy)
         module = LogitsModule(model)
         tf.saved_model.save(module, out_dir,
                             signatures={"serving_default": module.logits, "logits": module.logits})
         write_json(extra_path(out_dir, MODEL_CONFIG_NAME), hf_checkpoint.config_to_hf(model.config))
-        return ImportedModel(out_dir, LOGITS_SIGNATURES)
+        write_weight_dtype(out_dir, weight_dtype_of(model))
+        return ImportedModel(out_dir, LOGITS_SIGNATURES, weight_dtype=weight_dtype_of(model))
 
     hf_generation_path = os.path.join(checkpoint_dir, GENERATION_CONFIG_NAME)
     hf_generation = None
@@ -158,43 +203,102 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True) -> 
         generation, source = generation_config_from_hf(hf_generation), hf_generation_path
     else:
         generation, source = GenerationConfig(), "the pipeline's GenerationConfig() defaults"
-    model = hf_checkpoint.load_hf_checkpoint(checkpoint_dir)
-    save_text_model(model, tokenizer, generation, out_dir)  # also assets.extra/config.json
+    model = hf_checkpoint.load_hf_checkpoint(checkpoint_dir, dtype=policy)
+    save_text_model(model, tokenizer, generation, out_dir)  # also config.json, precision.json
     if hf_generation is not None:  # keep the checkpoint's other keys for hf-export
         write_json(extra_path(out_dir, GENERATION_CONFIG_NAME),
                    {**hf_generation, **generation_config_to_hf(generation, tokenizer)})
-    return ImportedModel(out_dir, TEXT_SIGNATURES, tokenizer.source, generation, source)
+    return ImportedModel(out_dir, TEXT_SIGNATURES, tokenizer.source, generation, source,
+                         weight_dtype_of(model))
 
 
 # ----------------------------------------------------------------------------- export
 
 
-def load_model_from_savedmodel(model_dir: str):
+def load_model_from_savedmodel(model_dir: str, dtype: str | None = None):
     """Rebuilds the DeepSeekCausalLM of a SavedModel with its trained weights.
 
     Its architecture is `layout.read_model_config`'s (the pipeline config, else
-    config.json).
+    config.json); its precision the SavedModel's own (`layout.read_weight_dtype`)
+    unless `dtype` asks for another.
+
+    Args:
+      model_dir: the SavedModel directory.
+      dtype: the Keras dtype policy to build the model in ("float32", "bfloat16",
+        "mixed_bfloat16", ...), or None for `keras_policy(read_weight_dtype(model_dir))`.
+        When the policy's variable dtype differs from the stored one, each variable
+        is read, cast and assigned one at a time (`restore_cast`): one model in memory.
 
     Raises:
       FileNotFoundError: no config beside the SavedModel.
       AssertionError: the SavedModel's variables do not cover the model.
+      ValueError: precision.json names a dtype that is not supported.
     """
     from models.deepseek.causal_lm import DeepSeekCausalLM
 
-    model = DeepSeekCausalLM(read_model_config(model_dir))
+    stored = read_weight_dtype(model_dir)
+    model = DeepSeekCausalLM(read_model_config(model_dir),
+                             dtype=keras_policy(stored) if dtype is None else dtype)
+    variables = os.path.join(model_dir, "variables", "variables")
+    if weight_dtype_of(model) != stored:
+        restore_cast(model, variables, model_dir)
+        return model
     reader = tf.train.Checkpoint(model=model)
-    status = reader.read(os.path.join(model_dir, "variables", "variables"))
+    status = reader.read(variables)
     status.expect_partial()  # the SavedModel also holds tokenizer tables etc.
     status.assert_existing_objects_matched()
     return model
 
 
+def restore_cast(model, checkpoint_prefix: str, source: str) -> None:
+    """Assigns every variable of `model` from a checkpoint whose root holds a model of
+    the same architecture under `model` (a SavedModel's `variables/variables`, a
+    training checkpoint), casting each to the variable's dtype; one tensor in memory
+    at a time. (TensorFlow's own restore refuses another dtype.)
+
+    The variables are matched to the checkpoint's objects by `tf.train.CheckpointView.
+    match`, and read through the keys of the checkpoint's object graph (the
+    `TrackableObjectGraph` proto stored under "_CHECKPOINTABLE_OBJECT_GRAPH").
+
+    Raises:
+      AssertionError: some variable of `model` has no value in the checkpoint (naming
+        the first few), as `assert_existing_objects_matched` would.
+      ValueError: a stored tensor's shape differs from its variable's (naming both).
+    """
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    reader = tf.train.load_checkpoint(checkpoint_prefix)
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    matched = tf.train.CheckpointView(checkpoint_prefix).match(tf.train.Checkpoint(model=model))
+    keys = {}
+    for node_id, obj in matched.items():
+        for attribute in graph.nodes[node_id].attributes:
+            if attribute.name == "VARIABLE_VALUE":
+                keys[id(obj)] = attribute.checkpoint_key
+    missing = [v.path for v in model.weights if id(v) not in keys]
+    if missing:
+        raise AssertionError(f"{source}: {len(missing)} variables of the model have no value "
+                             f"in its checkpoint: {missing[:5]}")
+    for variable in model.weights:
+        value = reader.get_tensor(keys[id(variable)])  # numpy, the stored dtype
+        if tuple(value.shape) != tuple(variable.shape):
+            raise ValueError(f"{source}: {variable.path} has shape {tuple(value.shape)} in the "
+                             f"checkpoint, {tuple(variable.shape)} in the model")
+        variable.assign(tf.cast(value, variable.dtype))
+        del value
+
+
 def hf_export(model_dir: str, out_dir: str,
               max_shard_bytes: int = hf_checkpoint.DEFAULT_MAX_SHARD_BYTES,
-              config_form: str = "5.x", dtype: str = "float32") -> list[str]:
+              config_form: str = "5.x", dtype: str = "auto") -> list[str]:
     """Writes the model of a SavedModel as a HF checkpoint; returns the files written.
 
-    Always config.json and the safetensors (see `save_hf_checkpoint`). When the
+    Always config.json and the safetensors (see `save_hf_checkpoint`, which writes one
+    shard at a time), in `dtype`: "auto" = the SavedModel's own precision
+    (`layout.read_weight_dtype`), so a bf16 import exports the bytes it was imported
+    from; or one of `layout.WEIGHT_DTYPES`. The model is loaded in its stored precision
+    whatever `dtype` (tensors are cast shard by shard). When the
     SavedModel carries a tokenizer (`assets/tokenizer.json`), also:
       - tokenizer.json, as the SavedModel tokenizes (`tokenizers.Tokenizer.from_file`
         gives the same ids as its `tokenize` signature);
@@ -212,10 +316,12 @@ def hf_export(model_dir: str, out_dir: str,
     Raises:
       FileNotFoundError: no config beside the SavedModel.
       AssertionError: the SavedModel's variables do not cover the model.
+      ValueError: `dtype` is not "auto" or one of `layout.WEIGHT_DTYPES`.
     """
+    weight_dtype = resolve_weight_dtype(dtype, read_weight_dtype(model_dir))
     model = load_model_from_savedmodel(model_dir)
     files = hf_checkpoint.save_hf_checkpoint(model, out_dir, max_shard_bytes=max_shard_bytes,
-                                             config_form=config_form, dtype=dtype)
+                                             config_form=config_form, dtype=weight_dtype)
     tokenizer = read_tokenizer(model_dir)
     if tokenizer is None:
         return files

@@ -10,12 +10,14 @@
                                    transformers GenerationConfig
     chat_prompt.json               a chat model's prompt affixes         CHAT_PROMPT_ASSET
     deepseek_tfx_config.json       a pushed model's PipelineConfig       PIPELINE_CONFIG_ASSET
+    precision.json                 the dtype of the weights,             PRECISION_ASSET
+                                   {"weight_dtype": "bfloat16"}
 
-Who writes them: `export.save_text_model` the assets, config.json, generation_config.json
-and (chat models) chat_prompt.json; `export.export_serving_model` (the Trainer) the same
+Who writes them: `export.save_text_model` the assets, config.json, generation_config.json,
+precision.json and (chat models) chat_prompt.json; `export.export_serving_model` (the Trainer) the same
 plus the pipeline config; `hf_interop.hf_import` a text model as `save_text_model` does
 (generation_config.json keeps the checkpoint's other keys), a logits-only model
-config.json alone. A model pushed before SavedModels carried config.json has only the
+config.json and precision.json. A model pushed before SavedModels carried config.json has only the
 pipeline config.
 
 The model's config, one rule (`read_model_config`): the pipeline config's `model`
@@ -23,6 +25,13 @@ section when the SavedModel carries a pipeline config, else config.json. The Tra
 writes both from the same `DeepSeekConfig` (config.json is `config_to_hf` of it, which
 `config_from_hf` reads back unchanged), so they agree; the pipeline config is the run's
 own record of every field, hence it wins.
+
+The weights' precision, one knob (`precision.WEIGHT_DTYPES`; `hf-import --dtype`):
+a SavedModel's variables are in `read_weight_dtype(model_dir)` (precision.json; a
+SavedModel without one was written in float32), and every reader builds the model in
+that dtype (`keras_policy`), so a bf16 import stays bf16 through export, serving and
+fine-tuning. The `logits` signature returns float32 whatever the weights' dtype.
+New weight formats (int8, ...) are added in `savedmodel/precision.py`.
 
 A serving directory (the Pusher's, TF Serving's `--model_base_path`) holds numbered
 versions, `<serving_dir>/<version>/`; `latest_version` finds the one to serve.
@@ -32,11 +41,20 @@ from __future__ import annotations
 
 import os
 
-from common.json_file import exists, read_json
+from common.json_file import exists, read_json, write_json
 from config import GenerationConfig, PipelineConfig
 from models.deepseek import hf_checkpoint
 from models.deepseek.config import DeepSeekConfig
 from savedmodel.hf_generation import generation_config_from_hf
+from savedmodel.precision import (  # noqa: F401  (re-exported: the SavedModel's precision)
+    AUTO,
+    LEGACY_WEIGHT_DTYPE,
+    WEIGHT_DTYPES,
+    check_weight_dtype,
+    keras_policy,
+    resolve_weight_dtype,
+    weight_dtype_of,
+)
 from tokenization import byte_level_bpe
 from tokenization.byte_level_bpe import ByteLevelBpe
 
@@ -49,6 +67,8 @@ MODEL_CONFIG_NAME = hf_checkpoint.CONFIG_NAME  # config.json: HF's DeepseekV3Con
 GENERATION_CONFIG_NAME = "generation_config.json"  # transformers' GenerationConfig file
 CHAT_PROMPT_ASSET = "chat_prompt.json"  # the chat template's (prefix, suffix) of a prompt
 PIPELINE_CONFIG_ASSET = "deepseek_tfx_config.json"  # the PipelineConfig beside a pushed model
+PRECISION_ASSET = "precision.json"  # {"weight_dtype": one of WEIGHT_DTYPES}
+
 
 
 class NoTokenizerError(ValueError):
@@ -69,6 +89,34 @@ def asset_path(model_dir: str, name: str) -> str:
 def extra_path(model_dir: str, name: str) -> str:
     """`<model_dir>/assets.extra/<name>`."""
     return os.path.join(model_dir, ASSETS_EXTRA_DIR, name)
+
+
+# ----------------------------------------------------------------------------- precision
+
+
+def write_weight_dtype(model_dir: str, dtype: str) -> None:
+    """Writes `assets.extra/precision.json` = {"weight_dtype": dtype}.
+
+    Raises:
+      ValueError: `dtype` is not one of `WEIGHT_DTYPES`.
+    """
+    write_json(extra_path(model_dir, PRECISION_ASSET),
+               {"weight_dtype": check_weight_dtype(dtype, "weight_dtype")})
+
+
+def read_weight_dtype(model_dir: str) -> str:
+    """The dtype of a SavedModel's variables: `assets.extra/precision.json`, else
+    "float32" (SavedModels written before it was recorded were float32).
+
+    Raises:
+      JsonFileError: the file is not a JSON object.
+      ValueError: its weight_dtype is missing or not one of `WEIGHT_DTYPES` (named).
+    """
+    path = extra_path(model_dir, PRECISION_ASSET)
+    if not exists(path):
+        return LEGACY_WEIGHT_DTYPE
+    record = read_json(path, "the SavedModel's precision")
+    return check_weight_dtype(record.get("weight_dtype"), f"{path}: weight_dtype")
 
 
 # ----------------------------------------------------------------------------- readers

@@ -5,7 +5,9 @@ executor copies its scalar figures onto the output Model artifact as custom
 properties (`MODEL_PROPERTIES`), so ML Metadata answers "how was this model
 trained" without opening files: steps, resume point, tokens, wall time,
 tokens/s, MFU, strategy, replicas, workers, precision, batch layout, XLA
-(`jit_compile`), the MoE dropped fraction and the skipped (not finite) steps.
+(`jit_compile`), the MoE dropped fraction, the skipped (not finite) steps and the
+precision of each part (frozen weights, trained weights, optimizer states, compute,
+the exported model).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ MODEL_PROPERTIES = {
     "trainable_params": int, "total_params": int, "sft_records": int, "sft_records_used": int,
     "sft_rejected_too_long": int, "sft_response_tokens": int, "jit_compile": bool,
     "moe_capacity_factor": float, "moe_dropped_fraction": float, "skipped_steps": int,
+    # which precision each part is in (`train_loop.precision_parts`, run_fn)
+    "frozen_weights_dtype": str, "trainable_weights_dtype": str,
+    "optimizer_states_dtype": str, "compute_dtype": str, "exported_weights_dtype": str,
 }
 
 

@@ -73,6 +73,11 @@ def plan(job: TrainingJob):
     accelerator = hardware.detect()
     name = strategy.resolve_name(tc.distribution_strategy, accelerator)
     policy, reason = precision.choose_policy(tc.precision, accelerator)
+    if job.base_model:
+        from savedmodel import base_model
+
+        policy, reason = precision.model_policy(policy, reason,
+                                                base_model.weight_dtype(job.base_model), tc)
     return accelerator, name, policy, reason
 
 

@@ -14,6 +14,13 @@ attention softmax, RMSNorm statistics, logits and the loss in float32 (the
 router layer is float32 whatever the policy). The policy is passed to the model
 (`DeepSeekCausalLM(config, dtype=policy)`), never set globally, so training in
 one process does not change the dtype of models built later in it.
+
+A base model stored in bfloat16 (`savedmodel.base_model.weight_dtype`), fine-tuned with
+LoRA (`train.lora_rank` > 0), is trained in the policy "bfloat16" (`model_policy`): the
+frozen base keeps its bf16 variables, the adapters are float32 variables computed in
+bf16 (`trainable.prepare`), and so are their optimizer states. Unless `train.precision`
+is "float32": then, as for full fine-tuning and frozen layers without LoRA, the base is
+up-cast once as it loads and every weight trains in float32 (master weights).
 """
 
 from __future__ import annotations
@@ -55,7 +62,47 @@ def choose_policy(requested: str, accelerator: Accelerator) -> tuple[str, str]:
     return requested, "set in the config (train.precision)"
 
 
+def model_policy(policy: str, reason: str, base_weight_dtype: str | None,
+                 train) -> tuple[str, str]:
+    """The policy the model is built in, given the device's `policy` (`choose_policy`)
+    and the base model's stored precision (None: no base model).
+
+    Args:
+      policy, reason: from `choose_policy`.
+      base_weight_dtype: "bfloat16" / "float32" (`base_model.weight_dtype`), or None.
+      train: the run's TrainConfig (`lora_rank`, `precision`).
+
+    Returns:
+      (policy, reason): "bfloat16" for LoRA on a bf16 base (unless train.precision is
+      "float32"), else `policy` unchanged.
+    """
+    if (base_weight_dtype == "bfloat16" and train.lora_rank > 0
+            and train.precision != "float32"):
+        return "bfloat16", ("LoRA on a bfloat16 base: the frozen base stays bfloat16, the "
+                            "adapters and their optimizer states float32")
+    return policy, reason
+
+
 def compute_dtype(policy: str) -> str:
     """"float32", "bfloat16" or "float16": the dtype matmuls run in."""
-    return {"float32": "float32", "mixed_bfloat16": "bfloat16",
+    return {"float32": "float32", "mixed_bfloat16": "bfloat16", "bfloat16": "bfloat16",
             "mixed_float16": "float16"}[policy]
+
+
+def dtype_breakdown(variables) -> str:
+    """The dtypes of `variables` by share of their elements: "bfloat16", or
+    "bfloat16 99.6%, float32 0.4%" when mixed; "none" for no variables."""
+    counts: dict[str, int] = {}
+    for v in variables:
+        n = 1
+        for d in v.shape:
+            n *= int(d)
+        dtype = getattr(v.dtype, "name", str(v.dtype))
+        counts[dtype] = counts.get(dtype, 0) + n
+    total = sum(counts.values())
+    if not counts or total == 0:
+        return "none"
+    if len(counts) == 1:
+        return next(iter(counts))
+    ordered = sorted(counts.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{dtype} {100 * n / total:.1f}%" for dtype, n in ordered)

@@ -3,9 +3,9 @@
 It reads the config from `custom_config`, trains (`job.run` in this process,
 or `launcher.run_workers` on N local worker processes when
 `custom_config["num_workers"] > 1`), with checkpoints in a directory that
-survives re-runs (`checkpointing.py`), then evaluates and exports a float32
-copy of the trained model: the servable SavedModel (`savedmodel.export`) to
-`fn_args.serving_model_dir`, and `training_summary.json` beside it with the
+survives re-runs (`checkpointing.py`), then evaluates and exports a plain copy
+of the trained model (float32, or bfloat16 for LoRA on a bf16 base; adapters
+merged): the servable SavedModel (`savedmodel.export`) to `fn_args.serving_model_dir`, and `training_summary.json` beside it with the
 run's figures (which the Trainer's executor also records in ML Metadata).
 """
 
@@ -111,6 +111,7 @@ def run_fn(fn_args) -> None:
         "final_train_loss": figures["final_loss"],
         "trainer_eval_loss": eval_loss,
         "parameters": int(model.count_params()),
+        "exported_weights_dtype": model_io.export_weight_dtype(model),
         **sft,
         "history": figures["history"],
     }
@@ -139,7 +140,9 @@ def check_tokenizer(path: str, role: str, tokenizer) -> None:
 
 
 def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
-    """Trains `job` and returns a float32, single-device copy of the trained model.
+    """Trains `job` and returns a single-device, plain copy of the trained model
+    (`model_io.copy_for_export`: float32, or bfloat16 for LoRA on a bf16 base, with the
+    adapters merged).
 
     One worker: in this process. N workers: N local processes
     (`launcher.run_workers`); the model is then read back from the final
@@ -151,15 +154,18 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
         if (result.precision == "float32" and result.strategy == "OneDevice"
                 and not config.train.lora_rank):
             return result.model
-        return model_io.copy_to_float32_model(config, result.model)
+        return model_io.copy_for_export(config, result.model)
 
     from components.trainer import launcher
 
     launcher.run_workers(job, job.num_workers, job_dir=job.log_dir)
-    last = read_json(job.result_path, "the training job's result")["last_checkpoint"]
-    model = model_io.build_trained_model(config)
+    figures = read_json(job.result_path, "the training job's result")
+    model = model_io.build_trained_model(config, dtype=figures.get("precision", "float32"))
+    last = figures["last_checkpoint"]
     tf.train.Checkpoint(model=model).read(last).expect_partial().assert_existing_objects_matched()
-    return model_io.copy_to_float32_model(config, model) if config.train.lora_rank else model
+    if config.train.lora_rank or model.dtype_policy.name != "float32":
+        return model_io.copy_for_export(config, model)
+    return model
 
 
 def measure_cpu_peak(job: job_lib.TrainingJob) -> None:

@@ -53,6 +53,7 @@ import keras
 import tensorflow as tf
 
 from components.trainer import data, metrics, trainable
+from components.trainer import precision as precision_lib
 from components.trainer import strategy as strategy_lib
 from components.trainer.checkpointer import Checkpointer
 from components.trainer.finite_guard import FiniteGuard
@@ -103,6 +104,10 @@ class TrainResult:
     moe_capacity_factor: float = 0.0
     moe_dropped_fraction: float = 0.0
     skipped_steps: int = 0
+    frozen_weights_dtype: str = "none"
+    trainable_weights_dtype: str = "float32"
+    optimizer_states_dtype: str = "float32"
+    compute_dtype: str = "float32"
 
     def figures(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
@@ -131,12 +136,14 @@ def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
     tc = config.train
     keras.utils.set_random_seed(tc.seed)
     with strategy.scope():
-        model = build_model(config, dtype=precision)
-        if warm_start and base_model:
-            base = base_model_lib.load_model(base_model)
-            _check_same_architecture(config, base, base_model, "base model")
-            trainable.assign_by_path(model, trainable.merged_values(base))
-            log.info("warm start: weights from %s", base_model)
+        if warm_start and base_model:  # one model: the base's tensors cast into it as they load
+            _check_same_architecture(config, base_model_lib.read_model_config(base_model),
+                                     base_model, "base model")
+            model = base_model_lib.load_model(base_model, dtype=precision)
+            log.info("warm start: weights from %s (stored %s, trained in %s)", base_model,
+                     base_model_lib.weight_dtype(base_model), precision)
+        else:
+            model = build_model(config, dtype=precision)
         selection = trainable.prepare(model, tc)
         optimizer = make_optimizer(tc, selection.variables, loss_scale=precision == "mixed_float16")
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -156,9 +163,9 @@ def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
     return TrainingState(model, selection, optimizer, step, teacher, skipped)
 
 
-def _check_same_architecture(config: PipelineConfig, other: DeepSeekCausalLM, source: str,
-                             what: str) -> None:
-    mine, theirs = config.model.to_dict(), other.config.to_dict()
+def _check_same_architecture(config: PipelineConfig, other, source: str, what: str) -> None:
+    """Raises ValueError naming the fields where `other` (a DeepSeekConfig) differs."""
+    mine, theirs = config.model.to_dict(), other.to_dict()
     differ = [f"{k}: {theirs.get(k)!r} in the {what}, {v!r} in this run"
               for k, v in mine.items() if theirs.get(k) != v]
     if differ:
@@ -246,7 +253,9 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
       checkpoint_dir: checkpoints are restored from and (chief) written to it.
       log_dir: TensorBoard event directory (chief), or None for none.
       strategy: a tf.distribute strategy (default: the current/default one).
-      precision: Keras dtype policy ("float32", "mixed_bfloat16", "mixed_float16").
+      precision: Keras dtype policy ("float32", "mixed_bfloat16", "mixed_float16");
+        with a bf16 `base_model` and LoRA it becomes "bfloat16"
+        (`precision.model_policy`).
       peak_flops: peak FLOP/s of all the hardware taking part, for MFU (0: MFU is 0).
       base_model: a directory to warm-start from (`base_model.py`) when no checkpoint
         exists yet; "" for random weights.
@@ -263,6 +272,9 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
     """
     tc = config.train
     strategy = strategy or tf.distribute.get_strategy()
+    if base_model:  # LoRA on a bf16 base keeps it bf16 (as `job.plan` decides too)
+        precision, _ = precision_lib.model_policy(
+            precision, "", base_model_lib.weight_dtype(base_model), tc)
     plan = RunPlan.make(config, strategy, precision, peak_flops)
     checkpoints = Checkpointer(checkpoint_dir, chief=strategy_lib.is_chief(strategy))
     state = setup(config, strategy, precision, warm_start=checkpoints.latest is None,
@@ -331,7 +343,23 @@ def _result(config: PipelineConfig, plan: RunPlan, state: TrainingState, resumed
         trainable_params=state.selection.trainable_params,
         total_params=state.selection.total_params, base_model=base_model,
         teacher_model=teacher_model, moe_dropped_fraction=window.run_dropped_fraction,
-        skipped_steps=int(state.skipped.numpy()))
+        skipped_steps=int(state.skipped.numpy()), **precision_parts(state))
+
+
+def precision_parts(state: TrainingState) -> dict[str, str]:
+    """The dtype of each part of the trained model (`precision.dtype_breakdown`):
+    `frozen_weights_dtype` (the weights not trained; "none" when all train),
+    `trainable_weights_dtype`, `optimizer_states_dtype` (the slots, e.g. AdamW's
+    moments; not its step counter), `compute_dtype` (the matmuls')."""
+    trained = {id(v) for v in state.selection.variables}
+    frozen = [v for v in state.model.weights if id(v) not in trained]
+    slots = [v for v in state.optimizer.variables if len(v.shape) > 0]
+    return {
+        "frozen_weights_dtype": precision_lib.dtype_breakdown(frozen),
+        "trainable_weights_dtype": precision_lib.dtype_breakdown(state.selection.variables),
+        "optimizer_states_dtype": precision_lib.dtype_breakdown(slots),
+        "compute_dtype": state.model.compute_dtype,
+    }
 
 
 def _make_step(config: PipelineConfig, plan: RunPlan, strategy, state: TrainingState):

@@ -10,8 +10,16 @@ Everything not trained keeps its value bit for bit: it gets no gradient, no
 optimizer slot (the optimizer is built on the trained variables only) and,
 for a frozen MoE layer, no router-bias update.
 
-`merged_copy` gives the float32 model that is exported: W + A B written into
-plain kernels, so serving a LoRA-trained model costs nothing extra.
+On a model with bfloat16 variables (a bf16 base, `precision.model_policy`), the
+adapters are float32 all the same: each adapted layer gets the Keras policy
+"mixed_bfloat16" (the public `Layer.dtype_policy` setter) before `enable_lora`, so
+A and B are created float32 while the frozen kernel W stays bf16, and inside the
+layer's call Keras autocasts A and B to bf16 (W + A B and the matmul in bf16; the
+gradients reach A and B in float32, and so do their optimizer slots).
+
+`merged_values` / `merged_value` give the weights of the model that is exported:
+W + A B written into plain kernels, so serving a LoRA-trained model costs nothing
+extra.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import re
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from config import TrainConfig
 
@@ -104,7 +113,7 @@ def prepare(model, tc: TrainConfig) -> Selection:
     if tc.lora_rank:
         adapters = _lora_candidates(model, tc)
         for layer in adapters:
-            layer.enable_lora(tc.lora_rank)
+            enable_float32_lora(layer, tc.lora_rank)
         trained = [v for layer in adapters for v in (layer.lora_kernel_a, layer.lora_kernel_b)]
     else:
         trained = [v for v in model.trainable_variables if _picked(weight_path(v), tc.trainable, model)]
@@ -121,6 +130,20 @@ def prepare(model, tc: TrainConfig) -> Selection:
                      sum(int(np.prod(v.shape)) for v in trained), total)
 
 
+def enable_float32_lora(layer: keras.layers.Dense, rank: int) -> None:
+    """`layer.enable_lora(rank)` with float32 adapters whatever the layer's variable dtype.
+
+    A layer whose variables are not float32 (policy "bfloat16") is switched to the
+    mixed policy of its compute dtype ("mixed_bfloat16") first: `add_weight` then
+    creates A and B in float32, the existing kernel keeps its dtype, and the layer
+    still computes in bf16 (Keras autocasts float32 variables inside a mixed layer's
+    call). A float32 layer is left as it is.
+    """
+    if layer.dtype_policy.variable_dtype != "float32":
+        layer.dtype_policy = f"mixed_{layer.dtype_policy.compute_dtype}"
+    layer.enable_lora(rank)
+
+
 def _lora_candidates(model, tc: TrainConfig) -> list:
     """The LoRA target projections whose kernel path `tc.trainable` picks."""
     return [layer for layer in lora_layers(model, tc.lora_targets)
@@ -132,20 +155,53 @@ def _kernel_path(layer: keras.layers.Dense) -> str:
     return weight_path(kernel)
 
 
-def merged_values(model) -> dict[str, np.ndarray]:
-    """Weight path -> value, with LoRA adapters merged (W + A B) into their kernels and
-    left out themselves: the weights of a plain model of the same config."""
-    merged = {}
-    for layer in lora_layers(model, "attention,mlp"):
-        if layer.lora_enabled:
-            merged[_kernel_path(layer)] = keras.ops.convert_to_numpy(layer.kernel)
-    values = {}
+def merged_value(layer: keras.layers.Dense) -> np.ndarray:
+    """W + A B of a LoRA-adapted layer (float32 numpy, computed outside any autocast),
+    or its kernel's own value."""
+    return keras.ops.convert_to_numpy(layer.kernel)
+
+
+def merged_sources(model) -> dict:
+    """Weight path -> a zero-argument function giving its value (numpy), LoRA adapters
+    merged (W + A B) into their kernels and left out themselves: the weights of a plain
+    model of the same config, each computed only when asked for (one at a time)."""
+    adapted = {_kernel_path(layer): layer for layer in lora_layers(model, "attention,mlp")
+               if layer.lora_enabled}
+    sources = {}
     for v in model.weights:
         path = weight_path(v)
         if path.endswith(("lora_kernel_a", "lora_kernel_b")):
             continue
-        values[path] = merged.get(path, keras.ops.convert_to_numpy(v))
-    return values
+        layer = adapted.get(path)
+        sources[path] = ((lambda layer=layer: merged_value(layer)) if layer is not None
+                         else (lambda v=v: keras.ops.convert_to_numpy(v)))
+    return sources
+
+
+def merged_values(model) -> dict[str, np.ndarray]:
+    """Weight path -> value, with LoRA adapters merged (W + A B) into their kernels and
+    left out themselves: the weights of a plain model of the same config (all of them
+    in memory at once; `merged_sources` gives them one at a time)."""
+    return {path: value() for path, value in merged_sources(model).items()}
+
+
+def assign_streaming(target, sources: dict) -> None:
+    """Assigns every weight of `target` from `sources` (`merged_sources` of a model of
+    the same config), one value in memory at a time, cast to the weight's dtype.
+
+    Raises:
+      ValueError: a weight is missing or has another shape (naming it).
+    """
+    for v in target.weights:
+        path = weight_path(v)
+        if path not in sources:
+            raise ValueError(f"weight {path} of the model is not in the source weights")
+        value = sources[path]()
+        if tuple(v.shape) != value.shape:
+            raise ValueError(f"weight {path}: shape {tuple(v.shape)} in the model, "
+                             f"{value.shape} in the source")
+        v.assign(tf.cast(value, v.dtype))
+        del value
 
 
 def assign_by_path(target, values: dict[str, np.ndarray]) -> None:

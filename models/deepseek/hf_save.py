@@ -1,6 +1,8 @@
 """Writes a DeepSeekCausalLM as a Hugging Face checkpoint: config.json + safetensors.
 
-  save_hf_checkpoint(model, dir)   sharded when larger than max_shard_bytes
+  save_hf_checkpoint(model, dir)   sharded when larger than max_shard_bytes, one shard
+                                   in memory at a time
+  plan_shards(model, limit, size)  the shards' tensor names, from shapes alone
   model_tensors(model)             every tensor of the HF layout (`hf_names`)
 """
 
@@ -20,22 +22,65 @@ SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # transformers' default max_shard_size ("5GB")
 
 
-def model_tensors(model) -> dict[str, tf.Tensor]:
-    """Every tensor of the HF layout, including the MTP copies of the shared embedding/head."""
-    tensors = {}
-    for name, (variable, transpose) in hf_weight_map(model).items():
-        value = tf.convert_to_tensor(variable)
-        tensors[name] = tf.transpose(value) if transpose else value
-    head = tensors.get("lm_head.weight", tensors["model.embed_tokens.weight"])
+def _sources(model) -> dict[str, tuple]:
+    """HF tensor name -> (variable, transpose), the MTP copies of the shared embedding and
+    head included (they name the main model's variable)."""
+    sources = dict(hf_weight_map(model))
+    embed = sources["model.embed_tokens.weight"]
+    head = sources.get("lm_head.weight", embed)
     for name in shared_mtp_names(model.config):
-        tensors[name] = head if name.endswith("shared_head.head.weight") else tensors[
-            "model.embed_tokens.weight"]
-    return tensors
+        sources[name] = head if name.endswith("shared_head.head.weight") else embed
+    return sources
+
+
+def _hf_tensor(variable, transpose: bool, dtype: tf.DType | None = None) -> tf.Tensor:
+    """One tensor in the HF layout ([out, in] for a Keras kernel), cast to `dtype` if given."""
+    value = tf.convert_to_tensor(variable)
+    if dtype is not None:
+        value = tf.cast(value, dtype)
+    return tf.transpose(value) if transpose else value
+
+
+def model_tensors(model) -> dict[str, tf.Tensor]:
+    """Every tensor of the HF layout, including the MTP copies of the shared embedding/head,
+    in the variables' own dtypes. (Builds them all at once: for a whole model on disk use
+    `save_hf_checkpoint`, which holds one shard at a time.)"""
+    return {name: _hf_tensor(variable, transpose)
+            for name, (variable, transpose) in _sources(model).items()}
+
+
+def plan_shards(model, max_shard_bytes: int, itemsize: int) -> list[list[str]]:
+    """The tensor names of each shard, from the variables' shapes alone (no tensor is
+    built): names in `tensor_sort_key` order, a new shard whenever the next tensor
+    would take the current one past `max_shard_bytes` (a tensor larger than the
+    limit gets a shard of its own), as transformers' `save_pretrained` splits.
+
+    Args:
+      model: a DeepSeekCausalLM.
+      max_shard_bytes: the shard size limit, bytes.
+      itemsize: bytes per element on disk (4 float32, 2 bfloat16).
+    """
+    sources = _sources(model)
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name in sorted(sources, key=tensor_sort_key):
+        nbytes = int(np.prod(sources[name][0].shape)) * itemsize
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
 
 
 def save_hf_checkpoint(model, out_dir: str, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                        config_form: str = "5.x", dtype: str = "float32") -> list[str]:
     """Writes `config.json` and the weights as safetensors, in transformers' layout.
+
+    Streams: the shards are planned from the variables' shapes (`plan_shards`), then
+    each shard's tensors alone are built (transposed to [out, in], cast to `dtype`),
+    written and freed before the next, so the memory beyond the model is one shard.
+    A bf16 model written with dtype "bfloat16" writes its variables' bytes unchanged.
 
     Args:
       model: a DeepSeekCausalLM.
@@ -43,41 +88,44 @@ def save_hf_checkpoint(model, out_dir: str, max_shard_bytes: int = DEFAULT_MAX_S
       max_shard_bytes: shard size limit; more than one shard also writes
         `model.safetensors.index.json` (as `save_pretrained(max_shard_size=...)`).
       config_form: "5.x" (rope_parameters) or "4.x" (rope_theta + rope_scaling).
-      dtype: tensor dtype on disk: "float32" or "bfloat16".
+      dtype: tensor dtype on disk: "float32" or "bfloat16" (config.json's torch_dtype).
 
     Returns:
       The safetensors files written.
+
+    Raises:
+      ValueError: `dtype` is neither "float32" nor "bfloat16".
     """
     from safetensors.tensorflow import save_file
 
-    tf_dtype = {"float32": tf.float32, "bfloat16": tf.bfloat16}[dtype]
-    tensors = {k: tf.cast(v, tf_dtype) for k, v in model_tensors(model).items()}
-    shards: list[dict[str, tf.Tensor]] = [{}]
-    size = 0
-    for name in sorted(tensors, key=tensor_sort_key):
-        nbytes = int(np.prod(tensors[name].shape)) * tf_dtype.size
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = tensors[name]
-        size += nbytes
+    dtypes = {"float32": tf.float32, "bfloat16": tf.bfloat16}
+    if dtype not in dtypes:
+        raise ValueError(f"dtype={dtype!r}: a HF checkpoint is written as one of {sorted(dtypes)}")
+    tf_dtype = dtypes[dtype]
+    sources = _sources(model)
+    shards = plan_shards(model, max_shard_bytes, tf_dtype.size)
     tf.io.gfile.makedirs(out_dir)
     hf_config = config_to_hf(model.config, config_form)
     hf_config["torch_dtype"] = dtype
     with tf.io.gfile.GFile(os.path.join(out_dir, CONFIG_NAME), "w") as f:
         json.dump(hf_config, f, indent=2, sort_keys=True)
-    files = []
+
+    def write(names: list[str], path: str) -> None:
+        tensors = {name: _hf_tensor(*sources[name], dtype=tf_dtype) for name in names}
+        save_file(tensors, path, metadata={"format": "pt"})  # freed on return
+
     if len(shards) == 1:
-        files.append(os.path.join(out_dir, SAFE_WEIGHTS_NAME))
-        save_file(shards[0], files[0], metadata={"format": "pt"})
-        return files
-    weight_map = {}
-    for i, shard in enumerate(shards, start=1):
+        path = os.path.join(out_dir, SAFE_WEIGHTS_NAME)
+        write(shards[0], path)
+        return [path]
+    files, weight_map = [], {}
+    for i, names in enumerate(shards, start=1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         files.append(os.path.join(out_dir, name))
-        save_file(shard, files[-1], metadata={"format": "pt"})
-        weight_map.update({tensor: name for tensor in shard})
-    total = sum(int(np.prod(t.shape)) * tf_dtype.size for t in tensors.values())
+        write(names, files[-1])
+        weight_map.update({tensor: name for tensor in names})
+    total = sum(int(np.prod(variable.shape)) * tf_dtype.size
+                for variable, _ in sources.values())
     with tf.io.gfile.GFile(os.path.join(out_dir, SAFE_WEIGHTS_INDEX_NAME), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2,
                   sort_keys=True)
