@@ -135,13 +135,29 @@ SIZES = {
 }
 
 
-def mtp_tensors(config: DeepseekV3Config, state: dict, gen: torch.Generator,
+def saved_tensors(folder: Path, prefix: str) -> dict:
+    """{name: tensor} of the saved tensors whose name starts with `prefix`, as
+    `save_pretrained` wrote them (per-expert names: transformers 5 fuses the experts
+    in memory, `experts.gate_up_proj`, and splits them again when it saves)."""
+    from safetensors import safe_open
+
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as s:
+            for k in s.keys():
+                if k.startswith(prefix):
+                    out[k] = s.get_tensor(k)
+    return out
+
+
+def mtp_tensors(config: DeepseekV3Config, folder: Path, gen: torch.Generator,
                 shared_copies: bool) -> dict:
     """One MTP module at layer index num_hidden_layers, named as in DeepSeek-V3.
 
-    Its decoder block copies the names and shapes of main layer 1 (an MoE layer);
-    matrices are normal(0, initializer_range) in bfloat16, RMSNorm weights ones, the
-    router bias zeros in float32 (transformers' initialization of the main layers).
+    Its decoder block copies the names, shapes and dtypes of main layer 1 (an MoE
+    layer) as saved in `folder`; matrices are normal(0, initializer_range) in bfloat16,
+    RMSNorm weights ones, the router bias zeros in float32 (transformers'
+    initialization of the main layers).
     """
     h, std = config.hidden_size, config.initializer_range
     p = f"model.layers.{config.num_hidden_layers}."
@@ -156,13 +172,14 @@ def mtp_tensors(config: DeepseekV3Config, state: dict, gen: torch.Generator,
         p + "shared_head.norm.weight": torch.ones(h, dtype=torch.bfloat16),
     }
     if shared_copies:  # DeepSeek-V3's release carries these copies of the main tensors
-        out[p + "embed_tokens.weight"] = state["model.embed_tokens.weight"].clone()
-        out[p + "shared_head.head.weight"] = state["lm_head.weight"].clone()
+        out[p + "embed_tokens.weight"] = saved_tensors(folder, "model.embed_tokens.weight")[
+            "model.embed_tokens.weight"]
+        out[p + "shared_head.head.weight"] = saved_tensors(folder, "lm_head.weight")[
+            "lm_head.weight"]
     block = "model.layers.1."
-    for name in sorted(state):
-        if not name.startswith(block):
-            continue
-        t = state[name]
+    source = saved_tensors(folder, block)
+    for name in sorted(source):
+        t = source[name]
         new = p + name[len(block):]
         if name.endswith("e_score_correction_bias"):
             out[new] = torch.zeros(t.shape, dtype=t.dtype)
@@ -258,7 +275,7 @@ def make(size: str, out: Path, tokenizer_dir: Path, shared_copies: bool) -> dict
     main_params = sum(p.numel() for p in model.parameters())
     max_shard = save_in_shards(model, state, out, spec["shards"])
     gen = torch.Generator().manual_seed(spec["seed"] + 1)
-    extra = mtp_tensors(config, state, gen, shared_copies)
+    extra = mtp_tensors(config, out, gen, shared_copies)
     del model, state
     add_mtp_shard(out, extra)
     hf = to_deepseek_config(out)
