@@ -1,7 +1,8 @@
 """Peak memory of Hugging Face checkpoints at real size: import, export and fine-tuning.
 
   python benchmarks/hf_checkpoint_memory.py [--ckpt-dir DIR] [--small-ckpt-dir DIR]
-      [--skip-finetune] [--skip-large-lora] [--out FILE.json] [--work-dir DIR]
+      [--skip-import] [--skip-finetune] [--skip-large-lora] [--runs NAMES] [--out FILE.json]
+      [--work-dir DIR] [--keep]
 
 The checkpoints are made by `benchmarks/make_hf_checkpoint.py` (transformers, offline):
 a bf16 DeepSeek-V3-architecture checkpoint of 1.36 B parameters in 3 shards (`--ckpt-dir`,
@@ -117,20 +118,34 @@ def parse_time_v(text: str) -> dict:
     return out
 
 
-def run_step(name: str, cli_args: list[str], log_dir: str, args) -> dict:
-    """Runs `python -m cli *cli_args` under /usr/bin/time -v; its log goes to log_dir."""
+def run_step(name: str, cli_args: list[str], log_dir: str, args,
+             rss_limit_gb: float | None = None) -> dict:
+    """Runs `python -m cli *cli_args` under /usr/bin/time -v; its log goes to log_dir.
+
+    With `rss_limit_gb`, a watchdog samples the step's resident set size (its
+    processes summed, psutil, every 0.5 s) and kills the step once it exceeds the
+    limit; the result then says `killed_over_limit` and the peak is at least the limit.
+    """
     free = wait_for_memory(args.min_free_gb, args.wait_max_s)
     cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "cli", *cli_args]
     print(f"\n[{name}] {free:.1f} GB available; {shlex.join(cmd[2:])}", flush=True)
     log_path = os.path.join(log_dir, f"{name}.log")
+    killed = False
     with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        if rss_limit_gb:
+            killed = watch_rss(proc.pid, rss_limit_gb * GB)
+        proc.wait()
     with open(log_path, errors="replace") as f:
         text = f.read()
     result = {"step": name, "command": shlex.join(cmd[2:]), "log": log_path,
               "mem_available_before_bytes": int(free * GB), **parse_time_v(text)}
     result.setdefault("exit_status", proc.returncode)
-    if result["exit_status"] != 0:
+    if killed:
+        result.update(killed_over_limit=True, rss_limit_bytes=int(rss_limit_gb * GB))
+        print(f"  killed: its RSS went over {rss_limit_gb} GB after "
+              f"{result.get('wall_s', float('nan')):.0f} s", flush=True)
+    elif result["exit_status"] != 0:
         tail = [line for line in text.splitlines()
                 if line.strip() and not line.startswith("\t")][-5:]
         result["error_tail"] = tail
@@ -139,6 +154,34 @@ def run_step(name: str, cli_args: list[str], log_dir: str, args) -> dict:
         print(f"  peak RSS {fmt_gb(result.get('peak_rss_bytes'))}, wall "
               f"{result.get('wall_s', float('nan')):.0f} s", flush=True)
     return result
+
+
+def watch_rss(time_pid: int, limit_bytes: float) -> bool:
+    """Until the process `time_pid` (/usr/bin/time) ends: every 0.5 s, sums the RSS of
+    its descendants; over `limit_bytes`, kills them (by pid, deepest first) and
+    returns True."""
+    import psutil
+
+    try:
+        parent = psutil.Process(time_pid)
+    except psutil.NoSuchProcess:
+        return False
+    while parent.is_running() and parent.status() != psutil.STATUS_ZOMBIE:
+        try:
+            children = parent.children(recursive=True)
+            rss = sum(c.memory_info().rss for c in children)
+        except psutil.NoSuchProcess:
+            rss = 0
+            children = []
+        if rss > limit_bytes:
+            for c in reversed(children):
+                try:
+                    c.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def plan_command_exists() -> bool:
@@ -225,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-finetune", action="store_true", help="no fine-tuning runs")
     parser.add_argument("--skip-large-lora", action="store_true",
                         help="no LoRA run on --ckpt-dir (only the small checkpoint's runs)")
+    parser.add_argument("--runs", default="lora-large,full-small,lora-small",
+                        help="which fine-tuning runs (comma-separated)")
     parser.add_argument("--export-dtype", default="bfloat16",
                         help="hf-export --dtype (empty: leave the option out)")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps per fine-tune")
@@ -235,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run --until (empty: the whole pipeline, evaluator and pusher too)")
     parser.add_argument("--corpus-bytes", type=int, default=200_000,
                         help="bytes of Tiny Shakespeare to fine-tune on")
+    parser.add_argument("--large-lora-limit-gb", type=float, default=14.0,
+                        help="kill the LoRA run on --ckpt-dir when its RSS exceeds this "
+                        "(0: no limit); the machine is shared")
     parser.add_argument("--min-free-gb", type=float, default=12.0,
                         help="wait before each step until this much memory is available")
     parser.add_argument("--wait-max-s", type=float, default=1800.0)
@@ -300,15 +348,20 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.skip_finetune:
         data = make_corpus(work, args.corpus_bytes)
-        runs = []
-        if not args.skip_large_lora:
-            runs.append(("lora-large", args.ckpt_dir, args.lora_rank))
-        runs += [("full-small", args.small_ckpt_dir, 0),
-                 ("lora-small", args.small_ckpt_dir, args.lora_rank)]
+        runs = [("lora-large", args.ckpt_dir, args.lora_rank),
+                ("full-small", args.small_ckpt_dir, 0),
+                ("lora-small", args.small_ckpt_dir, args.lora_rank)]
+        wanted = {n.strip() for n in args.runs.split(",")}
+        if args.skip_large_lora:
+            wanted.discard("lora-large")
         for name, ckpt, rank in runs:
+            if name not in wanted:
+                continue
             output = os.path.join(work, "runs", name)
             shutil.rmtree(output, ignore_errors=True)
-            r = run_step(name, finetune_args(ckpt, output, data, rank, args), logs, args)
+            limit = args.large_lora_limit_gb if name == "lora-large" else None
+            r = run_step(name, finetune_args(ckpt, output, data, rank, args), logs, args,
+                         rss_limit_gb=limit or None)
             r.update(planned(args, has_plan, config=os.path.join(ckpt, "config.json"),
                              mode="lora" if rank else "full",
                              weights_dtype="bfloat16" if rank else "float32",
@@ -316,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             if not args.keep:
                 shutil.rmtree(output, ignore_errors=True)
-        if args.skip_large_lora:
-            results.append({"step": "lora-large", "skipped": True})
+        if "lora-large" not in wanted:
+            results.append({"step": "lora-large", "skipped": True,
+                            "reason": "--skip-large-lora" if args.skip_large_lora else "--runs"})
 
     print_table(ckpt_bytes, small_bytes, results)
     doc = {"checkpoints": info, "settings": {k: v for k, v in vars(args).items()},
@@ -338,11 +392,13 @@ def print_table(ckpt_bytes: int, small_bytes: int, results: list[dict]) -> None:
           f"{'wall':>7}  output")
     for r in results:
         if r.get("skipped"):
-            print(f"{r['step']:<11} {'-':>4} {'skipped':>10}")
+            print(f"{r['step']:<11} {'-':>4} {'skipped':>10}  {r.get('reason', '')}")
             continue
         bound = r.get("import_peak_bound_bytes")
         output = ""
-        if r["step"] == "hf-import":
+        if r.get("killed_over_limit"):
+            output = f"killed when its RSS exceeded {fmt_gb(r['rss_limit_bytes'])}"
+        elif r["step"] == "hf-import":
             output = (f"SavedModel {fmt_gb(r.get('savedmodel_bytes'))} "
                       f"(bound {fmt_gb(r.get('savedmodel_bound_bytes'))}; "
                       f"variables {fmt_gb(r.get('variables_bytes'))})")
