@@ -101,7 +101,8 @@ def safetensors_bytes(path: str) -> int:
 
 
 def parse_time_v(text: str) -> dict:
-    """Peak RSS (bytes), wall seconds and exit status from `/usr/bin/time -v`'s report."""
+    """Peak RSS (bytes), wall seconds and exit status (-N: killed by signal N) from
+    `/usr/bin/time -v`'s report."""
     out = {}
     m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
     if m:
@@ -115,6 +116,9 @@ def parse_time_v(text: str) -> dict:
     m = re.search(r"Exit status: (\d+)", text)
     if m:
         out["exit_status"] = int(m.group(1))
+    m = re.search(r"Command terminated by signal (\d+)", text)
+    if m:  # /usr/bin/time then says "Exit status: 0"
+        out["exit_status"] = -int(m.group(1))
     return out
 
 
