@@ -21,8 +21,8 @@ with them, 0.53 B of the 1.3 B checkpoint's parameters would be bytes that the i
 never keeps, and the bound "SavedModel <= 1.1 x checkpoint" would say nothing.
 `--mtp-shared-copies` writes them anyway.
 
-How to run (from the repository root; about 2 minutes and 3 GB of RAM for `large`)
-----------------------------------------------------------------------------------
+How to run (from the repository root; `large`: about 30 s and 4.1 GB peak RSS)
+-------------------------------------------------------------------------------
     /work/hfenv/bin/python benchmarks/make_hf_checkpoint.py large /work/bench_ckpt/v3_1p3b
     /work/hfenv/bin/python benchmarks/make_hf_checkpoint.py small /work/bench_ckpt/v3_small
 
