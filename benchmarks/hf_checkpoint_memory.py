@@ -55,7 +55,7 @@ CORPUS = os.path.join(os.path.dirname(ROOT), "shared", "corpora", "tinyshakespea
 # The fine-tuning runs: few steps, short sequences, small batches (see --steps etc.).
 # `--preset tiny` only sets the training knobs here: a warm start takes the model
 # (architecture) and tokenizer from --base-model.
-PLAN_ARGS = ("plan --hf-config {config} --mode {mode} --weights-dtype {weights_dtype} "
+PLAN_ARGS = ("plan --config {config} --mode {mode} --weights-dtype {weights_dtype} "
              "--lora-rank {lora_rank} --batch {batch} --seq-len {seq_len} --devices 1 --json")
 
 

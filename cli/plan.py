@@ -16,6 +16,8 @@ Imports no TensorFlow: it answers in about a second.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 
 from common.json_file import read_json
@@ -59,6 +61,16 @@ def _peak(args: argparse.Namespace) -> tuple[float, str]:
     return peak, f"{peak / 1e12:g} TFLOP/s ({args.gpu} {'TF32' if tf32 else args.compute_dtype})"
 
 
+def _plan_json(pl) -> dict:
+    """One plan for machines: bytes per device, what fits, times and parameter counts."""
+    fields = ("weights", "master_weights", "gradients", "optimizer_states", "activations",
+              "kv_cache", "total", "fits", "min_devices", "tokens_per_step", "step_time_s",
+              "token_time_s")
+    case = {k: v for k, v in dataclasses.asdict(pl.case).items() if k != "config"}
+    return {"case": case, "counts": dataclasses.asdict(pl.counts),
+            **{k: getattr(pl, k) for k in fields}}
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Prints the design table, or one case's plan."""
     if args.tables or not (args.preset or args.config):
@@ -84,6 +96,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         pl = memory_plan.plan(case)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from e
+    if args.json:
+        print(json.dumps(_plan_json(pl), indent=2))
+        return 0
     print(memory_plan.format_table([pl]))
     if args.seq_len > config.max_position_embeddings:
         print(f"note: --seq-len {args.seq_len} exceeds the model's max_position_embeddings "
@@ -133,6 +148,8 @@ def add_parsers(sub) -> None:
                       f"{', '.join(PLAN_MODELS)}")
     what.add_argument("--config", help="a HF config.json (or its checkpoint directory)")
     what.add_argument("--tables", action="store_true", help="print the design table")
+    p.add_argument("--json", action="store_true",
+                   help="one case's plan as JSON (bytes per device) instead of the table")
     p.add_argument("--mode", choices=memory_plan.MODES, default="full",
                    help="full fine-tuning, LoRA, frozen (top N blocks train), or inference "
                    "(weights + KV cache: also what an imported checkpoint needs)")
