@@ -63,15 +63,13 @@ def config_from_hf(hf: dict) -> DeepSeekConfig:
 
     Raises:
       CheckpointError: the config describes something else (another activation,
-        attention biases, FP8 quantization, another router), naming the key.
+        attention biases, a quantization other than block FP8 e4m3 (`fp8.py`),
+        another router), naming the key.
       ValueError: a value DeepSeekConfig rejects (named).
     """
-    if "quantization_config" in hf:
-        q = hf["quantization_config"]
-        raise CheckpointError(
-            f"config.json has quantization_config {q.get('quant_method', q)!r}: quantized "
-            "(FP8) checkpoints are not supported; dequantize to bfloat16/float32 first "
-            "(DeepSeek-V3 inference/fp8_cast_bf16.py)")
+    from models.deepseek.fp8 import quantization_from_hf  # fp8 imports CheckpointError
+
+    quantization_from_hf(hf)  # refuses a quantization_config the importer cannot read
     for key, expected in _REQUIRED_VALUES.items():
         if key in hf and hf[key] != expected:
             raise CheckpointError(f"config.json {key}={hf[key]!r}: only {expected!r} is supported")
