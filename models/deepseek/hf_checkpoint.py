@@ -46,8 +46,6 @@ from models.deepseek.hf_config import (
 from models.deepseek.hf_names import expected_hf_shapes, hf_weight_map, shared_mtp_names
 from models.deepseek.hf_save import (
     DEFAULT_MAX_SHARD_BYTES,
-    SAFE_WEIGHTS_INDEX_NAME,
-    SAFE_WEIGHTS_NAME,
     model_tensors,
     save_hf_checkpoint,
 )

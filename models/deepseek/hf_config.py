@@ -63,13 +63,11 @@ def config_from_hf(hf: dict) -> DeepSeekConfig:
 
     Raises:
       CheckpointError: the config describes something else (another activation,
-        attention biases, a quantization other than block FP8 e4m3 (`fp8.py`),
-        another router), naming the key.
+        attention biases, another router), naming the key. `quantization_config`
+        is not read here: `fp8.quantization_from_hf` checks it when the weights are
+        opened (`hf_checkpoint.open_hf_checkpoint`).
       ValueError: a value DeepSeekConfig rejects (named).
     """
-    from models.deepseek.fp8 import quantization_from_hf  # fp8 imports CheckpointError
-
-    quantization_from_hf(hf)  # refuses a quantization_config the importer cannot read
     for key, expected in _REQUIRED_VALUES.items():
         if key in hf and hf[key] != expected:
             raise CheckpointError(f"config.json {key}={hf[key]!r}: only {expected!r} is supported")

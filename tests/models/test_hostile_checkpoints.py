@@ -234,3 +234,16 @@ def test_hostile_directories_through_the_cli(tmp_path):
         assert not out.exists(), case
         assert result["seconds"] < 100, (case, result["seconds"])
         assert result["maxrss_kb"] < 2 * 1024 * 1024, (case, result["maxrss_kb"])
+
+
+@pytest.mark.parametrize("changes", [{}, {"q_lora_rank": None, "tie_word_embeddings": True,
+                                          "n_shared_experts": 0}])
+def test_expected_shapes_are_those_of_the_built_model(tiny_config, changes):
+    """`expected_hf_shapes` (config only) = the model's variables in HF layout."""
+    from models.deepseek.causal_lm import DeepSeekCausalLM
+    from models.deepseek.hf_names import expected_hf_shapes, hf_weight_map
+
+    config = tiny_config.replace(**changes)
+    built = {name: tuple(v.shape[::-1]) if transpose else tuple(v.shape)
+             for name, (v, transpose) in hf_weight_map(DeepSeekCausalLM(config)).items()}
+    assert expected_hf_shapes(config) == built
