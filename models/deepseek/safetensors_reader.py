@@ -16,9 +16,11 @@ ml_dtypes.float8_e4m3fn, F16 -> float16, F32 -> float32. Other dtypes are
 refused by name.
 
 Checkpoint directories are untrusted. Before any tensor is read:
-  - every shard named by `model.safetensors.index.json` must resolve (realpath,
-    symlinks followed) inside the checkpoint directory, exist, and be a regular
-    file (`os.stat` before `open`: a FIFO is refused, never opened);
+  - every shard named by `model.safetensors.index.json` must be a relative name
+    whose folder resolves (realpath) inside the checkpoint directory (the file
+    may be a symlink, as in the Hugging Face hub cache), exist, and be a regular
+    file (`os.stat`, which follows links, before `open`: a FIFO is refused,
+    never opened);
   - each header length and each tensor's `data_offsets` must fit in its file,
     and each tensor's byte count must equal its shape times its dtype's size;
   - the index's `weight_map` and the headers must name the same tensors in the
@@ -178,7 +180,11 @@ def read_header(path: str) -> tuple[dict[str, TensorInfo], dict]:
 
 
 def _inside(directory_real: str, path: str) -> bool:
-    real = os.path.realpath(path)
+    """Whether the folder holding `path` resolves (realpath) inside the checkpoint
+    directory. The file itself may be a symlink, as in the Hugging Face hub cache,
+    whose `snapshots/<rev>/` files link to `../../blobs/<sha>`: the directory's
+    owner made it; a name that climbs out (`../x`, a linked folder) is refused."""
+    real = os.path.realpath(os.path.dirname(path))
     return os.path.commonpath([directory_real, real]) == directory_real
 
 
@@ -281,7 +287,8 @@ def open_checkpoint(checkpoint_dir: str) -> Checkpoint:
             if os.path.isabs(shard) or not _inside(real_dir, path):
                 raise CheckpointError(
                     f"{index_path}: shard {shard!r} is outside the checkpoint directory "
-                    f"{directory} (resolves to {os.path.realpath(path)})")
+                    f"{directory} (its folder resolves to "
+                    f"{os.path.realpath(os.path.dirname(path))})")
             if not os.path.lexists(path):
                 raise FileNotFoundError(
                     f"{path}: shard named in {SAFE_WEIGHTS_INDEX_NAME} not found")
@@ -295,11 +302,6 @@ def open_checkpoint(checkpoint_dir: str) -> Checkpoint:
                            if f.endswith(".safetensors"))
         if not files:
             raise FileNotFoundError(f"{checkpoint_dir}: no *.safetensors files")
-        for path in files:
-            if not _inside(real_dir, path):
-                raise CheckpointError(
-                    f"{path}: resolves to {os.path.realpath(path)}, outside the checkpoint "
-                    f"directory {directory}")
     for path in files:  # every file checked before any header is read
         _regular_file_size(path, "safetensors file")
 

@@ -51,11 +51,17 @@ def _etc_passwd(tmp):
     return d, "shard '/etc/passwd' is outside the checkpoint directory"
 
 
-def _symlink_outside(tmp):
+def _linked_folder_outside(tmp):
+    """The index names `sub/model.safetensors`, where `sub` links to a folder outside."""
+    copy_fixture(BF16_FREE, tmp / "elsewhere")
     d = copy_fixture(BF16_FREE, tmp / "ckpt")
-    os.replace(d / "model.safetensors", tmp / "real.safetensors")
-    os.symlink(tmp / "real.safetensors", d / "model.safetensors")
-    return d, "model.safetensors: resolves to .*real.safetensors, outside the checkpoint"
+    (d / "model.safetensors").unlink()
+    os.symlink(tmp / "elsewhere", d / "sub")
+    header = json.loads((tmp / "elsewhere" / "model.safetensors").read_bytes()[8:].split(
+        b"}}")[0] + b"}}")
+    weight_map = {n: "sub/model.safetensors" for n in header if n != "__metadata__"}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return d, "shard 'sub/model.safetensors' is outside the checkpoint directory"
 
 
 def _huge_vocab(tmp):
@@ -161,7 +167,7 @@ def _unknown_scale_fmt(tmp):
 
 
 CASES = {f.__name__[1:]: f for f in (
-    _outside_index, _etc_passwd, _symlink_outside, _huge_vocab, _huge_depth, _more_layers,
+    _outside_index, _etc_passwd, _linked_folder_outside, _huge_vocab, _huge_depth, _more_layers,
     _fifo, _short_file, _header_beyond_file, _absent_shard, _index_disagrees, _wrong_shape,
     _missing_scale, _scale_wrong_dtype, _scale_wrong_shape, _fp8_without_quantization_config,
     _unknown_quant_method, _unknown_scale_fmt)}
@@ -234,6 +240,19 @@ def test_hostile_directories_through_the_cli(tmp_path):
         assert not out.exists(), case
         assert result["seconds"] < 100, (case, result["seconds"])
         assert result["maxrss_kb"] < 2 * 1024 * 1024, (case, result["maxrss_kb"])
+
+
+def test_a_linked_shard_file_loads_as_in_the_hub_cache(tmp_path):
+    """snapshots/<rev>/model.safetensors -> ../../blobs/<sha>: the file may be a link."""
+    blobs = copy_fixture(BF16_FREE, tmp_path / "blobs")
+    d = tmp_path / "snapshots" / "rev"
+    d.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors"):
+        os.symlink(os.path.join("..", "..", "blobs", f), d / f)
+    model = hf_checkpoint.load_hf_checkpoint(str(d))
+    logits = model(np.load(BF16_FREE / "input_ids.npy")).numpy()
+    assert np.abs(logits - np.load(BF16_FREE / "expected_logits.npy")).max() <= 1e-4
+    assert blobs.is_dir()
 
 
 @pytest.mark.parametrize("changes", [{}, {"q_lora_rank": None, "tie_word_embeddings": True,
