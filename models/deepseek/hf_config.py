@@ -85,17 +85,12 @@ def config_from_hf(hf: dict) -> DeepSeekConfig:
 
     Raises:
       CheckpointError: the config describes something else (another model_type,
-        activation, attention or MLP biases, FP8 quantization, another router,
-        `moe_layer_freq` != 1; for deepseek_v2 also norm_topk_prob true or MTP
-        layers), naming the key and value.
+        activation, attention or MLP biases, another router, `moe_layer_freq` != 1;
+        for deepseek_v2 also norm_topk_prob true or MTP layers), naming the key and
+        value. `quantization_config` is not read here: `fp8.quantization_from_hf`
+        checks it when the weights are opened (`hf_checkpoint.open_hf_checkpoint`).
       ValueError: a value DeepSeekConfig rejects (named).
     """
-    if "quantization_config" in hf:
-        q = hf["quantization_config"]
-        raise CheckpointError(
-            f"config.json has quantization_config {q.get('quant_method', q)!r}: quantized "
-            "(FP8) checkpoints are not supported; dequantize to bfloat16/float32 first "
-            "(DeepSeek-V3 inference/fp8_cast_bf16.py)")
     model_type = hf.get("model_type", "deepseek_v3")
     if model_type not in _MODEL_TYPES:
         raise CheckpointError(f"config.json model_type={model_type!r}: only {list(_MODEL_TYPES)} "

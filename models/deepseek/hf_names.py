@@ -82,6 +82,73 @@ def hf_weight_map(model) -> dict[str, tuple[tf.Variable, bool]]:
     return names
 
 
+def expected_hf_shapes(config: DeepSeekConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> stored shape of every tensor the model of `config` has,
+    computed from the config alone (no model is built, nothing is allocated).
+
+    Shapes are as a HF checkpoint stores them: linear weights [out, in] (PyTorch),
+    embeddings [vocab_size, hidden_size], RMSNorm weights [width], the router
+    `mlp.gate.weight` [n_routed_experts, hidden_size] and, for the DeepSeek-V3
+    router (`topk_method` "noaux_tc"), `mlp.gate.e_score_correction_bias`
+    [n_routed_experts]. MTP modules sit at layer index num_hidden_layers + d;
+    their `embed_tokens` / `shared_head.head` copies are not included (see
+    `shared_mtp_names`). The keys are those of `hf_weight_map(model)`.
+    """
+    c = config
+    h = c.hidden_size
+    heads = c.num_attention_heads
+    qk_head = c.qk_nope_head_dim + c.qk_rope_head_dim
+    router_bias = getattr(c, "topk_method", "noaux_tc") == "noaux_tc"
+    shapes: dict[str, tuple[int, ...]] = {}
+
+    def mlp(prefix, width):
+        shapes[f"{prefix}.gate_proj.weight"] = (width, h)
+        shapes[f"{prefix}.up_proj.weight"] = (width, h)
+        shapes[f"{prefix}.down_proj.weight"] = (h, width)
+
+    def block(prefix, layer_idx):
+        shapes[f"{prefix}.input_layernorm.weight"] = (h,)
+        shapes[f"{prefix}.post_attention_layernorm.weight"] = (h,)
+        a = f"{prefix}.self_attn"
+        if c.q_lora_rank is None:
+            shapes[f"{a}.q_proj.weight"] = (heads * qk_head, h)
+        else:
+            shapes[f"{a}.q_a_proj.weight"] = (c.q_lora_rank, h)
+            shapes[f"{a}.q_a_layernorm.weight"] = (c.q_lora_rank,)
+            shapes[f"{a}.q_b_proj.weight"] = (heads * qk_head, c.q_lora_rank)
+        shapes[f"{a}.kv_a_proj_with_mqa.weight"] = (c.kv_lora_rank + c.qk_rope_head_dim, h)
+        shapes[f"{a}.kv_a_layernorm.weight"] = (c.kv_lora_rank,)
+        shapes[f"{a}.kv_b_proj.weight"] = (
+            heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)
+        shapes[f"{a}.o_proj.weight"] = (h, heads * c.v_head_dim)
+        if c.is_moe_layer(layer_idx):
+            shapes[f"{prefix}.mlp.gate.weight"] = (c.n_routed_experts, h)
+            if router_bias:
+                shapes[f"{prefix}.mlp.gate.e_score_correction_bias"] = (c.n_routed_experts,)
+            for e in range(c.n_routed_experts):
+                mlp(f"{prefix}.mlp.experts.{e}", c.moe_intermediate_size)
+            if c.n_shared_experts > 0:
+                mlp(f"{prefix}.mlp.shared_experts", c.moe_intermediate_size * c.n_shared_experts)
+        else:
+            mlp(f"{prefix}.mlp", c.intermediate_size)
+
+    shapes["model.embed_tokens.weight"] = (c.vocab_size, h)
+    for i in range(c.num_hidden_layers):
+        block(f"model.layers.{i}", i)
+    shapes["model.norm.weight"] = (h,)
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, h)
+    for d in range(c.num_nextn_predict_layers):
+        idx = c.num_hidden_layers + d
+        prefix = f"model.layers.{idx}"
+        shapes[f"{prefix}.enorm.weight"] = (h,)
+        shapes[f"{prefix}.hnorm.weight"] = (h,)
+        shapes[f"{prefix}.eh_proj.weight"] = (h, 2 * h)
+        shapes[f"{prefix}.shared_head.norm.weight"] = (h,)
+        block(prefix, idx)
+    return shapes
+
+
 def shared_mtp_names(config: DeepSeekConfig) -> list[str]:
     """MTP tensors of released checkpoints that are copies of the main model's
     embedding and output head (DeepSeek-V3 §2.2: shared, not per-module)."""
