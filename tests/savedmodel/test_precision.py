@@ -9,6 +9,7 @@ import json
 import os
 import struct
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -17,6 +18,7 @@ import cli
 from models.deepseek import hf_save
 from models.deepseek.causal_lm import DeepSeekCausalLM
 from models.deepseek.deepseek_presets import deepseek_preset
+from models.deepseek.safetensors_reader import write_safetensors
 from savedmodel import base_model, layout, precision
 from savedmodel.hf_interop import (
     checkpoint_weight_dtype,
@@ -79,16 +81,19 @@ def test_the_knob_takes_auto_or_a_supported_dtype_and_names_a_bad_one():
         precision.resolve_weight_dtype("int8", "float32")
 
 
-@pytest.mark.parametrize("config, expected", [
-    ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}, "bfloat16"),
-    ({"torch_dtype": "bfloat16"}, "bfloat16"),
-    ({"dtype": "bfloat16"}, "bfloat16"),
-    ({"dtype": "float32"}, "float32"),
-    ({"torch_dtype": "float16"}, "float32"),
-    ({}, "float32"),
+@pytest.mark.parametrize("stored, expected", [
+    (ml_dtypes.float8_e4m3fn, "bfloat16"),  # FP8 dequantizes to bf16
+    (ml_dtypes.bfloat16, "bfloat16"),
+    (np.float32, "float32"),
+    (np.float16, "float32"),  # the supported dtype that holds it exactly
 ])
-def test_a_checkpoints_precision_from_config_json(tmp_path, config, expected):
-    (tmp_path / "config.json").write_text(json.dumps(config))
+def test_a_checkpoints_precision_is_read_from_its_headers(tmp_path, stored, expected):
+    # config.json's torch_dtype says otherwise: the stored tensors decide.
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
+    weight = np.ones((4, 8), np.float32).astype(stored)
+    write_safetensors(str(tmp_path / "model.safetensors"),
+                      {"model.layers.0.self_attn.o_proj.weight": weight,
+                       "model.norm.weight": np.ones(8, np.float32)})
     assert checkpoint_weight_dtype(str(tmp_path)) == expected
 
 
