@@ -56,6 +56,7 @@ CORPUS = os.path.join(os.path.dirname(ROOT), "shared", "corpora", "tinyshakespea
 # `--preset tiny` only sets the training knobs here: a warm start takes the model
 # (architecture) and tokenizer from --base-model.
 PLAN_ARGS = ("plan --config {config} --mode {mode} --weights-dtype {weights_dtype} "
+             "--compute-dtype {weights_dtype} "
              "--lora-rank {lora_rank} --batch {batch} --seq-len {seq_len} --devices 1 --json")
 
 

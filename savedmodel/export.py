@@ -198,7 +198,10 @@ class ServingModule(tf.Module):
     def serving_default(self, prompt):
         g = self.generation
         batch = tf.shape(prompt)[0]
-        out = self._generate(
+        # A call of `generate`'s function, not a second trace of the model's decoding
+        # loop: the SavedModel holds one copy of that graph (smaller, and less memory
+        # to save).
+        out = self.generate(
             prompt,
             tf.fill([batch], g.max_new_tokens),
             tf.fill([batch], tf.cast(g.temperature, tf.float32)),

@@ -228,10 +228,12 @@ def load_model_from_savedmodel(model_dir: str, dtype: str | None = None):
       ValueError: precision.json names a dtype that is not supported.
     """
     from models.deepseek.causal_lm import DeepSeekCausalLM
+    from models.deepseek.initializers import weights_from_checkpoint
 
     stored = read_weight_dtype(model_dir)
-    model = DeepSeekCausalLM(read_model_config(model_dir),
-                             dtype=keras_policy(stored) if dtype is None else dtype)
+    with weights_from_checkpoint():  # every weight is restored below (checked)
+        model = DeepSeekCausalLM(read_model_config(model_dir),
+                                 dtype=keras_policy(stored) if dtype is None else dtype)
     variables = os.path.join(model_dir, "variables", "variables")
     if weight_dtype_of(model) != stored:
         restore_cast(model, variables, model_dir)

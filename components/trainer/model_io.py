@@ -15,6 +15,7 @@ from __future__ import annotations
 from components.trainer import trainable
 from config import PipelineConfig
 from models.deepseek import DeepSeekCausalLM
+from models.deepseek.initializers import weights_from_checkpoint
 from savedmodel.precision import keras_policy, weight_dtype_of
 
 
@@ -42,7 +43,8 @@ def copy_for_export(config: PipelineConfig, model: DeepSeekCausalLM) -> DeepSeek
     Raises:
       ValueError: a weight's shape differs between the two models.
     """
-    fresh = build_model(config, dtype=keras_policy(export_weight_dtype(model)))
+    with weights_from_checkpoint():  # assign_streaming sets every weight (checked)
+        fresh = build_model(config, dtype=keras_policy(export_weight_dtype(model)))
     trainable.assign_streaming(fresh, trainable.merged_sources(model))
     return fresh
 
@@ -54,7 +56,8 @@ def copy_to_float32_model(config: PipelineConfig, model: DeepSeekCausalLM) -> De
     Raises:
       ValueError: a weight's shape differs between the two models.
     """
-    fresh = build_model(config, dtype="float32")
+    with weights_from_checkpoint():  # assign_streaming sets every weight (checked)
+        fresh = build_model(config, dtype="float32")
     trainable.assign_streaming(fresh, trainable.merged_sources(model))
     return fresh
 

@@ -12,6 +12,7 @@ with the latent KV cache of MLA.
 import keras
 import tensorflow as tf
 
+from models.deepseek import initializers
 from models.deepseek._tracking import with_layer_lists
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.decoder_block import DeepSeekDecoderBlock
@@ -63,7 +64,7 @@ class DeepSeekCausalLM(keras.Model):
         # Layers.
         self.embed_tokens = keras.layers.Embedding(
             c.vocab_size, c.hidden_size, name="embed_tokens", dtype=self.dtype_policy,
-            embeddings_initializer=keras.initializers.RandomNormal(stddev=c.initializer_range))
+            embeddings_initializer=initializers.normal(c.initializer_range))
         self.decoder_layers = [
             DeepSeekDecoderBlock(c, i, name=f"layers.{i}", dtype=self.dtype_policy)
             for i in range(c.num_hidden_layers)
@@ -73,7 +74,7 @@ class DeepSeekCausalLM(keras.Model):
         if not c.tie_word_embeddings:
             self.lm_head = keras.layers.Dense(
                 c.vocab_size, use_bias=False, name="lm_head", dtype=self.dtype_policy,
-                kernel_initializer=keras.initializers.RandomNormal(stddev=c.initializer_range))
+                kernel_initializer=initializers.normal(c.initializer_range))
         self.mtp_layers = [
             MultiTokenPredictionLayer(c, c.num_hidden_layers + d, name=f"mtp.{d}",
                                       dtype=self.dtype_policy)

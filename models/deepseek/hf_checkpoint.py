@@ -35,7 +35,7 @@ import ml_dtypes
 import numpy as np
 
 from common.json_file import read_json
-from models.deepseek import fp8, safetensors_reader
+from models.deepseek import fp8, initializers, safetensors_reader
 from models.deepseek.hf_config import (
     CONFIG_NAME,
     CheckpointError,
@@ -305,7 +305,8 @@ def load_hf_checkpoint(checkpoint_dir: str, dtype: str = "float32"):
     from models.deepseek.causal_lm import DeepSeekCausalLM
 
     checked = open_hf_checkpoint(checkpoint_dir)
-    model = DeepSeekCausalLM(checked.config, dtype=dtype)
+    with initializers.weights_from_checkpoint():  # every weight is assigned below
+        model = DeepSeekCausalLM(checked.config, dtype=dtype)
     weight_map = hf_weight_map(model)
     if set(weight_map) != set(checked.shapes):  # expected_hf_shapes out of step with the model
         raise RuntimeError(

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from models.deepseek.hf_config import CONFIG_NAME, config_to_hf
 from models.deepseek.hf_names import hf_weight_map, shared_mtp_names, tensor_sort_key
+from models.deepseek.safetensors_reader import write_safetensors_streaming
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -39,6 +40,12 @@ def _hf_tensor(variable, transpose: bool, dtype: tf.DType | None = None) -> tf.T
     if dtype is not None:
         value = tf.cast(value, dtype)
     return tf.transpose(value) if transpose else value
+
+
+def _disk_dtype(name: str, dtype: tf.DType) -> tf.DType:
+    """`dtype`, except the router's `e_score_correction_bias`: float32 always, as
+    DeepSeek's checkpoints store it (a bf16 bias would move the routing)."""
+    return tf.float32 if name.endswith("e_score_correction_bias") else dtype
 
 
 def model_tensors(model) -> dict[str, tf.Tensor]:
@@ -96,8 +103,6 @@ def save_hf_checkpoint(model, out_dir: str, max_shard_bytes: int = DEFAULT_MAX_S
     Raises:
       ValueError: `dtype` is neither "float32" nor "bfloat16".
     """
-    from safetensors.tensorflow import save_file
-
     dtypes = {"float32": tf.float32, "bfloat16": tf.bfloat16}
     if dtype not in dtypes:
         raise ValueError(f"dtype={dtype!r}: a HF checkpoint is written as one of {sorted(dtypes)}")
@@ -111,8 +116,14 @@ def save_hf_checkpoint(model, out_dir: str, max_shard_bytes: int = DEFAULT_MAX_S
         json.dump(hf_config, f, indent=2, sort_keys=True)
 
     def write(names: list[str], path: str) -> None:
-        tensors = {name: _hf_tensor(*sources[name], dtype=tf_dtype) for name in names}
-        save_file(tensors, path, metadata={"format": "pt"})  # freed on return
+        entries = []
+        for name in names:
+            variable, transpose = sources[name]
+            shape = tuple(variable.shape)[::-1] if transpose else tuple(variable.shape)
+            out = _disk_dtype(name, tf_dtype)
+            entries.append((name, shape, out.as_numpy_dtype,
+                            lambda v=variable, t=transpose, d=out: _hf_tensor(v, t, d).numpy()))
+        write_safetensors_streaming(path, entries)  # one tensor in memory at a time
 
     if len(shards) == 1:
         path = os.path.join(out_dir, SAFE_WEIGHTS_NAME)
@@ -124,8 +135,8 @@ def save_hf_checkpoint(model, out_dir: str, max_shard_bytes: int = DEFAULT_MAX_S
         files.append(os.path.join(out_dir, name))
         write(names, files[-1])
         weight_map.update({tensor: name for tensor in names})
-    total = sum(int(np.prod(variable.shape)) * tf_dtype.size
-                for variable, _ in sources.values())
+    total = sum(int(np.prod(variable.shape)) * _disk_dtype(name, tf_dtype).size
+                for name, (variable, _) in sources.items())
     with tf.io.gfile.GFile(os.path.join(out_dir, SAFE_WEIGHTS_INDEX_NAME), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2,
                   sort_keys=True)

@@ -42,6 +42,7 @@ float32 rounding).
 import keras
 import tensorflow as tf
 
+from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.rms_norm import RMSNorm
 from models.deepseek.rope_scaling import softmax_scale
@@ -100,8 +101,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         def dense(units, name):
             return keras.layers.Dense(
                 units, use_bias=False, name=name, dtype=self.dtype_policy,
-                kernel_initializer=keras.initializers.RandomNormal(
-                    stddev=config.initializer_range))
+                kernel_initializer=initializers.normal(config.initializer_range))
 
         h = config.num_attention_heads
         if config.q_lora_rank is None:

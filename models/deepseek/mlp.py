@@ -3,6 +3,8 @@
 import keras
 import tensorflow as tf
 
+from models.deepseek import initializers
+
 
 @keras.saving.register_keras_serializable(package="deepseek")
 class SwiGLU(keras.layers.Layer):
@@ -35,7 +37,7 @@ class SwiGLU(keras.layers.Layer):
         def dense(units, name):
             return keras.layers.Dense(
                 units, use_bias=False, name=name, dtype=self.dtype_policy,
-                kernel_initializer=keras.initializers.RandomNormal(stddev=initializer_range))
+                kernel_initializer=initializers.normal(initializer_range))
 
         self.gate_proj = dense(intermediate_size, "gate_proj")
         self.up_proj = dense(intermediate_size, "up_proj")

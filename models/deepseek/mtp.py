@@ -18,6 +18,7 @@ whenever first_k_dense_replace <= num_hidden_layers, i.e. always) and
 import keras
 import tensorflow as tf
 
+from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.decoder_block import DeepSeekDecoderBlock
 from models.deepseek.rms_norm import RMSNorm
@@ -58,7 +59,7 @@ class MultiTokenPredictionLayer(keras.layers.Layer):
         self.hnorm = RMSNorm(config.rms_norm_eps, name="hnorm", dtype=self.dtype_policy)
         self.eh_proj = keras.layers.Dense(
             config.hidden_size, use_bias=False, name="eh_proj", dtype=self.dtype_policy,
-            kernel_initializer=keras.initializers.RandomNormal(stddev=config.initializer_range))
+            kernel_initializer=initializers.normal(config.initializer_range))
         self.block = DeepSeekDecoderBlock(config, layer_idx, name="block", dtype=self.dtype_policy)
         self.shared_head_norm = RMSNorm(config.rms_norm_eps, name="shared_head.norm",
                                         dtype=self.dtype_policy)

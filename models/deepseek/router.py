@@ -38,6 +38,7 @@ All routing math runs in float32, whatever the layer's compute dtype.
 import keras
 import tensorflow as tf
 
+from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
 
 
@@ -80,7 +81,7 @@ class DeepSeekTopKRouter(keras.layers.Layer):
         c = self.config
         self.weight = self.add_weight(
             name="weight", shape=(c.n_routed_experts, c.hidden_size),
-            initializer=keras.initializers.RandomNormal(stddev=c.initializer_range))
+            initializer=initializers.normal(c.initializer_range))
         if c.uses_router_bias:
             self.e_score_correction_bias = self.add_weight(
                 name="e_score_correction_bias", shape=(c.n_routed_experts,),

@@ -340,21 +340,47 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray],
     Raises:
       ValueError: an array of another dtype (named).
     """
+    write_safetensors_streaming(
+        path, [(name, tensors[name].shape, tensors[name].dtype, lambda a=tensors[name]: a)
+               for name in sorted(tensors)], metadata)
+
+
+def write_safetensors_streaming(path: str, entries: list, metadata: dict[str, str] | None = None
+                                ) -> None:
+    """Writes one safetensors file, making each tensor only when its bytes are written: the
+    header comes from the shapes and dtypes alone, so the memory beyond the caller's is one
+    tensor (`save_hf_checkpoint` writes a whole model this way).
+
+    Args:
+      path: the file to write.
+      entries: [(name, shape, numpy dtype, make)], in file order; `make()` returns the
+        array (that shape and dtype; float32, float16, ml_dtypes bfloat16 or
+        float8_e4m3fn).
+      metadata: the header's `__metadata__` (default {"format": "pt"}, as transformers).
+
+    Raises:
+      ValueError: a dtype that cannot be written, or an array whose shape or dtype is
+        not what its entry said (named).
+    """
     header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
     offset = 0
-    arrays = []
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        if a.dtype not in NAMES_OF_DTYPES:
-            raise ValueError(f"{name}: dtype {a.dtype} cannot be written")
-        header[name] = {"dtype": NAMES_OF_DTYPES[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-        arrays.append(a)
+    for name, shape, dtype, _ in entries:
+        dtype = np.dtype(dtype)
+        if dtype not in NAMES_OF_DTYPES:
+            raise ValueError(f"{name}: dtype {dtype} cannot be written")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        header[name] = {"dtype": NAMES_OF_DTYPES[dtype], "shape": [int(d) for d in shape],
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # data buffer aligned to 8 bytes, as the library does
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
-        for a in arrays:
-            f.write(a.reshape(-1).view(np.uint8).tobytes())
+        for name, shape, dtype, make in entries:
+            a = np.ascontiguousarray(make())
+            if tuple(a.shape) != tuple(shape) or a.dtype != np.dtype(dtype):
+                raise ValueError(f"{name}: made {a.dtype} {tuple(a.shape)}, the header says "
+                                 f"{np.dtype(dtype)} {tuple(shape)}")
+            f.write(memoryview(a.reshape(-1).view(np.uint8)))
+            del a
