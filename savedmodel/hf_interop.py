@@ -219,8 +219,8 @@ def load_model_from_savedmodel(model_dir: str, dtype: str | None = None):
       model_dir: the SavedModel directory.
       dtype: the Keras dtype policy to build the model in ("float32", "bfloat16",
         "mixed_bfloat16", ...), or None for `keras_policy(read_weight_dtype(model_dir))`.
-        When the policy's variable dtype differs from the stored one, each variable
-        is read, cast and assigned one at a time (`restore_cast`): one model in memory.
+        Each variable is read, cast if the policy's variable dtype differs from the
+        stored one, and assigned one at a time (`restore_cast`): one model in memory.
 
     Raises:
       FileNotFoundError: no config beside the SavedModel.
@@ -234,14 +234,9 @@ def load_model_from_savedmodel(model_dir: str, dtype: str | None = None):
     with weights_from_checkpoint():  # every weight is restored below (checked)
         model = DeepSeekCausalLM(read_model_config(model_dir),
                                  dtype=keras_policy(stored) if dtype is None else dtype)
-    variables = os.path.join(model_dir, "variables", "variables")
-    if weight_dtype_of(model) != stored:
-        restore_cast(model, variables, model_dir)
-        return model
-    reader = tf.train.Checkpoint(model=model)
-    status = reader.read(variables)
-    status.expect_partial()  # the SavedModel also holds tokenizer tables etc.
-    status.assert_existing_objects_matched()
+    # One variable at a time, cast if asked: `tf.train.Checkpoint.read` restores every
+    # tensor in one RestoreV2 op, a second full copy of the model in memory.
+    restore_cast(model, os.path.join(model_dir, "variables", "variables"), model_dir)
     return model
 
 
@@ -249,7 +244,8 @@ def restore_cast(model, checkpoint_prefix: str, source: str) -> None:
     """Assigns every variable of `model` from a checkpoint whose root holds a model of
     the same architecture under `model` (a SavedModel's `variables/variables`, a
     training checkpoint), casting each to the variable's dtype; one tensor in memory
-    at a time. (TensorFlow's own restore refuses another dtype.)
+    at a time. (TensorFlow's own restore refuses another dtype, and restores every
+    tensor at once: a second full copy of the model.)
 
     The variables are matched to the checkpoint's objects by `tf.train.CheckpointView.
     match`, and read through the keys of the checkpoint's object graph (the
