@@ -209,3 +209,23 @@ def test_a_savedmodel_without_precision_json_is_float32_and_a_bad_one_is_named(t
         '{"weight_dtype": "float8"}')
     with pytest.raises(ValueError, match="precision.json: weight_dtype='float8'"):
         layout.read_weight_dtype(str(tmp_path))
+
+
+@pytest.mark.parametrize("fixture", ["v2_lite", "v2"])
+def test_a_bf16_deepseek_v2_checkpoint_round_trips_bit_identical(fixture, tmp_path):
+    # transformers' DeepseekV2ForCausalLM fixtures (tests/fixtures/hf_deepseek_v2), in bf16.
+    from models.deepseek.hf_checkpoint import load_hf_checkpoint
+
+    source = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf_deepseek_v2", fixture)
+    checkpoint = tmp_path / "bf16"
+    hf_save.save_hf_checkpoint(load_hf_checkpoint(source, dtype="bfloat16"), str(checkpoint),
+                               dtype="bfloat16")
+    imported = hf_import(str(checkpoint), str(tmp_path / "saved"), use_tokenizer=False)
+    assert imported.weight_dtype == "bfloat16"
+    hf_export(imported.path, str(tmp_path / "hf"))
+    before, after = checkpoint_bytes(checkpoint), checkpoint_bytes(tmp_path / "hf")
+    assert sorted(before) == sorted(after) and before
+    for name, stored in before.items():
+        assert after[name] == stored, f"{name} differs after import + export"
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["model_type"] == "deepseek_v2" and config["torch_dtype"] == "bfloat16"
