@@ -28,6 +28,25 @@ def _logits(model, d=FP8):
     return model(tf.constant(np.load(d / "input_ids.npy"), tf.int32)).numpy().astype(np.float32)
 
 
+def test_fp8_checkpoint_as_base_model_and_import(tmp_path):
+    # `--base-model PATH` / `--teacher PATH` read it through savedmodel.base_model; hf-import
+    # keeps it in bf16 by default (FP8 dequantizes to bf16), float32 when asked.
+    from savedmodel import base_model
+    from savedmodel.hf_interop import hf_import, load_model_from_savedmodel
+
+    assert base_model.kind(str(FP8)) == base_model.HF
+    assert base_model.weight_dtype(str(FP8)) == "bfloat16"
+    model = base_model.load_model(str(FP8), dtype="float32")
+    expected = np.load(FP8 / "expected_logits.npy")
+    assert float(np.abs(_logits(model) - expected).max()) <= TOLERANCE
+    imported = hf_import(str(FP8), str(tmp_path / "bf16"), use_tokenizer=False)
+    assert imported.weight_dtype == "bfloat16"
+    bf16 = load_model_from_savedmodel(imported.path)
+    assert bf16.embed_tokens.embeddings.dtype == "bfloat16"
+    # bf16 weights and compute: bf16's own tolerance (8 bits of mantissa)
+    assert float(np.abs(_logits(bf16) - expected).max()) <= 0.05 * float(np.abs(expected).max())
+
+
 def test_fixture_is_what_it_claims():
     cfg = json.loads((FP8 / "config.json").read_text())
     assert cfg["quantization_config"] == {"activation_scheme": "dynamic", "fmt": "e4m3",
