@@ -1,24 +1,15 @@
-"""Hugging Face DeepSeek-V3 checkpoints: `config.json` + `*.safetensors`, both ways.
+"""Reading Hugging Face DeepSeek-V3 / V2 checkpoints: `config.json` + `*.safetensors`.
 
-  load_hf_checkpoint(dir)            -> DeepSeekCausalLM with the checkpoint's weights
-  save_hf_checkpoint(model, dir)     writes config.json + safetensors (sharded when large)
-  config_from_hf(dict) / config_to_hf(config)
+  open_hf_checkpoint(dir)            -> everything checked, nothing allocated
+  load_hf_checkpoint(dir, dtype)     -> DeepSeekCausalLM with the checkpoint's weights
+  stored_precision(dir)              -> "bfloat16" | "float16" | "float32", from the headers
 
-The layout is that of HF transformers `DeepseekV3ForCausalLM` (`model.embed_tokens`,
-`model.layers.N.{self_attn,mlp,input_layernorm,post_attention_layernorm}`,
-`model.norm`, `lm_head`) and of the released DeepSeek-V3 weights, whose
-multi-token-prediction modules sit at layer index `num_hidden_layers + d`
-(`enorm`, `hnorm`, `eh_proj`, `shared_head.norm`, `shared_head.head`,
-`embed_tokens`, plus a full decoder block). Linear weights are PyTorch's
-[out, in]; Keras kernels are [in, out], so they are transposed both ways.
-
-`config.json` is read in both forms transformers writes: 4.x (`rope_theta`,
-`rope_scaling`, as the released checkpoints carry) and 5.x (`rope_parameters`).
-
-Tensors are read by `safetensors_reader` (headers parsed and checked here, bytes
-read into numpy arrays with `ml_dtypes` types): float32, float16, bfloat16 and
-block-quantized FP8 checkpoints (`quantization_config`, `fp8.py`) load, the
-directory checked against config.json before the model is built.
+The tensor names and layouts are `hf_names.py`'s; config.json is read by `hf_config.py`;
+writing is `hf_save.py` (`save_hf_checkpoint`, re-exported here with the config helpers).
+Tensors are read by `safetensors_reader` (headers parsed and checked, bytes read into
+numpy arrays with `ml_dtypes` types): float32, float16, bfloat16 and block-quantized
+FP8 checkpoints (`quantization_config`, `fp8.py`) load, the directory checked against
+config.json before the model is built.
 """
 
 from __future__ import annotations
