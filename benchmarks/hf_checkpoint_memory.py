@@ -347,9 +347,21 @@ def main(argv: list[str] | None = None) -> int:
             r.update(planned(args, has_plan, config=os.path.join(args.ckpt_dir, "config.json"),
                              mode="inference", weights_dtype="bfloat16", **common))
             results.append(r)
+        # The same weights as a logits-only SavedModel: no traced generate/logits text
+        # graphs to serialize, so what is left is the weights' path alone.
+        logits_sm = os.path.join(work, "savedmodel_logits")
+        shutil.rmtree(logits_sm, ignore_errors=True)
+        r = run_step("import-lgt", ["hf-import", "--no-tokenizer", args.ckpt_dir, logits_sm],
+                     logs, args)
+        r["savedmodel_bytes"] = tree_bytes(logits_sm) if os.path.isdir(logits_sm) else None
+        r.update(bounds)
+        r.update(planned(args, has_plan, config=os.path.join(args.ckpt_dir, "config.json"),
+                         mode="inference", weights_dtype="bfloat16", **common))
+        results.append(r)
         if not args.keep:
             shutil.rmtree(os.path.join(work, "exported"), ignore_errors=True)
             shutil.rmtree(sm, ignore_errors=True)
+            shutil.rmtree(logits_sm, ignore_errors=True)
 
     if not args.skip_finetune:
         data = make_corpus(work, args.corpus_bytes)
@@ -407,6 +419,9 @@ def print_table(ckpt_bytes: int, small_bytes: int, results: list[dict]) -> None:
             output = (f"SavedModel {fmt_gb(r.get('savedmodel_bytes'))} "
                       f"(bound {fmt_gb(r.get('savedmodel_bound_bytes'))}; "
                       f"variables {fmt_gb(r.get('variables_bytes'))})")
+        elif r["step"] == "import-lgt":
+            output = (f"logits-only SavedModel {fmt_gb(r.get('savedmodel_bytes'))} "
+                      "(--no-tokenizer)")
         elif r["step"] == "hf-export":
             output = f"safetensors {fmt_gb(r.get('exported_bytes'))}"
         wall = r.get("wall_s")
