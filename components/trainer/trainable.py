@@ -17,7 +17,7 @@ A and B are created float32 while the frozen kernel W stays bf16, and inside the
 layer's call Keras autocasts A and B to bf16 (W + A B and the matmul in bf16; the
 gradients reach A and B in float32, and so do their optimizer slots).
 
-`merged_values` / `merged_value` give the weights of the model that is exported:
+`merged_sources` / `merged_value` give the weights of the model that is exported:
 W + A B written into plain kernels, so serving a LoRA-trained model costs nothing
 extra.
 """
@@ -178,13 +178,6 @@ def merged_sources(model) -> dict:
     return sources
 
 
-def merged_values(model) -> dict[str, np.ndarray]:
-    """Weight path -> value, with LoRA adapters merged (W + A B) into their kernels and
-    left out themselves: the weights of a plain model of the same config (all of them
-    in memory at once; `merged_sources` gives them one at a time)."""
-    return {path: value() for path, value in merged_sources(model).items()}
-
-
 def assign_streaming(target, sources: dict) -> None:
     """Assigns every weight of `target` from `sources` (`merged_sources` of a model of
     the same config), one value in memory at a time, cast to the weight's dtype.
@@ -202,20 +195,3 @@ def assign_streaming(target, sources: dict) -> None:
                              f"{value.shape} in the source")
         v.assign(tf.cast(value, v.dtype))
         del value
-
-
-def assign_by_path(target, values: dict[str, np.ndarray]) -> None:
-    """Assigns every weight of `target` from `values` (`merged_values` of a model of
-    the same config, or of a base model).
-
-    Raises:
-      ValueError: a weight is missing or has another shape (naming it).
-    """
-    for v in target.weights:
-        path = weight_path(v)
-        if path not in values:
-            raise ValueError(f"weight {path} of the model is not in the source weights")
-        if tuple(v.shape) != values[path].shape:
-            raise ValueError(f"weight {path}: shape {tuple(v.shape)} in the model, "
-                             f"{values[path].shape} in the source")
-        v.assign(values[path])

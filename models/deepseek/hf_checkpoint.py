@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterator
 
 import ml_dtypes
 import numpy as np
@@ -43,7 +42,7 @@ from models.deepseek.hf_save import (
 
 __all__ = [
     "CONFIG_NAME", "CheckpointError", "config_from_hf", "config_to_hf", "read_config_json",
-    "hf_weight_map", "checkpoint_files", "iter_tensors", "load_hf_checkpoint",
+    "hf_weight_map", "checkpoint_files", "load_hf_checkpoint",
     "open_hf_checkpoint", "stored_precision", "CheckedCheckpoint",
     "model_tensors", "save_hf_checkpoint", "DEFAULT_MAX_SHARD_BYTES",
 ]
@@ -224,17 +223,6 @@ def checkpoint_files(checkpoint_dir: str) -> list[str]:
       CheckpointError: see `safetensors_reader.open_checkpoint`.
     """
     return safetensors_reader.open_checkpoint(checkpoint_dir).files
-
-
-def iter_tensors(checkpoint_dir: str) -> Iterator[tuple[str, str, np.ndarray]]:
-    """Yields (file, tensor name, numpy array as stored) for every tensor, one at a time.
-
-    Arrays have the stored dtype (ml_dtypes.bfloat16 / float8_e4m3fn for BF16 / FP8:
-    FP8 weights are not dequantized here, see `CheckedCheckpoint.read_float`).
-    """
-    ckpt = safetensors_reader.open_checkpoint(checkpoint_dir)
-    for name, info in sorted(ckpt.tensors.items(), key=lambda kv: (kv[1].path, kv[1].offset)):
-        yield info.path, name, ckpt.read(name)
 
 
 def stored_precision(checkpoint_dir: str) -> str:

@@ -32,9 +32,13 @@ def _fixture(name):
     return d, np.load(d / "input_ids.npy"), np.load(d / "expected_logits.npy")
 
 
-@pytest.mark.parametrize("name", ["q_lora", "no_q_lora", "yarn_extra"])
+@pytest.mark.parametrize("name", [
+    "hf_deepseek_v3/q_lora", "hf_deepseek_v3/no_q_lora", "hf_deepseek_v3/yarn_extra",
+    # DeepseekV2ForCausalLM: greedy V2-Lite-style, group_limited_greedy V2-style
+    "hf_deepseek_v2/v2_lite", "hf_deepseek_v2/v2"])
 def test_logits_match_transformers(name):
-    d, input_ids, expected = _fixture(name)
+    d = FIXTURES.parent / name
+    input_ids, expected = np.load(d / "input_ids.npy"), np.load(d / "expected_logits.npy")
     model = hf_checkpoint.load_hf_checkpoint(str(d))
     logits = model(tf.constant(input_ids, tf.int32)).numpy()
     assert logits.shape == expected.shape
