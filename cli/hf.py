@@ -9,11 +9,13 @@ import os
 
 from cli import console
 from cli.model_dir import resolve_model_dir
+from common import memory
 from savedmodel.precision import AUTO, WEIGHT_DTYPES
 
 
 def cmd_hf_import(args: argparse.Namespace) -> int:
     """Writes the SavedModel; prints its signatures, tokenizer and sampling defaults."""
+    memory.use_system_allocator()  # before TensorFlow loads: see common/memory.py
     from savedmodel.hf_interop import hf_import
 
     try:
@@ -40,6 +42,7 @@ def cmd_hf_import(args: argparse.Namespace) -> int:
 
 def cmd_hf_export(args: argparse.Namespace) -> int:
     """Writes the HF checkpoint; prints its shards and files."""
+    memory.use_system_allocator()
     from savedmodel.hf_interop import hf_export
 
     model_dir = resolve_model_dir(args.model_dir)

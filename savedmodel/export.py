@@ -77,6 +77,11 @@ from tokenization.byte_level_bpe import ByteLevelBpe
 from tokenization.byte_pair_encoder import BytePairEncoder
 from tokenization.tokenizer import load_tokenizer
 
+# Serving never differentiates through the SavedModel's functions, so their gradient
+# functions are not traced and saved: at 1.36B parameters that tracing took 42 s and
+# 0.23 GB of RSS (benchmarks/hf_checkpoint_memory.py).
+SAVE_OPTIONS = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+
 # The inputs of `generate` and `generate_raw`: one value of each per prompt, so rows
 # of different requests can share one call.
 GENERATE_SIGNATURE = [
@@ -114,6 +119,10 @@ class ServingModule(tf.Module):
         self.max_context = model.config.max_position_embeddings
         self.generation = generation
         self.chat_prompt = chat_prompt
+        if chat_prompt is not None:
+            # Only a chat model has it: every tf.function of the module is traced when
+            # it is saved, and this one is a whole second decoding loop.
+            self.generate_raw = tf.function(self._generate_raw, input_signature=GENERATE_SIGNATURE)
 
     # -- tokenization -------------------------------------------------------------
     def _encode(self, text):
@@ -215,8 +224,8 @@ class ServingModule(tf.Module):
     def generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
         return self._generate(prompt, max_new_tokens, temperature, top_k, top_p, seed)
 
-    @tf.function(input_signature=GENERATE_SIGNATURE)
-    def generate_raw(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
+    def _generate_raw(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
+        """`generate_raw` (chat models only): `generate` on the prompt as given."""
         return self._generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, raw=True)
 
 
@@ -257,7 +266,7 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
         }
         if chat_prompt is not None:
             signatures["generate_raw"] = module.generate_raw
-        tf.saved_model.save(module, export_dir, signatures=signatures)
+        tf.saved_model.save(module, export_dir, signatures=signatures, options=SAVE_OPTIONS)
     extras = {MODEL_CONFIG_NAME: hf_checkpoint.config_to_hf(model.config),
               GENERATION_CONFIG_NAME: generation_config_to_hf(generation, tokenizer)}
     if chat_prompt is not None:

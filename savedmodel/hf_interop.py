@@ -43,6 +43,7 @@ import os
 
 import tensorflow as tf
 
+from common import memory
 from common.json_file import read_json, write_json
 from config import GenerationConfig
 from models.deepseek import hf_checkpoint
@@ -165,7 +166,7 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
       JsonFileError (a ValueError): tokenizer.json, tokenizer_config.json or
         generation_config.json is not a JSON object.
     """
-    from savedmodel.export import save_text_model
+    from savedmodel.export import SAVE_OPTIONS, save_text_model
 
     # Everything about the directory is checked before anything is allocated or written.
     config = hf_checkpoint.open_hf_checkpoint(checkpoint_dir).config
@@ -183,7 +184,7 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
     if tokenizer is None:
         model = hf_checkpoint.load_hf_checkpoint(checkpoint_dir, dtype=policy)
         module = LogitsModule(model)
-        tf.saved_model.save(module, out_dir,
+        tf.saved_model.save(module, out_dir, options=SAVE_OPTIONS,
                             signatures={"serving_default": module.logits, "logits": module.logits})
         write_json(extra_path(out_dir, MODEL_CONFIG_NAME), hf_checkpoint.config_to_hf(model.config))
         write_weight_dtype(out_dir, weight_dtype_of(model))
@@ -237,6 +238,7 @@ def load_model_from_savedmodel(model_dir: str, dtype: str | None = None):
     # One variable at a time, cast if asked: `tf.train.Checkpoint.read` restores every
     # tensor in one RestoreV2 op, a second full copy of the model in memory.
     restore_cast(model, os.path.join(model_dir, "variables", "variables"), model_dir)
+    memory.release_free_memory()  # the restore's freed temporaries (common/memory.py)
     return model
 
 

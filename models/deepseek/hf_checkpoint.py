@@ -24,6 +24,7 @@ import stat
 import ml_dtypes
 import numpy as np
 
+from common import memory
 from common.json_file import read_json
 from models.deepseek import fp8, initializers, safetensors_reader
 from models.deepseek.hf_config import (
@@ -293,12 +294,37 @@ def load_hf_checkpoint(checkpoint_dir: str, dtype: str = "float32"):
             f"{sorted(set(weight_map) ^ set(checked.shapes))[:10]}")
     infos = checked.files.tensors
     for name in sorted(weight_map, key=lambda n: (infos[n].path, infos[n].offset)):
-        variable, transpose = weight_map[name]
-        value = checked.read_float(name).astype(_numpy_dtype(variable), copy=False)
-        variable.assign(value.T if transpose else value)
-        del value
+        _assign(checked, name, *weight_map[name])
     _check_shared_copies(checked)
+    memory.release_free_memory()  # the loader's freed temporaries (common/memory.py)
     return model
+
+
+# A tensor larger than this is assigned in row blocks of about this size, in place.
+ASSIGN_BLOCK_BYTES = 64 * 1024 * 1024
+
+
+def _assign(checked: CheckedCheckpoint, name: str, variable, transpose: bool) -> None:
+    """Copies tensor `name` into `variable` (its transpose for a Dense kernel).
+
+    A 2-D unquantized tensor larger than `ASSIGN_BLOCK_BYTES` goes in row blocks written
+    in place into the variable's buffer (`tf.Variable` slice assign), so loading holds
+    one block beside the model, not the whole tensor, its converted copy and the
+    variable's old buffer (an embedding of 129,280 x 2,048 bf16 is 0.53 GB each)."""
+    info, dtype = checked.files.info(name), _numpy_dtype(variable)
+    if info.dtype == "F8_E4M3" or len(info.shape) != 2 or info.nbytes <= ASSIGN_BLOCK_BYTES:
+        value = checked.read_float(name).astype(dtype, copy=False)
+        variable.assign(value.T if transpose else value)
+        return
+    rows = max(1, ASSIGN_BLOCK_BYTES // (info.nbytes // info.shape[0]))
+    target = variable.value  # the backend's tf.Variable: its slices assign in place
+    for r0 in range(0, info.shape[0], rows):
+        r1 = min(r0 + rows, info.shape[0])
+        block = checked.files.read(name, (r0, r1)).astype(dtype, copy=False)  # (r1-r0, in)
+        if transpose:
+            target[:, r0:r1].assign(block.T)
+        else:
+            target[r0:r1].assign(block)
 
 
 def _check_shared_copies(checked: CheckedCheckpoint, rows: int = 4096) -> None:

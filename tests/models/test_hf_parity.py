@@ -46,6 +46,20 @@ def test_logits_match_transformers(name):
     assert max_diff <= TOLERANCE, f"{name}: max |logits - transformers| = {max_diff:.2e}"
 
 
+@pytest.mark.parametrize("name", ["hf_deepseek_v3/q_lora", "hf_deepseek_v2/v2_lite"])
+def test_weights_assigned_in_row_blocks_give_the_same_logits(name, monkeypatch):
+    """Tensors above ASSIGN_BLOCK_BYTES load in row blocks, in place (the embedding and
+    lm_head of a real checkpoint): with 512-byte blocks every 2-D weight takes that path,
+    Dense kernels (transposed) and the embedding (not) alike, including the last,
+    shorter block."""
+    monkeypatch.setattr(hf_checkpoint, "ASSIGN_BLOCK_BYTES", 512)
+    d = FIXTURES.parent / name
+    input_ids, expected = np.load(d / "input_ids.npy"), np.load(d / "expected_logits.npy")
+    model = hf_checkpoint.load_hf_checkpoint(str(d))
+    max_diff = float(np.abs(model(tf.constant(input_ids, tf.int32)).numpy() - expected).max())
+    assert max_diff <= TOLERANCE, f"{name}: max |logits - transformers| = {max_diff:.2e}"
+
+
 def test_fixtures_exercise_what_they_claim():
     d, _, _ = _fixture("q_lora")
     config = hf_checkpoint.read_config_json(str(d))
