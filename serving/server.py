@@ -222,8 +222,7 @@ class ModelServer:
                 raise
             raise BadRequest(f"{e} (the model has no tokenizer: it takes token ids, "
                              "not text)") from e
-        self._validate(name, inputs, rows)
-        outputs = self.batcher.submit(self._batch_key(name, inputs), inputs, rows).result()
+        outputs = self.run(name, inputs, rows)
         if "input_ids" in outputs and "lengths" in outputs:  # tokenize: the batch's padding off
             longest = int(outputs["lengths"].max()) if outputs["lengths"].size else 0
             outputs = {**outputs, "input_ids": outputs["input_ids"][:, :longest]}
@@ -235,6 +234,26 @@ class ModelServer:
                 return {"predictions": next(iter(batched.values()))}
             return {"predictions": [{k: v[i] for k, v in batched.items()} for i in range(n)]}
         return {"outputs": outputs}
+
+    def run(self, name: str, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+        """Validates and runs one call of signature `name` through the batcher; blocks
+        until its batch ran. What `predict` does after parsing JSON, for callers that
+        hold numpy arrays already (other front doors than TF Serving's REST API).
+
+        Args:
+          name: a signature of the model (`self.signatures`).
+          inputs: every input of the signature, as numpy arrays of its dtypes and
+            shapes (per-row inputs [rows, ...]; strings as bytes).
+          rows: the number of prompts (rows) of the call.
+
+        Returns:
+          The signature's outputs as numpy arrays, this call's rows only.
+
+        Raises:
+          BadRequest, Unavailable, Exception: as `predict`.
+        """
+        self._validate(name, inputs, rows)
+        return self.batcher.submit(self._batch_key(name, inputs), inputs, rows).result()
 
     # -- parsing ------------------------------------------------------------------
     @staticmethod
