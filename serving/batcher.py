@@ -6,6 +6,8 @@ as one call once `max_batch_size` rows wait or the oldest has waited
 batch runs again request by request, so only the request at fault gets the error.
 The knobs and their names are TF Serving's (`config.ServeConfig`);
 `serving/server.py` decides the keys and validates before anything is queued.
+Metrics see the batcher through two hooks that need no metrics library here:
+`on_batch(rows)` at every model call and `queued_rows()` (`serving/metrics.py`).
 """
 
 from __future__ import annotations
@@ -52,10 +54,17 @@ class Batcher:
       config: max_batch_size (rows per call), batch_timeout_micros (the longest the
         oldest request waits for batch-mates, microseconds), max_enqueued_batches,
         num_batch_threads.
+      on_batch: called as `on_batch(rows)` at the start of every model call, with the
+        call's rows (int, 1..max_batch_size; a failed batch's calls included, and the
+        calls of its requests run again one by one), e.g. a batch size histogram. It
+        runs on a batch thread; what it raises is logged and does not fail the call.
+        Also a public attribute, so it can be set after construction.
     """
 
-    def __init__(self, call: Callable[[str, dict], dict], config: ServeConfig):
+    def __init__(self, call: Callable[[str, dict], dict], config: ServeConfig,
+                 on_batch: Callable[[int], None] | None = None):
         self._call = call
+        self.on_batch = on_batch
         self.config = config
         self._timeout_s = config.batch_timeout_micros / 1e6
         self._max_queued_rows = config.max_enqueued_batches * config.max_batch_size
@@ -95,6 +104,13 @@ class Batcher:
             self._stats["requests"] += 1
             self._cond.notify()
         return task.future
+
+    def queued_rows(self) -> int:
+        """Rows (prompts) queued and not yet in a model call, over all keys: the queue
+        depth. Submits are refused (Unavailable) beyond max_enqueued_batches *
+        max_batch_size."""
+        with self._cond:
+            return self._queued_rows
 
     def stats(self) -> dict:
         """Counts so far: requests, calls (model calls), rows, max_rows (largest batch),
@@ -164,6 +180,11 @@ class Batcher:
             self._stats["calls"] += 1
             self._stats["rows"] += rows
             self._stats["max_rows"] = max(self._stats["max_rows"], rows)
+        if (on_batch := self.on_batch) is not None:
+            try:
+                on_batch(rows)
+            except Exception:  # noqa: BLE001 (a metrics hook never fails a request)
+                log.exception("the batcher's on_batch hook failed")
         return self._call(name, inputs)
 
     def _run(self, batch: list[_Task]) -> None:
