@@ -31,6 +31,7 @@ import math
 import os
 import random
 import re
+from collections.abc import Iterable
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 NAME_RULE = "1-128 characters of A-Z a-z 0-9 . _ -, not '.' or '..'"
@@ -106,6 +107,11 @@ class ModelSplit:
     def __post_init__(self) -> None:
         if not self.weights:
             raise ValueError("a split needs at least one model")
+        names = [name for name, _ in self.weights]
+        if len(set(names)) != len(names):
+            raise ValueError(f"split {self.weights}: a model is given twice")
+        if not all(isinstance(w, (int, float)) and 0 < w < math.inf for _, w in self.weights):
+            raise ValueError(f"split {self.weights}: weights must be finite numbers > 0")
         total = math.fsum(w for _, w in self.weights)
         bounds, running = [], 0.0
         for _, weight in self.weights:
@@ -145,7 +151,7 @@ class ModelSplit:
 _WEIGHT = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 
-def parse_split(text: str, names, seed: int | None = None) -> ModelSplit:
+def parse_split(text: str, names: Iterable[str], seed: int | None = None) -> ModelSplit:
     """The `--split` value `NAME=PERCENT,...`, e.g. "A=90,B=10".
 
     Args:

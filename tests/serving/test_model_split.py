@@ -161,3 +161,13 @@ def test_the_sticky_point_is_the_same_in_another_process_with_another_hash_seed(
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert ast.literal_eval(out.stdout) == here
     assert all(0 <= p < 1 for p in here)
+
+
+def test_a_split_built_directly_checks_its_weights():
+    assert ModelSplit((("A", 3), ("B", 1)), seed=0).shares() == {"A": 0.75, "B": 0.25}
+    with pytest.raises(ValueError, match="given twice"):
+        ModelSplit((("A", 50.0), ("A", 50.0)))
+    with pytest.raises(ValueError, match="finite numbers > 0"):
+        ModelSplit((("A", 100.0), ("B", 0.0)))
+    with pytest.raises(ValueError, match="at least one model"):
+        ModelSplit(())
