@@ -99,6 +99,7 @@ class ServerMetrics:
             self.prompt_tokens.labels(model)
             self.completion_tokens.labels(model)
             self.batch_size.labels(model)
+            self.queue_depth.labels(model)
 
     # ------------------------------------------------------------------ request path
     def model_label(self, model: str | None) -> str:

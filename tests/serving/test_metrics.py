@@ -53,6 +53,7 @@ def test_every_metric_is_documented_named_and_typed_as_prometheus_expects():
     # exported at 0 for a served model before its first request
     assert 'deepseek_tfx_prompt_tokens_total{model="A"} 0.0' in text
     assert 'deepseek_tfx_batch_size_count{model="A"} 0.0' in text
+    assert 'deepseek_tfx_queue_depth{model="A"} 0.0' in text
 
 
 def test_several_servers_in_one_process_have_their_own_registries():
