@@ -32,7 +32,9 @@ Rejected SFT records: `record_not_object`, `missing_prompt_field`,
 `missing_response_field`, `prompt_not_string`, `response_not_string`,
 `empty_prompt`, `empty_response` (whitespace only), `invalid_messages` (not a
 list of at least two `{"role": str, "content": str}`, or the last is not the
-assistant's), `chat_template_error` (the template refused the turns).
+assistant's), `chat_template_error` (the template refused the turns),
+`chat_template_limit` (rendering went past the template's limits on size or time,
+`chat_template.RenderLimits`).
 
 Every record read becomes a `Document`; records that cannot be used carry a
 `reject_reason`, repairs made while reading are listed in `repairs`; the cleaner
@@ -54,7 +56,12 @@ from typing import Any
 import tensorflow as tf
 
 from config import DataConfig
-from tokenization.chat_template import ChatFormat, ChatTemplateError, chat_format
+from tokenization.chat_template import (
+    ChatFormat,
+    ChatTemplateError,
+    ChatTemplateLimitError,
+    chat_format,
+)
 
 REJECT_INVALID_JSON = "invalid_json"
 REJECT_INVALID_CSV = "invalid_csv"
@@ -73,6 +80,7 @@ REJECT_EMPTY_PROMPT = "empty_prompt"
 REJECT_EMPTY_RESPONSE = "empty_response"
 REJECT_INVALID_MESSAGES = "invalid_messages"
 REJECT_CHAT_TEMPLATE = "chat_template_error"
+REJECT_CHAT_TEMPLATE_LIMIT = "chat_template_limit"
 
 REPAIR_INVALID_UTF8 = "invalid_utf8_replaced"
 REPAIR_NORMALIZED = "unicode_normalized"  # = text_cleaner.cleaning.REPAIR_NORMALIZED
@@ -454,6 +462,8 @@ def sft_document(obj: Any, source: str, record: int, config: DataConfig,
         return _sft_reject(source, record, REJECT_EMPTY_RESPONSE)
     try:
         rendered = chat.render(turns)
+    except ChatTemplateLimitError:
+        return _sft_reject(source, record, REJECT_CHAT_TEMPLATE_LIMIT)
     except ChatTemplateError:
         return _sft_reject(source, record, REJECT_CHAT_TEMPLATE)
     changed = [m["content"] for m in turns] + [response] != raw
