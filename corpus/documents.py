@@ -39,7 +39,9 @@ assistant's), `chat_template_error` (the template refused the turns),
 Every record read becomes a `Document`; records that cannot be used carry a
 `reject_reason`, repairs made while reading are listed in `repairs`; the cleaner
 counts both, so nothing is silently lost. A file that cannot be opened or read
-raises `OSError` naming it: the run stops.
+raises `OSError` naming it: the run stops. A path that is not a regular file (a
+FIFO, a device, a socket: its `open` could block forever) is not opened: it gives
+one `not_a_regular_file` record (`common.files.special_file_kind`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from common.files import special_file_kind
 from config import DataConfig
 from tokenization.chat_template import (
     ChatFormat,
@@ -70,6 +73,7 @@ REJECT_TEXT_NOT_STRING = "text_not_string"
 REJECT_INVALID_UTF8 = "invalid_utf8"
 REJECT_LINE_TOO_LONG = "line_too_long"
 REJECT_EMPTY_FILE = "empty_file"
+REJECT_NOT_REGULAR_FILE = "not_a_regular_file"
 
 REJECT_NOT_AN_OBJECT = "record_not_object"
 REJECT_MISSING_PROMPT_FIELD = "missing_prompt_field"
@@ -193,7 +197,8 @@ def read_documents(path: str, source: str, config: DataConfig | None = None,
         `chat_template.chat_format(config)` (the learned tokenizer's tokens).
 
     Yields:
-      Document, in file order; at least one per file (`empty_file`). SFT
+      Document, in file order; at least one per file (`empty_file`); one
+      `not_a_regular_file` record, without opening it, for a FIFO, device or socket. SFT
       records have `prompt` set (a string, "" when rejected).
 
     Raises:
@@ -203,6 +208,9 @@ def read_documents(path: str, source: str, config: DataConfig | None = None,
     """
     config = config or DataConfig()
     sft = config.task == "sft"
+    if special_file_kind(path):  # os.stat only: a FIFO's open() would wait for a writer
+        yield Document("", source, 0, REJECT_NOT_REGULAR_FILE, prompt="" if sft else None)
+        return
     fmt = "jsonl" if config.document_boundary == "jsonl" else file_format(path)
     if sft and fmt == "text":
         raise ValueError(
