@@ -330,7 +330,10 @@ def test_sigint_during_a_reply_stops_it_at_the_next_step_with_the_cache_kept(sub
     assert reply == out.getvalue() and reply  # the first piece, then no more steps
     assert "[reply stopped]" in err.getvalue()
     assert session.turns == [("the quick", reply)]
-    assert session._cache is not None and len(session._cached) == session.steps + 1 + 1
+    prompt = session.prompt_ids("the quick")  # the cache holds what the steps ran: the
+    assert session._cache is not None  # prompt, then each token but the last one sampled
+    assert session._cached == prompt + [int(i) for i in session._cached[len(prompt):]]
+    assert len(session._cached) == len(prompt) + session.steps - 1
     again = session.reply(" the", io.StringIO(), err)  # the session goes on
     assert session.turns[-1] == ("\n the" if not reply.endswith("\n") else " the", again)
 
