@@ -138,10 +138,7 @@ _budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar(
 
 def _current() -> _Budget:
     budget = _budget.get()
-    if budget is None:  # a compiled template used outside render_prompt
-        budget = _Budget(RenderLimits())
-        _budget.set(budget)
-    return budget
+    return budget if budget is not None else _Budget(RenderLimits())  # outside render_prompt
 
 
 def _length(x: Any) -> int | None:
@@ -182,12 +179,22 @@ def _check_format(spec: str, budget: _Budget) -> None:
             budget.size(int(number), "a formatted field")
 
 
-def _check_call(obj: Any, args: tuple, kwargs: dict, budget: _Budget) -> None:
-    """Refuses the str methods that build large values from small arguments."""
+def _replaced_length(text: str, old: Any, new: Any, count: Any = -1) -> int:
+    """len(text.replace(old, new, count)), computed without building it."""
+    old, new = str(old), str(new)
+    hits = text.count(old) if old else len(text) + 1
+    if isinstance(count, int) and count >= 0:
+        hits = min(hits, count)
+    return len(text) + hits * (len(new) - len(old))
+
+
+def _check_call(obj: Any, args: tuple, kwargs: dict, budget: _Budget) -> tuple:
+    """Refuses the str methods that build large values from small arguments; returns
+    `args` (an iterator given to `join` is drawn into a list, to be measured)."""
     budget.check()
     owner, name = getattr(obj, "__self__", None), getattr(obj, "__name__", "")
     if not isinstance(owner, str):
-        return
+        return args
     if name in _PADDING_METHODS:
         for value in (*args, *kwargs.values()):
             if isinstance(value, int):
@@ -195,11 +202,12 @@ def _check_call(obj: Any, args: tuple, kwargs: dict, budget: _Budget) -> None:
     elif name in ("format", "format_map"):
         _check_format(owner, budget)
     elif name == "replace" and len(args) >= 2:
-        new = str(args[1])
-        budget.size(len(owner) + (len(owner) + 1) * len(new), "a string")  # an upper bound
+        budget.size(_replaced_length(owner, *args[:3]), "a string")
     elif name == "join" and args:
         items = list(args[0]) if not isinstance(args[0], (str, list, tuple)) else args[0]
         budget.size(sum(len(str(x)) for x in items) + len(owner) * len(items), "a string")
+        args = (items, *args[1:])
+    return args
 
 
 def _guarded_filter(name: str, fn):
@@ -212,7 +220,7 @@ def _guarded_filter(name: str, fn):
         values = list(args[1:] if getattr(fn, "jinja_pass_arg", None) else args)  # no context
         value, rest = (values[0], values[1:]) if values else (None, [])
         rest = [*rest, *kwargs.values()]
-        if name in ("center", "indent", "truncate", "wordwrap"):
+        if name in ("center", "indent"):
             lines = str(value).count("\n") + 1 if name == "indent" else 1
             for width in rest:
                 if isinstance(width, int):
@@ -220,7 +228,7 @@ def _guarded_filter(name: str, fn):
                 elif isinstance(width, str):
                     budget.size(len(str(value)) + len(width) * lines, "a string")
         elif name == "replace" and len(rest) >= 2:
-            budget.size(len(str(value)) + (len(str(value)) + 1) * len(str(rest[1])), "a string")
+            budget.size(_replaced_length(str(value), *rest[:3]), "a string")
         elif name == "format" and isinstance(value, str):
             _check_format(value, budget)
         elif name == "join" and value is not None and not isinstance(value, str):
@@ -309,7 +317,7 @@ def _environment():
             return result
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's form)
-            _check_call(__obj, args, kwargs, _current())
+            args = _check_call(__obj, args, kwargs, _current())
             return super().call(__context, __obj, *args, **kwargs)
 
         def getattr(self, obj, attribute):

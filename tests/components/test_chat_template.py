@@ -192,7 +192,9 @@ def _unlimited(template, messages):
     "{% for m in messages %}{{ m['role'] ~ ': ' ~ m['content'] | trim }}\n{% endfor %}"
     "{{ '%s|%5d' % ('x', 3) }}{{ '{}-{}'.format(1, 2) }}{{ 'ab' * 3 }}{{ 2 ** 10 }}"
     "{{ messages | map(attribute='content') | join(' / ') | center(80) }}"
-    "{{ messages | tojson }}{% for i in range(3) %}{{ loop.index }}{% endfor %}"],
+    "{{ messages | tojson }}{% for i in range(3) %}{{ loop.index }}{% endfor %}"
+    "{{ ', '.join(messages | map(attribute='role')) }}{{ (messages[1]['content'] * 3000)"
+    ".replace(' ', '--') | replace('line', 'verse') | length }}"],
     ids=["default", "deepseek_v3_form", "operators_and_filters"])
 def test_a_normal_template_renders_byte_identically_within_the_limits(template):
     got = render_prompt(template, MESSAGES, BOS, EOS)
