@@ -84,10 +84,46 @@ def log_dir(args: argparse.Namespace) -> str:
     return console.default_log_dir()
 
 
+# Arguments that name files (the rest is text): their refusal says how to get around it.
+_PATH_ARGUMENTS = frozenset({"data", "model", "output", "log_dir", "teacher", "base_model",
+                             "config", "checkpoint_dir", "out_dir", "model_dir"})
+_POSITIONAL_ARGUMENTS = frozenset({"checkpoint_dir", "out_dir", "model_dir", "what"})
+
+
+def check_argument_bytes(args: argparse.Namespace) -> None:
+    """Refuses, in one line, an argument whose bytes are not UTF-8 (Python gives them as
+    lone surrogates): TensorFlow, TFX's ML Metadata and the tokenizer take paths and text
+    as UTF-8. The line shows the bytes as `\\xNN` and names the argument.
+
+    Raises:
+      SystemExit: such an argument (`--prompt`, `--data`, ...).
+    """
+    for dest, value in vars(args).items():
+        for item in value if isinstance(value, list) else [value]:
+            if not isinstance(item, str):
+                continue
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as e:
+                name = dest.upper() if dest in _POSITIONAL_ARGUMENTS else \
+                    "--" + dest.replace("_", "-")
+                what = (f"byte 0x{ord(item[e.start]) - 0xDC00:02x} at offset {e.start}"
+                        if 0xDC80 <= ord(item[e.start]) <= 0xDCFF else
+                        f"character U+{ord(item[e.start]):04X} at offset {e.start}")
+                fix = ("rename the file, or reach it through a link with a UTF-8 name"
+                       if dest in _PATH_ARGUMENTS else "give the text in UTF-8")
+                raise SystemExit(f"error: {name} '{console.shown(item)}': not UTF-8 ({what}); "
+                                 f"{fix}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parses `argv` (default: sys.argv[1:]) and runs the command; returns its exit code.
-    A quiet command (`console.QUIET_COMMANDS`) runs inside `console.session`."""
+    A quiet command (`console.QUIET_COMMANDS`) runs inside `console.session`.
+    An argument that is not UTF-8 is refused in one line (`check_argument_bytes`), and
+    stdout and stderr write any undecodable byte as `\\xNN`."""
+    console.escape_undecodable(sys.stdout, sys.stderr)
     args = build_parser().parse_args(argv)
+    check_argument_bytes(args)
     quiet = console.QUIET_COMMANDS.get(args.command)
     if quiet is None:  # libraries log on the console, TensorFlow's C++ INFO and WARNING muted
         logging.basicConfig(level=logging.INFO, format=console.LOG_FORMAT)
@@ -105,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> int:
     """The `deepseek-tfx` command: `main`, with an error already shown on the console (its
-    messages and the log's path; the traceback is in the log) ending in exit code 1."""
+    messages and the log's path; the traceback is in the log) ending in exit code 1, and
+    Ctrl-C (KeyboardInterrupt) in exit code 130 with one line."""
     try:
         return main()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        return 130
     except Exception as e:
         if console.reported(e):
             return 1

@@ -13,6 +13,10 @@ With `verbose=True`, fd 2 is a pipe that a thread copies to the log and to the
 console (a tee). Everything is restored on exit, so a process may run several
 sessions one after the other (tests call `cli.main` many times).
 
+Arguments and file names may hold any bytes (Python keeps those that are not UTF-8
+as lone surrogates, `surrogateescape`): the log's header and every stream of the
+session write them as `\\xNN` (`common.files.shown`, `ESCAPE_ERRORS`), never fail on them.
+
 An exception escaping the session is logged with its traceback; its messages
 (`failure_message`) and the log's path are printed on the console, and it is
 raised again (`reported` tells it was). A `SystemExit` is left to Python, which
@@ -31,6 +35,8 @@ import threading
 import time
 import warnings
 from typing import TextIO
+
+from common.files import ESCAPE_ERRORS, shown
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _REPORTED = "_deepseek_tfx_reported"
@@ -174,7 +180,7 @@ def session(path: str, *, verbose: bool = False, announce: bool = True,
     except OSError as e:
         raise SystemExit(f"error: cannot write the log file {path} ({e}); pass --log-dir DIR") from e
     if header:
-        os.write(log_fd, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n".encode())
+        os.write(log_fd, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {shown(header)}\n".encode())
     _flush(sys.stdout, sys.stderr)
     try:
         saved_fd2 = os.dup(2)
@@ -187,7 +193,7 @@ def session(path: str, *, verbose: bool = False, announce: bool = True,
     if not own_console:
         console = saved_stderr
     elif saved_fd2 is not None:
-        console = open(os.dup(saved_fd2), "w", buffering=1, errors="backslashreplace",
+        console = open(os.dup(saved_fd2), "w", buffering=1, errors=ESCAPE_ERRORS,
                        encoding=getattr(saved_stderr, "encoding", None) or "utf-8")
     else:
         console = open(os.devnull, "w")
@@ -202,7 +208,7 @@ def session(path: str, *, verbose: bool = False, announce: bool = True,
     else:
         os.dup2(log_fd, 2)
     # Python's writers to "stderr" follow fd 2 (never closed: a library may keep it).
-    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace",
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors=ESCAPE_ERRORS,
                       encoding="utf-8")
     root = logging.getLogger()
     saved_root = (root.handlers[:], root.level)
@@ -250,6 +256,14 @@ def session(path: str, *, verbose: bool = False, announce: bool = True,
         os.close(log_fd)
         if own_console and (tee is None or not tee.is_alive()):
             console.close()
+
+
+def escape_undecodable(*streams) -> None:
+    """Makes text streams (sys.stdout, sys.stderr) write characters they cannot encode,
+    such as the undecodable bytes of a file name, as `\\xNN` instead of raising."""
+    for stream in streams:
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            stream.reconfigure(errors=ESCAPE_ERRORS)
 
 
 def _to_console(handler: logging.Handler, stderr_stream) -> bool:

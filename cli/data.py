@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import urllib.request
 from pathlib import Path
 
 from cli import console
+from common.files import shown, special_file_kind
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS_NAME = "tinyshakespeare.txt"
@@ -47,14 +49,47 @@ def default_corpus() -> Path:
 def split_data_path(data: str) -> tuple[str, str]:
     """PATH -> (input_base, pattern) for ExampleGen: a file, a directory or a glob.
 
+    Nothing is opened: a PATH, or a file it covers (a directory's entries, a glob's
+    matches; subdirectories are skipped, as ExampleGen does), that is not a regular file
+    (a FIFO, a device, a socket; `common.files.special_file_kind`) or whose name is not
+    UTF-8 is refused by name, since reading it would block or its name cannot be
+    recorded (ML Metadata and TensorFlow take UTF-8 paths).
+
     Raises:
-      SystemExit: PATH is neither a file, a directory nor a glob.
+      SystemExit: PATH is neither a file, a directory nor a glob, or covers such a file
+        (one line, the names shown with undecodable bytes as `\\xNN`).
     """
     path = os.path.abspath(data)
     if os.path.isdir(path):
-        return path, "*"
-    if any(ch in os.path.basename(path) for ch in "*?["):
+        base, pattern = path, "*"
+    elif any(ch in os.path.basename(path) for ch in "*?["):
+        base, pattern = os.path.dirname(path), os.path.basename(path)
+    elif os.path.lexists(path) and special_file_kind(path):
+        raise SystemExit(f"error: --data '{shown(data)}' is {special_file_kind(path)}, not a "
+                         "regular file or directory; refused (nothing was read)")
+    elif not os.path.isfile(path):
+        raise SystemExit(f"error: --data '{shown(data)}': no such file or directory")
+    else:
         return os.path.dirname(path), os.path.basename(path)
-    if not os.path.isfile(path):
-        raise SystemExit(f"error: --data {data}: no such file or directory")
-    return os.path.dirname(path), os.path.basename(path)
+    refused = []
+    try:
+        names = sorted(n for n in os.listdir(base) if fnmatch.fnmatch(n, pattern))
+    except OSError as e:
+        raise SystemExit(f"error: --data '{shown(data)}': cannot list {shown(base)} "
+                         f"({e.strerror})") from e
+    for name in names:
+        kind = special_file_kind(os.path.join(base, name))
+        if kind == "a directory":
+            continue
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            kind = kind or "a file whose name is not UTF-8"
+        if kind:
+            refused.append(f"'{shown(name)}' is {kind}")
+    if refused:
+        more = f" (and {len(refused) - 3} more)" if len(refused) > 3 else ""
+        raise SystemExit(f"error: --data '{shown(data)}': {'; '.join(refused[:3])}{more}; "
+                         "refused, nothing was read: move or rename them, or point --data at "
+                         "the regular files (a glob)")
+    return base, pattern

@@ -32,12 +32,16 @@ Rejected SFT records: `record_not_object`, `missing_prompt_field`,
 `missing_response_field`, `prompt_not_string`, `response_not_string`,
 `empty_prompt`, `empty_response` (whitespace only), `invalid_messages` (not a
 list of at least two `{"role": str, "content": str}`, or the last is not the
-assistant's), `chat_template_error` (the template refused the turns).
+assistant's), `chat_template_error` (the template refused the turns),
+`chat_template_limit` (rendering went past the template's limits on size or time,
+`chat_template.RenderLimits`).
 
 Every record read becomes a `Document`; records that cannot be used carry a
 `reject_reason`, repairs made while reading are listed in `repairs`; the cleaner
 counts both, so nothing is silently lost. A file that cannot be opened or read
-raises `OSError` naming it: the run stops.
+raises `OSError` naming it: the run stops. A path that is not a regular file (a
+FIFO, a device, a socket: its `open` could block forever) is not opened: it gives
+one `not_a_regular_file` record (`common.files.special_file_kind`).
 """
 
 from __future__ import annotations
@@ -53,8 +57,14 @@ from typing import Any
 
 import tensorflow as tf
 
+from common.files import special_file_kind
 from config import DataConfig
-from tokenization.chat_template import ChatFormat, ChatTemplateError, chat_format
+from tokenization.chat_template import (
+    ChatFormat,
+    ChatTemplateError,
+    ChatTemplateLimitError,
+    chat_format,
+)
 
 REJECT_INVALID_JSON = "invalid_json"
 REJECT_INVALID_CSV = "invalid_csv"
@@ -63,6 +73,7 @@ REJECT_TEXT_NOT_STRING = "text_not_string"
 REJECT_INVALID_UTF8 = "invalid_utf8"
 REJECT_LINE_TOO_LONG = "line_too_long"
 REJECT_EMPTY_FILE = "empty_file"
+REJECT_NOT_REGULAR_FILE = "not_a_regular_file"
 
 REJECT_NOT_AN_OBJECT = "record_not_object"
 REJECT_MISSING_PROMPT_FIELD = "missing_prompt_field"
@@ -73,6 +84,7 @@ REJECT_EMPTY_PROMPT = "empty_prompt"
 REJECT_EMPTY_RESPONSE = "empty_response"
 REJECT_INVALID_MESSAGES = "invalid_messages"
 REJECT_CHAT_TEMPLATE = "chat_template_error"
+REJECT_CHAT_TEMPLATE_LIMIT = "chat_template_limit"
 
 REPAIR_INVALID_UTF8 = "invalid_utf8_replaced"
 REPAIR_NORMALIZED = "unicode_normalized"  # = text_cleaner.cleaning.REPAIR_NORMALIZED
@@ -185,7 +197,8 @@ def read_documents(path: str, source: str, config: DataConfig | None = None,
         `chat_template.chat_format(config)` (the learned tokenizer's tokens).
 
     Yields:
-      Document, in file order; at least one per file (`empty_file`). SFT
+      Document, in file order; at least one per file (`empty_file`); one
+      `not_a_regular_file` record, without opening it, for a FIFO, device or socket. SFT
       records have `prompt` set (a string, "" when rejected).
 
     Raises:
@@ -195,6 +208,9 @@ def read_documents(path: str, source: str, config: DataConfig | None = None,
     """
     config = config or DataConfig()
     sft = config.task == "sft"
+    if special_file_kind(path):  # os.stat only: a FIFO's open() would wait for a writer
+        yield Document("", source, 0, REJECT_NOT_REGULAR_FILE, prompt="" if sft else None)
+        return
     fmt = "jsonl" if config.document_boundary == "jsonl" else file_format(path)
     if sft and fmt == "text":
         raise ValueError(
@@ -454,6 +470,8 @@ def sft_document(obj: Any, source: str, record: int, config: DataConfig,
         return _sft_reject(source, record, REJECT_EMPTY_RESPONSE)
     try:
         rendered = chat.render(turns)
+    except ChatTemplateLimitError:
+        return _sft_reject(source, record, REJECT_CHAT_TEMPLATE_LIMIT)
     except ChatTemplateError:
         return _sft_reject(source, record, REJECT_CHAT_TEMPLATE)
     changed = [m["content"] for m in turns] + [response] != raw

@@ -31,15 +31,29 @@ through an incremental UTF-8 decoder (`StreamDecoder`), so a character cut
 between byte-level tokens is printed once complete, and the printed reply equals
 the decode of all its ids (invalid UTF-8 becomes U+FFFD, as `detokenize` does).
 
-`/reset` clears the history, `/exit` or end of input leaves; Ctrl-C stops the
-reply being written (the part printed stays in the history).
+`/reset` clears the history, `/exit` or end of input leaves.
+
+Ctrl-C (SIGINT) at any moment after a line is read (the template, the encoding, the
+first step, the reply being written) stops that reply and keeps the session: while
+`run` or `reply` runs in the main thread, SIGINT only sets a flag, which is checked
+before the model's first step and between steps, so the KV cache and the history
+stay consistent (a step is never cut in half; a reply stops within one step). The
+interrupted turn stays in the history with the part of the reply that was printed
+(possibly nothing), and `[reply stopped]` is written on `err`. Ctrl-C at the prompt
+drops the line being typed; a second Ctrl-C in a row there leaves (exit code 130),
+as do `/exit` and end of input (Ctrl-D; exit code 0). A turn the chat template
+refuses (`chat_template.ChatTemplateError`, its limits included) is reported in one
+line on `err` and left out of the history.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from typing import TextIO
 
@@ -154,6 +168,8 @@ class ChatSession:
             tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
             tf.TensorSpec([], tf.int32)])
         self.turns: list[tuple[str, str]] = []  # (user text, reply) of each finished turn
+        self._stop = False  # set by Ctrl-C while a reply is made: stop at the next step
+        self._at_prompt = False  # Ctrl-C raises KeyboardInterrupt (to end input())
         self.reset()
 
     @classmethod
@@ -182,6 +198,25 @@ class ChatSession:
             sampling = dataclasses.replace(
                 sampling, max_new_tokens=min(sampling.max_new_tokens, context - 1))
         return cls(model, tokenizer, sampling, read_chat_prompt(model_dir))
+
+    # -- Ctrl-C ---------------------------------------------------------------------
+    def _on_sigint(self, signum, frame) -> None:
+        if self._at_prompt:
+            raise KeyboardInterrupt
+        self._stop = True
+
+    @contextlib.contextmanager
+    def _sigint_stops_the_reply(self):
+        """SIGINT handled by `_on_sigint` inside the block (main thread only: Python
+        delivers signals there; elsewhere a KeyboardInterrupt is caught as before)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     # -- history --------------------------------------------------------------------
     def reset(self) -> None:
@@ -260,6 +295,8 @@ class ChatSession:
         knobs = (tf.constant(s.temperature, tf.float32), tf.constant(s.top_k, tf.int32),
                  tf.constant(s.top_p, tf.float32), tf.constant(s.seed, tf.int32))
         for made in range(s.max_new_tokens):
+            if self._stop:  # Ctrl-C: the cache holds exactly `_cached`
+                return
             self._cached = self._cached[:index]  # about to be overwritten from `index`
             token, self._cache = self._step(tf.constant([pending], tf.int32), self._cache,
                                             tf.constant(index, tf.int32), *knobs,
@@ -276,79 +313,102 @@ class ChatSession:
 
     def reply(self, line: str, out: TextIO, err: TextIO | None = None) -> str:
         """Answers one line: writes the reply to `out` as tokens come (flushed per
-        piece) and returns it; the turn joins the history. Ctrl-C (KeyboardInterrupt)
-        stops the reply; what was written is kept.
+        piece) and returns it; the turn joins the history.
+
+        Ctrl-C (SIGINT, or a KeyboardInterrupt raised inside) stops the reply at any
+        point: what was written is kept as the reply, `[reply stopped]` goes to `err`.
+        A turn the chat template refuses (`ChatTemplateError`) is reported on `err` in
+        one line, returns "" and is not added to the history.
         """
         if self.chat_prompt is None:  # plain: the line continues the running text
             history = "".join(u + r for u, r in self.turns)
             user = "\n" + line if line and history and not history.endswith("\n") else line
         else:
             user = line
-        prompt = self._fit(user, err)
+        self._stop = False
         decoder, pieces = StreamDecoder(self.surfaces), []
-        try:
-            for token in self.stream_ids(prompt):
-                piece = decoder.push(token)
-                if piece:
-                    out.write(piece)
-                    out.flush()
-                    pieces.append(piece)  # printed: part of the reply
-        except KeyboardInterrupt:
-            self._forget_cache()  # it may hold a half-written step
-            _note(err, "[reply stopped]", newline_first=True)
-        tail = decoder.finish()
-        if tail:
-            pieces.append(tail)
-            out.write(tail)
-        out.flush()
-        text = "".join(pieces)
-        self.turns.append((user, text))
-        return text
+        with self._sigint_stops_the_reply():
+            try:
+                prompt = self._fit(user, err)
+                for token in self.stream_ids(prompt):
+                    piece = decoder.push(token)
+                    if piece:
+                        out.write(piece)
+                        out.flush()
+                        pieces.append(piece)  # printed: part of the reply
+                    if self._stop:
+                        break
+            except chat_template.ChatTemplateError as e:
+                _note(err, f"[not answered: {e}]", newline_first=bool(pieces))
+                return ""
+            except KeyboardInterrupt:  # raised inside (not through `_on_sigint`)
+                self._forget_cache()  # it may hold a half-written step
+                self._stop = True
+            stopped, self._stop = self._stop, False
+            if stopped:
+                _note(err, "[reply stopped]", newline_first=True)
+            tail = decoder.finish()
+            if tail:
+                pieces.append(tail)
+                out.write(tail)
+            out.flush()
+            text = "".join(pieces)
+            self.turns.append((user, text))
+            return text
 
     # -- the loop -------------------------------------------------------------------
     def run(self, stdin: TextIO, out: TextIO, err: TextIO | None = None,
             interactive: bool = False, banner: str = "") -> int:
         """Reads lines from `stdin` and answers each on `out` (the reply, then a newline)
-        until /exit or the end of input; /reset clears the history.
+        until /exit or the end of input; /reset clears the history. Ctrl-C stops a reply
+        and keeps the session; at the prompt it drops the line, twice in a row it leaves.
 
         Args:
-          interactive: a person at a terminal: a banner and a `>>> ` prompt, and
-            Ctrl-C at the prompt discards the line instead of leaving.
+          interactive: a person at a terminal: a banner and a `>>> ` prompt.
           banner: the first line shown when interactive.
 
         Returns:
-          0 (/exit or end of input), or 130 (Ctrl-C at the prompt of a script).
+          0 (/exit or end of input), or 130 (two Ctrl-C in a row at the prompt).
         """
         if interactive:
             out.write((banner + "\n" if banner else "") +
                       f"{RESET} clears the history, {EXIT} or Ctrl-D leaves, Ctrl-C stops a "
                       "reply\n")
-        while True:
-            try:
-                line = _read_line(stdin, out, interactive)
-            except KeyboardInterrupt:
-                if not interactive:
-                    return 130
-                out.write("\n")
-                continue
-            if not line:  # end of input (Ctrl-D)
-                if interactive:
+        interrupts = 0  # Ctrl-C at the prompt since the last line
+        with self._sigint_stops_the_reply():
+            while True:
+                try:
+                    self._at_prompt = True
+                    line = _read_line(stdin, out, interactive)
+                    self._at_prompt = False
+                except KeyboardInterrupt:
+                    self._at_prompt = False
+                    interrupts += 1
                     out.write("\n")
                     out.flush()
-                return 0
-            line = line.rstrip("\r\n")
-            command = line.strip()
-            if command == EXIT:
-                return 0
-            if command == RESET:
-                self.reset()
-                _note(err, "[history cleared]")
-                continue
-            if self.chat_prompt is not None and not command:
-                continue  # a chat model answers something
-            self.reply(line, out, err)
-            out.write("\n")
-            out.flush()
+                    if interrupts > 1:
+                        return 130
+                    _note(err, f"[line dropped; Ctrl-C again, {EXIT} or Ctrl-D leaves]")
+                    continue
+                interrupts = 0
+                if not line:  # end of input (Ctrl-D)
+                    if interactive:
+                        out.write("\n")
+                        out.flush()
+                    return 0
+                line = line.rstrip("\r\n")
+                command = line.strip()
+                if command == EXIT:
+                    return 0
+                if command == RESET:
+                    self.reset()
+                    _note(err, "[history cleared]")
+                    continue
+                if self.chat_prompt is not None and not command:
+                    continue  # a chat model answers something
+                self.reply(line, out, err)
+                out.write("\n")
+                out.flush()
 
 
 def _read_line(stdin: TextIO, out: TextIO, interactive: bool) -> str:

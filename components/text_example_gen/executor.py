@@ -36,6 +36,7 @@ from tfx.components.util import examples_utils
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 
+from common.files import special_file_kind
 from corpus.documents import document_to_example, read_documents
 from tokenization.chat_template import chat_format
 
@@ -110,9 +111,16 @@ def _TextToExample(  # noqa: N802 (TFX naming)
 
 
 def file_fingerprints(files: list[str], input_base: str) -> list[dict[str, Any]]:
-    """[{"path", "bytes", "sha256"}] of the input files (streamed, 1 MiB at a time)."""
+    """[{"path", "bytes", "sha256"}] of the input files (streamed, 1 MiB at a time); a
+    FIFO, device or socket is not opened: {"path", "bytes": 0, "sha256": "", "refused":
+    what it is} (its one record is rejected as `not_a_regular_file`)."""
     out = []
     for path in files:
+        kind = special_file_kind(path)
+        if kind:
+            out.append({"path": os.path.relpath(path, input_base), "bytes": 0, "sha256": "",
+                        "refused": kind})
+            continue
         digest = hashlib.sha256()
         with tf.io.gfile.GFile(path, "rb") as f:
             for chunk in iter(lambda f=f: f.read(1 << 20), b""):

@@ -165,3 +165,87 @@ def test_resolve_reads_a_tokenizer_directory(tmp_path, deepseek_config):
     fmt = chat_template.chat_format(DataConfig(), tokenizer)
     assert (fmt.bos_token, fmt.eos_token) == (BOS, EOS)
     assert fmt.render([{"role": "user", "content": "Hi"}]) == BOS + "<｜User｜>Hi<｜Assistant｜>"
+
+
+# --- limits: a template is a user's code (issue 24) ---------------------------------------
+
+MESSAGES = [{"role": "system", "content": "You are a poet."},
+            {"role": "user", "content": "Write a line."},
+            {"role": "assistant", "content": "疑是地上霜"},
+            {"role": "user", "content": "  床前明月光\n"}]
+
+
+def _unlimited(template, messages):
+    """transformers' form of rendering, without this module's limits."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.filters["tojson"] = lambda x, **k: json.dumps(x, ensure_ascii=False)
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                            bos_token=BOS, eos_token=EOS)
+
+
+@pytest.mark.parametrize("template", [
+    DEFAULT_CHAT_TEMPLATE, DEEPSEEK_V3_FORM,
+    "{% for m in messages %}{{ m['role'] ~ ': ' ~ m['content'] | trim }}\n{% endfor %}"
+    "{{ '%s|%5d' % ('x', 3) }}{{ '{}-{}'.format(1, 2) }}{{ 'ab' * 3 }}{{ 2 ** 10 }}"
+    "{{ messages | map(attribute='content') | join(' / ') | center(80) }}"
+    "{{ messages | tojson }}{% for i in range(3) %}{{ loop.index }}{% endfor %}"
+    "{{ ', '.join(messages | map(attribute='role')) }}{{ (messages[1]['content'] * 3000)"
+    ".replace(' ', '--') | replace('line', 'verse') | length }}"],
+    ids=["default", "deepseek_v3_form", "operators_and_filters"])
+def test_a_normal_template_renders_byte_identically_within_the_limits(template):
+    got = render_prompt(template, MESSAGES, BOS, EOS)
+    assert got.encode("utf-8") == _unlimited(template, MESSAGES).encode("utf-8")
+
+
+@pytest.mark.parametrize("template", [
+    "{{ 'a' * 2000000000 }}",  # the issue's: 1.6 GB before
+    "{{ [1] * 2000000000 }}",
+    "{% set ns = namespace(x='ab') %}{% for i in range(40) %}{% set ns.x = ns.x ~ ns.x %}"
+    "{% endfor %}",
+    "{% set ns = namespace(x='ab') %}{% for i in range(40) %}{% set ns.x = ns.x + ns.x %}"
+    "{% endfor %}",
+    "{{ 'a' | center(2000000000) }}", "{{ 'a'.ljust(2000000000) }}",
+    "{{ 'a\\nb' | indent(2000000000) }}", "{{ '%2000000000d' % 1 }}",
+    "{{ '{:>2000000000}'.format(1) }}", "{{ 2 ** 100000000 }}",
+    "{{ ('a' * 60000) | replace('a', 'bbbbbbbbbb') }}",
+    "{{ (['x' * 60000] * 100) | join }}",
+    "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",  # the output grows
+    "{% for i in range(10**9) %}x{% endfor %}",  # past jinja2's MAX_RANGE
+], ids=lambda t: t[:40])
+def test_templates_that_build_huge_values_are_refused_before_the_memory_is_taken(template):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(chat_template.ChatTemplateLimitError, match="refused"):
+            render_prompt(template, MESSAGES, BOS, EOS)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, f"{peak:,} bytes"  # 'a' * 2e9 alone would be 2 GB
+
+
+def test_a_template_that_runs_too_long_is_stopped():
+    import time
+
+    nested = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    start = time.monotonic()
+    with pytest.raises(chat_template.ChatTemplateLimitError, match=r"longer than 0.2 s"):
+        render_prompt(nested, MESSAGES, BOS, EOS, chat_template.RenderLimits(max_seconds=0.2))
+    # 10**10 iterations take hours without the limit; 30 s is a generous bound on 0.2 s.
+    assert time.monotonic() - start < 30
+
+
+def test_the_default_output_limit_follows_the_messages():
+    limits = chat_template.RenderLimits.for_messages(MESSAGES, BOS, EOS)
+    given = sum(len(m["content"]) for m in MESSAGES) + len(BOS) + len(EOS)
+    assert limits.max_chars == 2 * given + chat_template.RENDER_ALLOWANCE_CHARS
+    huge = [{"role": "user", "content": "长" * chat_template.MAX_RENDER_CHARS}]
+    assert chat_template.RenderLimits.for_messages(huge).max_chars == chat_template.MAX_RENDER_CHARS
+    with pytest.raises(chat_template.ChatTemplateLimitError, match="output is over"):
+        render_prompt("{{ messages[0]['content'] * 1 }}{{ messages[0]['content'] }}", huge,
+                      BOS, EOS)

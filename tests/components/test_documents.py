@@ -163,3 +163,24 @@ print(pieces, chars, round(grown_mb))
     pieces, chars, grown_mb = map(int, out.stdout.split())
     assert chars == 300 * 16 * 65536 + 1 and pieces == -(-chars // 1_000_000)
     assert grown_mb < 100, f"peak RSS grew by {grown_mb} MB reading a 300 MB line"
+
+
+@pytest.mark.parametrize("task", ["pretrain", "sft"])
+def test_a_fifo_is_one_rejected_record_never_opened(tmp_path, task):
+    """Its open() would wait for a writer forever; read in a thread so that a regression
+    fails the test instead of hanging it (the FIFO is then opened for writing to free it)."""
+    import threading
+
+    fifo = str(tmp_path / "pipe.jsonl")
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(
+        D.read_documents(fifo, "pipe.jsonl", DataConfig(task=task))), daemon=True)
+    reader.start()
+    reader.join(30)
+    if reader.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # EOF for the blocked reader
+        pytest.fail("read_documents opened the FIFO")
+    assert [(d.reject_reason, d.text, d.source) for d in got] == [
+        (D.REJECT_NOT_REGULAR_FILE, "", "pipe.jsonl")]
+    assert got[0].prompt == ("" if task == "sft" else None)

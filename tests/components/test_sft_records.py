@@ -183,3 +183,15 @@ def test_example_has_a_prompt_feature_only_for_sft():
     plain = document_to_example(D.Document("a", "s", 0))
     assert "prompt" not in plain.features.feature
     assert isinstance(plain, tf.train.Example)
+
+
+def test_a_template_past_its_limits_rejects_the_record_with_its_reason(tmp_path):
+    """A user's template that would take 2 GB (issue 24): the record is counted as
+    `chat_template_limit`, the others are read."""
+    greedy = ChatFormat("{{ 'a' * 2000000000 if messages[0]['content'] == 'boom' else "
+                        "messages[0]['content'] }}", BOS, EOS)
+    path = _jsonl(tmp_path / "g.jsonl", [{"context": "boom", "response": "r"},
+                                         {"context": "你好", "response": "r"}])
+    first, second = D.read_documents(path, "g.jsonl", SFT, greedy)
+    assert (first.reject_reason, first.prompt) == (D.REJECT_CHAT_TEMPLATE_LIMIT, "")
+    assert (second.reject_reason, second.prompt) == ("", "你好")

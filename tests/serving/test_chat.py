@@ -305,3 +305,144 @@ def test_an_interactive_session_shows_a_banner_and_prompts(subject):
     assert session.run(io.StringIO("/reset\n"), out, interactive=True, banner="hello") == 0
     assert out.getvalue() == ("hello\n/reset clears the history, /exit or Ctrl-D leaves, "
                               "Ctrl-C stops a reply\n>>> >>> \n")
+
+
+class _Signalled(io.StringIO):
+    """An output that takes a SIGINT (`_on_sigint`, as the handler would) at its first write."""
+
+    def __init__(self, session):
+        super().__init__()
+        self.session = session
+
+    def write(self, text):
+        if not self.getvalue():
+            import signal
+
+            self.session._on_sigint(signal.SIGINT, None)
+        return super().write(text)
+
+
+def test_sigint_during_a_reply_stops_it_at_the_next_step_with_the_cache_kept(subject):
+    session = _session(subject, "plain", temperature=0.0, max_new_tokens=20)
+    err = io.StringIO()
+    out = _Signalled(session)
+    reply = session.reply("the quick", out, err)
+    assert reply == out.getvalue() and reply  # the first piece, then no more steps
+    assert "[reply stopped]" in err.getvalue()
+    assert session.turns == [("the quick", reply)]
+    prompt = session.prompt_ids("the quick")  # the cache holds what the steps ran: the
+    assert session._cache is not None  # prompt, then each token but the last one sampled
+    assert session._cached == prompt + [int(i) for i in session._cached[len(prompt):]]
+    assert len(session._cached) == len(prompt) + session.steps - 1
+    again = session.reply(" the", io.StringIO(), err)  # the session goes on
+    assert session.turns[-1] == ("\n the" if not reply.endswith("\n") else " the", again)
+
+
+class _CtrlCAtPrompt(io.StringIO):
+    """stdin where Ctrl-C is pressed at the prompt `times` times, then lines follow."""
+
+    def __init__(self, text, times):
+        super().__init__(text)
+        self.times = times
+
+    def readline(self, *args):
+        if self.times:
+            self.times -= 1
+            raise KeyboardInterrupt
+        return super().readline(*args)
+
+
+def test_ctrl_c_at_the_prompt_drops_the_line_and_twice_leaves(subject):
+    session = _session(subject, "plain")
+    err = io.StringIO()
+    assert session.run(_CtrlCAtPrompt("the\n", 1), io.StringIO(), err) == 0
+    assert "[line dropped; Ctrl-C again, /exit or Ctrl-D leaves]" in err.getvalue()
+    assert len(session.turns) == 1  # the line after it was answered
+    assert session.run(_CtrlCAtPrompt("the\n", 2), io.StringIO(), err) == 130
+    assert len(session.turns) == 1
+
+
+def test_a_turn_the_template_refuses_is_reported_in_one_line(subject):
+    session = _session(subject, "chat")
+    template = session.template
+    session.template = "{{ messages[-1]['content'] * 2000000000 }}"  # 2 GB (issue 24)
+    try:
+        err = io.StringIO()
+        assert session.reply("你好", io.StringIO(), err) == ""
+        note = err.getvalue()
+        assert note.startswith("[not answered: the chat template would build") and "refused" in note
+        assert note.count("\n") == 1 and session.turns == []
+    finally:
+        session.template = template
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_any_moment_in_the_cli_keeps_the_session(saved, tmp_path):
+    """`deepseek-tfx chat` at a terminal (a pty), SIGINT 0.3 s after the first line (the
+    first reply traces the step: the prompt is being prepared), then 0, 0.05, 0.3 and 1 s
+    after later lines: no traceback, each time back at the prompt, a last line answered,
+    Ctrl-D leaves with 0. Before issue 24, SIGINT outside the reply's loop ended the
+    session with a traceback."""
+    import os
+    import pty
+    import re
+    import select
+    import signal
+    import subprocess
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TERM="dumb", DEEPSEEK_TFX_LOG_DIR=str(tmp_path / "logs"),
+               PYTHONPATH=root)
+    master, slave = pty.openpty()
+    errors = open(tmp_path / "stderr.txt", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "chat", "--model", saved["chat"],
+                             "--max-new-tokens", "40"], stdin=slave, stdout=slave,
+                            stderr=errors, cwd=root, env=env, start_new_session=True)
+    os.close(slave)
+    screen = bytearray()
+
+    def at_prompt(timeout):
+        """Reads until the child waits at `>>> ` with nothing more to say for 0.5 s."""
+        end, quiet_since = time.monotonic() + timeout, time.monotonic()
+        while time.monotonic() < end:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    chunk = b""
+                if not chunk:
+                    return False
+                screen.extend(chunk)
+                quiet_since = time.monotonic()
+            text = re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b"", bytes(screen))
+            if text.endswith(b">>> ") and time.monotonic() - quiet_since > 0.5:
+                return True
+        return False
+
+    try:
+        assert at_prompt(240), screen.decode("utf-8", "replace")
+        for line, delay in (("你好", 0.3), ("the quick", 0.0), ("ROMEO:", 0.05),
+                            ("床前明月光", 0.3), ("the fox", 1.0)):
+            os.write(master, line.encode("utf-8") + b"\n")
+            time.sleep(delay)
+            os.kill(proc.pid, signal.SIGINT)
+            assert at_prompt(120), (line, delay, screen.decode("utf-8", "replace"))
+            assert proc.poll() is None, (line, delay)
+        mark = len(screen)
+        os.write(master, "疑是地上霜\n".encode())
+        assert at_prompt(120)
+        assert "疑是地上霜".encode() in screen[mark:]  # echoed, answered, prompt again
+        os.write(master, b"\x04")  # Ctrl-D at an empty prompt
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+        errors.close()
+    stderr = (tmp_path / "stderr.txt").read_text("utf-8", "replace")
+    logs = "".join(p.read_text("utf-8", "replace") for p in (tmp_path / "logs").glob("*.log"))
+    assert "Traceback" not in stderr + logs + screen.decode("utf-8", "replace"), stderr
+    assert "[reply stopped]" in stderr  # the first SIGINT came while the reply was made
