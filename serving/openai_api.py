@@ -40,8 +40,11 @@ sequence cut it), which is how the signature tokenized the prompt too. The seque
 and alternatives are null, as OpenAI's. `tokens` are each token's UTF-8 text, or
 `bytes:\\xe4\\xbd` for a token that is part of a character (OpenAI's form);
 `text_offset` is the character offset in prompt + completion where the token's first
-character starts. With `echo`, `max_tokens: 0` scores the prompt without generating
-(lm-evaluation-harness's log-likelihood request).
+character starts. A completion the model ended with [EOS] has it as its last token
+(its text, e.g. `<｜end▁of▁sentence｜>`, is not in `text`), as OpenAI lists
+`<|endoftext|>`. With `echo`, `max_tokens: 0` scores the prompt without generating
+(lm-evaluation-harness's log-likelihood request); its prompt, [EOS] included, may fill
+the whole context.
 
 Stop sequences: the text is cut before the first occurrence of any of them, and
 `finish_reason` is "stop"; it is also "stop" when the model ended with [EOS], else
@@ -280,14 +283,17 @@ def _generate(server: ModelServer, signature: str, prompts: list[str], max_token
     return texts, [int(n) for n in out["num_generated"]]
 
 
-def _check_room(server: ModelServer, prompt_tokens: int, max_tokens: int, at: str) -> None:
+def _check_room(server: ModelServer, prompt_tokens: int, max_tokens: int, param: str,
+                at: str = "") -> None:
+    """prompt_tokens + max_tokens within the context, else a 400 naming `param` (the
+    prompt fills the context) or max_tokens."""
     if not server.context:
         return
     room = server.context - prompt_tokens
-    if room < max(max_tokens, 1) and room < 1:
-        raise OpenAIError(400, f"the prompt{at} is {prompt_tokens} tokens: the model's "
-                          f"context is {server.context} tokens (max_position_embeddings)",
-                          param="messages" if at == " (messages)" else "prompt")
+    if room < 0 or (room == 0 and max_tokens > 0):
+        raise OpenAIError(400, f"the prompt{at} is {prompt_tokens} tokens, which leaves no room "
+                          f"in the model's context of {server.context} tokens "
+                          "(max_position_embeddings)", param=param)
     if max_tokens > room:
         raise OpenAIError(400, f"max_tokens={max_tokens} must be at most {room}: the prompt"
                           f"{at} is {prompt_tokens} tokens of the model's {server.context}-"
@@ -316,7 +322,8 @@ def _completion(server: ModelServer, req: CompletionRequest) -> dict:
         prompt_ids = _tokenize(server, prompts)
     contexts = [[text.eos_id, *ids] for ids in prompt_ids]  # what generate prepends
     for i, ids in enumerate(contexts):
-        _check_room(server, len(ids), max_tokens, f" {i}" if len(contexts) > 1 else "")
+        _check_room(server, len(ids), max_tokens, "prompt",
+                    f" {i}" if len(contexts) > 1 else "")
     if max_tokens:
         completions, generated = _generate(server, signature, prompts, max_tokens, req)
     else:
@@ -325,10 +332,11 @@ def _completion(server: ModelServer, req: CompletionRequest) -> dict:
     for i, (prompt, completion, n) in enumerate(zip(prompts, completions, generated,
                                                      strict=True)):
         completion, stopped = _cut(completion, req.stop)
-        finish = "stop" if stopped or (max_tokens and n < max_tokens) else "length"
+        ended = not stopped and n < max_tokens  # the model ended it with [EOS]
+        finish = "stop" if stopped or ended else "length"
         logprobs = None
         if req.logprobs is not None:
-            logprobs = _completion_logprobs(server, text, contexts[i], completion, req)
+            logprobs = _completion_logprobs(server, text, contexts[i], completion, ended, req)
         choices.append({"text": (prompt if req.echo else "") + completion, "index": i,
                         "logprobs": logprobs, "finish_reason": finish})
     prompt_tokens = sum(len(c) for c in contexts)
@@ -339,9 +347,11 @@ def _completion(server: ModelServer, req: CompletionRequest) -> dict:
 
 
 def _completion_logprobs(server: ModelServer, text: _Text, context: list[int],
-                         completion: str, req: CompletionRequest) -> dict:
-    """OpenAI's legacy logprobs object of one choice (see the module docstring)."""
+                         completion: str, ended: bool, req: CompletionRequest) -> dict:
+    """OpenAI's legacy logprobs object of one choice (see the module docstring); `ended`:
+    the model ended the completion with [EOS], which is its last token (not in the text)."""
     completion_ids = _tokenize(server, [completion])[0] if completion else []
+    completion_ids += [text.eos_id] if ended else []
     # context = [EOS] + prompt ids: every token is scored after [EOS], as generated
     start = 1 if req.echo else len(context)
     ids = context + completion_ids
@@ -419,7 +429,7 @@ def _chat(server: ModelServer, req: ChatCompletionRequest) -> tuple[dict, list[s
         asked = server.default_max_new_tokens or room or 16
         if room is not None:
             asked = max(min(asked, room), 1)
-    _check_room(server, len(context), asked, " (messages)")
+    _check_room(server, len(context), asked, "messages")
     if asked == 0:
         raise OpenAIError(400, "max_tokens must be at least 1", param="max_tokens")
     [reply], [generated] = _generate(server, signature, [prompt], asked, req)

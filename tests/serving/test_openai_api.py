@@ -134,6 +134,8 @@ def test_echo_and_logprobs_equal_a_log_softmax_of_the_logits(client, served):
     assert r.model == NAME and choice.finish_reason in ("stop", "length")
     prompt_ids = _tokenize(server, prompt)
     completion_ids = _tokenize(server, choice.text[len(prompt):])
+    if choice.finish_reason == "stop":  # the model ended it: [EOS] is its last token
+        completion_ids.append(_eos(server))
     ids = [_eos(server), *prompt_ids, *completion_ids]  # what the model saw: [EOS] first
     lp = _log_softmax(server, ids)
     lps = choice.logprobs
@@ -329,3 +331,100 @@ def test_ignored_openai_fields_are_accepted(client):
     r = client.completions.create(model=NAME, prompt="the", max_tokens=1, temperature=0,
                                   user="u1", extra_body={"store": False, "metadata": {"a": "b"}})
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_prompt_may_fill_the_context_when_only_scored(client, served):
+    ids = (_tokenize(served[1], "the quick brown fox jumps over " * 20))[:CONTEXT - 1]
+    assert len(ids) == CONTEXT - 1  # + [EOS] = the whole context
+    r = client.completions.create(model=NAME, prompt=ids, max_tokens=0, echo=True, logprobs=0)
+    assert len(r.choices[0].logprobs.token_logprobs) == CONTEXT - 1
+    for max_tokens, prompt, param in ((1, ids, "prompt"), (0, ids + ids[:1], "prompt")):
+        body = {"model": NAME, "prompt": prompt, "max_tokens": max_tokens, "echo": True}
+        r = _post(served, "/completions", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+class _Stub:
+    """A ModelServer's surface over the real one, with `run` of generate signatures or of
+    every signature replaced (`generate`, `everything`: functions of (name, inputs, rows))."""
+
+    def __init__(self, real, name, generate=None, everything=None, **changes):
+        for key in ("path", "signatures", "context", "vocab_size", "default_max_new_tokens",
+                    "has_tokenizer", "chat_prompt"):
+            setattr(self, key, changes.get(key, getattr(real, key)))
+        self.name, self._real, self._generate, self._everything = name, real, generate, everything
+
+    def run(self, name, inputs, rows):
+        if self._everything:
+            return self._everything(name, inputs, rows)
+        if self._generate and name.startswith("generate"):
+            return self._generate(name, inputs, rows)
+        return self._real.run(name, inputs, rows)
+
+
+@pytest.fixture(scope="module")
+def stubbed(served):
+    """A TestClient of a router over three stubs of the served model: `plain` (no chat
+    template), `busy` (every call: a full batch queue), `ends` (generate returns "the"
+    and says 3 tokens were generated of 5 asked: the model ended with [EOS])."""
+    import fastapi
+    from fastapi.testclient import TestClient
+
+    from serving.batcher import Unavailable
+    from serving.openai_api import StaticModels, make_openai_router
+
+    real = served[1]
+
+    def full(name, inputs, rows):
+        raise Unavailable("the batch queue is full (512 rows queued)")
+
+    def ends(name, inputs, rows):
+        return {"completion": np.array([b"the"] * rows, object),
+                "num_generated": np.full([rows], 3, np.int32)}
+
+    app = fastapi.FastAPI()
+    app.include_router(make_openai_router(StaticModels({
+        "plain": _Stub(real, "plain", chat_prompt=None),
+        "busy": _Stub(real, "busy", everything=full),
+        "ends": _Stub(real, "ends", generate=ends)})))
+    return TestClient(app)
+
+
+def test_a_plain_language_model_has_no_chat(stubbed):
+    r = stubbed.post("/v1/chat/completions", json={
+        "model": "plain", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    assert "/v1/completions" in r.json()["error"]["message"]
+
+
+def test_a_full_queue_is_503(stubbed):
+    r = stubbed.post("/v1/completions", json={"model": "busy", "prompt": "x"})
+    assert r.status_code == 503
+    assert r.json()["error"]["type"] == "server_error" and "queue" in r.json()["error"]["message"]
+
+
+def test_a_completion_ended_by_eos_lists_it_last(stubbed, served):
+    """As OpenAI lists <|endoftext|>: [EOS] is the last token, not in the text."""
+    server = served[1]
+    r = stubbed.post("/v1/completions", json={"model": "ends", "prompt": "ROMEO:",
+                                               "max_tokens": 5, "logprobs": 1})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["text"] == "the" and choice["finish_reason"] == "stop"
+    lps = choice["logprobs"]
+    eos = _eos(server)
+    ids = [eos, *_tokenize(server, "ROMEO:"), *_tokenize(server, "the"), eos]
+    lp = _log_softmax(server, ids)
+    n = len(lps["tokens"])
+    assert n == len(_tokenize(server, "the")) + 1
+    assert lps["tokens"][-1] == _eos_text(server)
+    np.testing.assert_allclose(lps["token_logprobs"],
+                               [lp[t - 1, ids[t]] for t in range(len(ids) - n, len(ids))],
+                               atol=1e-5)
+    assert lps["text_offset"][0] == len("ROMEO:")  # offsets count the prompt's characters
+
+
+def _eos_text(server) -> str:
+    from savedmodel.layout import read_tokenizer
+
+    return read_tokenizer(server.path).eos_token
