@@ -33,7 +33,12 @@ How text becomes token ids (what `usage`, the context check and logprobs count):
 Logprobs (completions `logprobs`: top-k alternatives, k <= 5, and `echo`; chat `logprobs`
 and `top_logprobs` <= 20). `generate` returns text, not the sampled ids, so the
 completion's ids are the `tokenize` ids of the completion text on its own (after a stop
-sequence cut it), which is how the signature tokenized the prompt too. The sequence
+sequence cut it), which is how the signature tokenized the prompt too. Where these are
+not as many as the tokens generated (a character cut between byte tokens by
+max_tokens decodes to U+FFFD), a greedy completion (temperature 0) not cut by a stop
+sequence is decoded again by argmax over `logits` (up to 64 tokens), which gives the
+ids generated (lm-evaluation-harness's `max_tokens: 1` request relies on exactly one
+completion token); a sampled one keeps the `tokenize` ids. The sequence
 [EOS or template] + prompt ids + completion ids (at most the context) goes through the
 `logits` signature once per prompt; each token's logprob is
 `log_softmax(logits[t - 1])[id_t]` in float64 numpy. The first prompt token's logprob
@@ -156,6 +161,7 @@ class _Text:
         # bytes of each id; special tokens as their text, so that echoed tokens join to
         # the prompt as given
         self.surfaces = tokenizer.surfaces(skip_special=False)
+        self.plain_surfaces = tokenizer.surfaces()  # special tokens as b"", as `generate` decodes
         self.eos_id = tokenizer.eos_id
         self.bos_token, self.eos_token = chat_template.special_tokens(tokenizer)
         self.template = None  # the full chat template, when its affixes are the model's
@@ -336,7 +342,10 @@ def _completion(server: ModelServer, req: CompletionRequest) -> dict:
         finish = "stop" if stopped or ended else "length"
         logprobs = None
         if req.logprobs is not None:
-            logprobs = _completion_logprobs(server, text, contexts[i], completion, ended, req)
+            ids = _completion_ids(server, text, contexts[i], completion, n,
+                                  exact=not stopped and req.temperature == 0)
+            ids += [text.eos_id] if ended else []
+            logprobs = _completion_logprobs(server, text, contexts[i], ids, req)
         choices.append({"text": (prompt if req.echo else "") + completion, "index": i,
                         "logprobs": logprobs, "finish_reason": finish})
     prompt_tokens = sum(len(c) for c in contexts)
@@ -346,12 +355,31 @@ def _completion(server: ModelServer, req: CompletionRequest) -> dict:
                       "total_tokens": prompt_tokens + sum(generated)}}
 
 
+GREEDY_REDO_MAX = 64  # the most tokens re-derived by argmax (one logits call each)
+
+
+def _completion_ids(server: ModelServer, text: _Text, context: list[int], completion: str,
+                    generated: int, exact: bool) -> list[int]:
+    """The ids of a completion: the `tokenize` ids of its text. When they are not as many
+    as the tokens generated (e.g. a byte token of a character cut off by max_tokens, whose
+    text is U+FFFD) and the completion was greedy and not cut by a stop sequence
+    (`exact`), the greedy ids are derived again, one `logits` call per token, and kept
+    when they decode to the same text."""
+    ids = _tokenize(server, [completion])[0] if completion else []
+    if len(ids) == generated or not exact or generated > GREEDY_REDO_MAX:
+        return ids
+    greedy = list(context)
+    for _ in range(generated):
+        greedy.append(int(np.argmax(_scores(server, greedy)[-1])))
+    greedy = greedy[len(context):]
+    same = b"".join(text.plain_surfaces[i] if i < len(text.plain_surfaces) else b""
+                    for i in greedy).decode("utf-8", errors="replace") == completion
+    return greedy if same else ids
+
+
 def _completion_logprobs(server: ModelServer, text: _Text, context: list[int],
-                         completion: str, ended: bool, req: CompletionRequest) -> dict:
-    """OpenAI's legacy logprobs object of one choice (see the module docstring); `ended`:
-    the model ended the completion with [EOS], which is its last token (not in the text)."""
-    completion_ids = _tokenize(server, [completion])[0] if completion else []
-    completion_ids += [text.eos_id] if ended else []
+                         completion_ids: list[int], req: CompletionRequest) -> dict:
+    """OpenAI's legacy logprobs object of one choice (see the module docstring)."""
     # context = [EOS] + prompt ids: every token is scored after [EOS], as generated
     start = 1 if req.echo else len(context)
     ids = context + completion_ids

@@ -428,3 +428,28 @@ def _eos_text(server) -> str:
     from savedmodel.layout import read_tokenizer
 
     return read_tokenizer(server.path).eos_token
+
+
+def test_lm_eval_loglikelihood_requests_get_one_completion_token(client, served):
+    """lm-evaluation-harness's local-completions request: token-id prompts, max_tokens 1,
+    temperature 0, echo, logprobs 1; it reads token_logprobs[ctxlen:-1], so each choice
+    must list the prompt's tokens and exactly one more: the greedy one, also when it is a
+    byte token of a character (its text alone is U+FFFD, which tokenizes to 3 tokens)."""
+    server = served[1]
+    texts = ["明", "月光", "床前", "地上霜", "举头", "望明月", "低头", "思故乡", "你好", "世界。",
+             "the", "ROMEO:"]
+    byte_tokens = 0
+    for start in range(0, len(texts), 4):
+        prompts = [_tokenize(server, t) for t in texts[start:start + 4]]
+        r = client.completions.create(model=NAME, prompt=prompts, max_tokens=1, temperature=0,
+                                      echo=True, logprobs=1, seed=1234)
+        for prompt, choice in zip(prompts, r.choices, strict=True):
+            lps = choice.logprobs
+            assert len(lps.token_logprobs) == len(prompt) + 1, (prompt, lps.tokens)
+            last, top = lps.token_logprobs[-1], lps.top_logprobs[-1]
+            assert last == pytest.approx(max(top.values()), abs=1e-9)  # greedy
+            ids = [_eos(server), *prompt]
+            lp = _log_softmax(server, ids)
+            assert last == pytest.approx(lp[-1].max(), abs=1e-5)
+            byte_tokens += lps.tokens[-1].startswith("bytes:")
+    assert byte_tokens, "no greedy byte token among the prompts: the re-derivation is untested"
