@@ -314,6 +314,10 @@ def _completion(server: ModelServer, req: CompletionRequest) -> dict:
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
     signature = "generate_raw" if "generate_raw" in server.signatures else "generate"
     given_ids = not isinstance(req.prompt[0], str)
+    serve = getattr(server, "serve", None)
+    if serve is not None and len(req.prompt) > serve.max_batch_size:
+        raise OpenAIError(400, f"at most max_batch_size={serve.max_batch_size} prompts per "
+                          f"request; this one has {len(req.prompt)}: split it", param="prompt")
     if given_ids:
         vocab = server.vocab_size or len(text.surfaces)
         for i, ids in enumerate(req.prompt):
@@ -463,7 +467,8 @@ def _chat(server: ModelServer, req: ChatCompletionRequest) -> tuple[dict, list[s
     [reply], [generated] = _generate(server, signature, [prompt], asked, req)
     reply, stopped = _cut(reply, req.stop)
     finish = "stop" if stopped or generated < asked else "length"
-    reply_ids = _tokenize(server, [reply])[0] if reply else []
+    reply_ids = _completion_ids(server, text, context, reply, generated,
+                                exact=not stopped and req.temperature == 0)
     logprobs = None
     if req.logprobs:
         values, alternatives = _token_logprobs(server, context + reply_ids, len(context),

@@ -453,3 +453,17 @@ def test_lm_eval_loglikelihood_requests_get_one_completion_token(client, served)
             assert last == pytest.approx(lp[-1].max(), abs=1e-5)
             byte_tokens += lps.tokens[-1].startswith("bytes:")
     assert byte_tokens, "no greedy byte token among the prompts: the re-derivation is untested"
+
+
+def test_a_streamed_completion_joins_to_the_completion(client):
+    kwargs = dict(model=NAME, prompt="你好", max_tokens=12, temperature=1.0, seed=9)
+    whole = client.completions.create(**kwargs).choices[0]
+    chunks = list(client.completions.create(**kwargs, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+
+
+def test_too_many_prompts_are_400_naming_prompt(served):
+    r = _post(served, "/completions", {"model": NAME, "prompt": ["a"] * 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert "max_batch_size=4" in r.json()["error"]["message"]
