@@ -28,7 +28,9 @@ How text becomes token ids (what `usage`, the context check and logprobs count):
     the rendered ids, as in training; any other (e.g. with a system message) goes to
     `generate_raw`, which puts [EOS] before it. `developer` messages are system messages.
   - prompt tokens + max_tokens must fit the model's context (max_position_embeddings),
-    else 400 naming max_tokens (or the prompt when it alone fills the context).
+    else 400 naming max_tokens (or the prompt when it alone fills the context);
+    `usage.prompt_tokens` counts what the model sees ([EOS] or the template included).
+  - a request has at most `serve.max_batch_size` prompts (one `generate` call).
 
 Logprobs (completions `logprobs`: top-k alternatives, k <= 5, and `echo`; chat `logprobs`
 and `top_logprobs` <= 20). `generate` returns text, not the sampled ids, so the
@@ -40,8 +42,9 @@ sequence is decoded again by argmax over `logits` (up to 64 tokens), which gives
 ids generated (lm-evaluation-harness's `max_tokens: 1` request relies on exactly one
 completion token); a sampled one keeps the `tokenize` ids. The sequence
 [EOS or template] + prompt ids + completion ids (at most the context) goes through the
-`logits` signature once per prompt; each token's logprob is
-`log_softmax(logits[t - 1])[id_t]` in float64 numpy. The first prompt token's logprob
+`logits` signature once per prompt (so the reply is bounded: at most context
+tokens, each with at most 5 or 20 alternatives); each token's logprob is
+`log_softmax(logits[t - 1])[id_t]` in float64 numpy, one row at a time. The first prompt token's logprob
 and alternatives are null, as OpenAI's. `tokens` are each token's UTF-8 text, or
 `bytes:\\xe4\\xbd` for a token that is part of a character (OpenAI's form);
 `text_offset` is the character offset in prompt + completion where the token's first
@@ -231,27 +234,32 @@ def _token_string(surface: bytes) -> str:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in surface)
 
 
-def _scores(server: ModelServer, ids: list[int]) -> np.ndarray:
-    """log_softmax of the logits signature on `ids`: float64 [len(ids), vocab]."""
+def _logits(server: ModelServer, ids: list[int]) -> np.ndarray:
+    """The logits signature on `ids`: float32 [len(ids), vocab]; 400 past the context."""
     if server.context and len(ids) > server.context:
         raise OpenAIError(400, f"{len(ids)} tokens to score do not fit the model's context "
                           f"of {server.context} tokens (max_position_embeddings)",
                           param="prompt")
-    logits = _run(server, "logits", {"input_ids": np.array([ids], np.int32)}, 1)["logits"]
-    x = logits[0].astype(np.float64)  # [T, V]
-    x -= x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    return _run(server, "logits", {"input_ids": np.array([ids], np.int32)}, 1)["logits"][0]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log_softmax of one position's logits [vocab], in float64."""
+    x = logits.astype(np.float64)
+    x -= x.max()
+    return x - np.log(np.exp(x).sum())
 
 
 def _token_logprobs(server: ModelServer, ids: list[int], start: int, top: int,
                     null_first: bool = False
                     ) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
     """Logprobs of ids[start:] given the ids before each (one `logits` call on `ids`),
-    and each one's `top` most likely (id, logprob); ids[start]'s are None when
-    `null_first` (OpenAI's first prompt token)."""
+    and each one's `top` most likely (id, logprob), most likely first; ids[start]'s are
+    None when `null_first` (OpenAI's first prompt token). Row by row: float64 memory is
+    one vocabulary row, not [T, vocab]."""
     if start >= len(ids):
         return [], []
-    lp = _scores(server, ids)  # [T, V]
+    logits = _logits(server, ids)  # [T, V]
     values: list[float | None] = []
     alternatives: list[list[tuple[int, float]] | None] = []
     for position in range(start, len(ids)):
@@ -259,9 +267,11 @@ def _token_logprobs(server: ModelServer, ids: list[int], start: int, top: int,
             values.append(None)
             alternatives.append(None)
             continue
-        row = lp[position - 1]  # the distribution that predicted ids[position]
+        row = log_softmax(logits[position - 1])  # the distribution that predicted ids[position]
         values.append(float(row[ids[position]]))
-        best = np.argsort(-row, kind="stable")[:top]
+        best = np.argpartition(-row, top - 1)[:top] if 0 < top < row.size else np.arange(
+            min(top, row.size))
+        best = best[np.argsort(-row[best], kind="stable")]
         alternatives.append([(int(i), float(row[i])) for i in best])
     return values, alternatives
 
@@ -374,7 +384,7 @@ def _completion_ids(server: ModelServer, text: _Text, context: list[int], comple
         return ids
     greedy = list(context)
     for _ in range(generated):
-        greedy.append(int(np.argmax(_scores(server, greedy)[-1])))
+        greedy.append(int(np.argmax(_logits(server, greedy)[-1])))
     greedy = greedy[len(context):]
     same = b"".join(text.plain_surfaces[i] if i < len(text.plain_surfaces) else b""
                     for i in greedy).decode("utf-8", errors="replace") == completion
