@@ -111,7 +111,8 @@ class ModelRegistry(Protocol):
     `names()`: the model ids /v1/models lists. `get(name, user)`: the ModelServer that
     answers a request for `name` (None: the default model) from `user` (the request's
     `user` field, or None; lets an A/B split pick a model per user); raises KeyError for
-    a name it does not serve.
+    a name it does not serve (the router answers 404 `model_not_found`). The response's
+    `model` is the name of the ModelServer that answered (`ModelServer.name`).
     """
 
     def names(self) -> list[str]: ...

@@ -467,3 +467,10 @@ def test_too_many_prompts_are_400_naming_prompt(served):
     r = _post(served, "/completions", {"model": NAME, "prompt": ["a"] * 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     assert "max_batch_size=4" in r.json()["error"]["message"]
+
+
+def test_a_token_id_prompt_generates_as_its_text(client, served):
+    ids = _tokenize(served[1], "ROMEO: 你好")
+    kwargs = dict(model=NAME, max_tokens=6, temperature=1.0, seed=21)
+    by_ids = client.completions.create(prompt=ids, **kwargs).choices[0].text
+    assert by_ids == client.completions.create(prompt="ROMEO: 你好", **kwargs).choices[0].text
