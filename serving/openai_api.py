@@ -1,0 +1,620 @@
+"""OpenAI-compatible endpoints beside TF Serving's: `make_openai_router(models)`.
+
+  GET  /v1/models             {"object": "list", "data": [{"id", "object": "model",
+                              "created", "owned_by": "deepseek-tfx"}]}
+  POST /v1/completions        text completion of one prompt or a list (one choice each)
+  POST /v1/chat/completions   messages rendered with the model's chat template
+
+Request fields are OpenAI's (`serving/openai_schema.py` lists what is refused and what is
+ignored); every call goes through `ModelServer.run`, so requests are validated and
+batched with the TF Serving routes' requests. Defaults are OpenAI's: temperature 1,
+top_p 1, completions max_tokens 16; a chat reply's max_tokens defaults to the model's
+generation default (generation_config.json), at most what the context leaves. A request
+without `seed` gets a random one; with one, the same request gives the same reply.
+
+How text becomes token ids (what `usage`, the context check and logprobs count):
+  - /v1/completions on a plain language model calls `generate`, on a chat model
+    `generate_raw` (the prompt as given, no template): the model sees [EOS] (the document
+    separator) + the `tokenize` ids of the prompt. A prompt given as token ids is scored
+    on exactly those ids; to generate, it is decoded to text and the signature encodes
+    that text again.
+  - /v1/chat/completions (chat models only; a plain language model gets a 400 that
+    points to /v1/completions): the messages are rendered with the tokenizer's
+    chat_template (assets/tokenizer_config.json) when its single-turn affixes are the
+    model's (assets.extra/chat_prompt.json), else as `prefix + user + suffix + reply +
+    eos_token` per turn (system messages then refused). A rendering that starts with the
+    prefix and ends with the suffix (any user/assistant conversation under DeepSeek's
+    template) goes to `generate` with the affixes taken off, so the model sees exactly
+    the rendered ids, as in training; any other (e.g. with a system message) goes to
+    `generate_raw`, which puts [EOS] before it. `developer` messages are system messages.
+  - prompt tokens + max_tokens must fit the model's context (max_position_embeddings),
+    else 400 naming max_tokens (or the prompt when it alone fills the context);
+    `usage.prompt_tokens` counts what the model sees ([EOS] or the template included).
+  - a request has at most `serve.max_batch_size` prompts (one `generate` call).
+
+Logprobs (completions `logprobs`: top-k alternatives, k <= 5, and `echo`; chat `logprobs`
+and `top_logprobs` <= 20). `generate` returns text, not the sampled ids, so the
+completion's ids are the `tokenize` ids of the completion text on its own (after a stop
+sequence cut it), which is how the signature tokenized the prompt too. Where these are
+not as many as the tokens generated (a character cut between byte tokens by
+max_tokens decodes to U+FFFD), a greedy completion (temperature 0) not cut by a stop
+sequence is decoded again by argmax over `logits` (up to 64 tokens), which gives the
+ids generated (lm-evaluation-harness's `max_tokens: 1` request relies on exactly one
+completion token); a sampled one keeps the `tokenize` ids. The sequence
+[EOS or template] + prompt ids + completion ids (at most the context) goes through the
+`logits` signature once per prompt (so the reply is bounded: at most context
+tokens, each with at most 5 or 20 alternatives); each token's logprob is
+`log_softmax(logits[t - 1])[id_t]` in float64 numpy, one row at a time. The first prompt token's logprob
+and alternatives are null, as OpenAI's. `tokens` are each token's UTF-8 text, or
+`bytes:\\xe4\\xbd` for a token that is part of a character (OpenAI's form);
+`text_offset` is the character offset in prompt + completion where the token's first
+character starts. A completion the model ended with [EOS] has it as its last token
+(its text, e.g. `<｜end▁of▁sentence｜>`, is not in `text`), as OpenAI lists
+`<|endoftext|>`. With `echo`, `max_tokens: 0` scores the prompt without generating
+(lm-evaluation-harness's log-likelihood request); its prompt, [EOS] included, may fill
+the whole context.
+
+Stop sequences: the text is cut before the first occurrence of any of them, and
+`finish_reason` is "stop"; it is also "stop" when the model ended with [EOS], else
+"length". Generation is one TF call: it always runs to [EOS] or max_tokens, and
+`usage.completion_tokens` counts every token it generated (also those after a stop).
+
+Streaming (`stream: true`): server-sent events `data: {chunk}` ... `data: [DONE]`. The
+reply is generated whole by the one TF call first, then sent in pieces, one per
+completion token, each piece whole UTF-8 characters (a character split between byte
+tokens is sent with its last byte); so the first piece comes when the whole reply is
+done. `stream_options.include_usage` adds a last chunk with `usage`. `logprobs` with
+`stream` is refused.
+
+Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400
+`invalid_request_error` naming the field, 404 `model_not_found`, 503 when the batch queue
+is full, 500 `server_error`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from savedmodel.layout import read_tokenizer
+from serving.batcher import Unavailable
+from serving.openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    RequestError,
+    parse,
+)
+from serving.server import BadRequest, ModelServer
+from tokenization import chat_template
+
+OWNED_BY = "deepseek-tfx"
+log = logging.getLogger(__name__)
+
+
+class ModelRegistry(Protocol):
+    """The models an OpenAI router serves.
+
+    `names()`: the model ids /v1/models lists. `get(name, user)`: the ModelServer that
+    answers a request for `name` (None: the default model) from `user` (the request's
+    `user` field, or None; lets an A/B split pick a model per user); raises KeyError for
+    a name it does not serve (the router answers 404 `model_not_found`). The response's
+    `model` is the name of the ModelServer that answered (`ModelServer.name`).
+    """
+
+    def names(self) -> list[str]: ...
+
+    def get(self, name: str | None, user: str | None) -> ModelServer: ...
+
+
+class StaticModels:
+    """A `ModelRegistry` of fixed servers; the default is `default` or the first."""
+
+    def __init__(self, servers: dict[str, ModelServer], default: str | None = None):
+        if not servers:
+            raise ValueError("StaticModels needs at least one model")
+        self.servers = dict(servers)
+        self.default = default or next(iter(self.servers))
+
+    def names(self) -> list[str]:
+        return list(self.servers)
+
+    def get(self, name: str | None, user: str | None) -> ModelServer:
+        return self.servers[self.default if name is None else name]
+
+
+class OpenAIError(Exception):
+    """An error answered in OpenAI's shape with HTTP `status`."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.type, self.param, self.code = status, type_, param, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(self), "type": self.type,
+                                       "param": self.param, "code": self.code}},
+                            status_code=self.status)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+class _Text:
+    """What the endpoints need of one model's tokenizer, read once from its SavedModel."""
+
+    def __init__(self, server: ModelServer):
+        tokenizer = read_tokenizer(server.path)
+        if tokenizer is None:
+            raise OpenAIError(400, f"model '{server.name}' has no tokenizer: it serves "
+                              "logits only (token ids in), through TF Serving's routes",
+                              param="model")
+        # bytes of each id; special tokens as their text, so that echoed tokens join to
+        # the prompt as given
+        self.surfaces = tokenizer.surfaces(skip_special=False)
+        self.plain_surfaces = tokenizer.surfaces()  # special tokens as b"", as `generate` decodes
+        self.eos_id = tokenizer.eos_id
+        self.bos_token, self.eos_token = chat_template.special_tokens(tokenizer)
+        self.template = None  # the full chat template, when its affixes are the model's
+        if server.chat_prompt is not None and tokenizer.chat_template:
+            try:
+                affixes = chat_template.prompt_affixes(tokenizer.chat_template,
+                                                       self.bos_token, self.eos_token)
+                if affixes == tuple(server.chat_prompt):
+                    self.template = tokenizer.chat_template
+            except chat_template.ChatTemplateError:
+                pass
+
+    def surface(self, token_id: int) -> bytes:
+        return self.surfaces[token_id] if 0 <= token_id < len(self.surfaces) else b""
+
+
+_texts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_texts_lock = threading.Lock()
+
+
+def _text_of(server: ModelServer) -> _Text:
+    with _texts_lock:
+        if server not in _texts:
+            _texts[server] = _Text(server)
+        return _texts[server]
+
+
+def _run(server: ModelServer, name: str, inputs: dict, rows: int) -> dict:
+    """`server.run`, its errors as OpenAIError."""
+    try:
+        return server.run(name, inputs, rows)
+    except BadRequest as e:
+        raise OpenAIError(400, str(e)) from e
+    except Unavailable as e:
+        raise OpenAIError(503, str(e), "server_error", code="overloaded") from e
+
+
+def _strings(texts: Sequence[str]) -> np.ndarray:
+    return np.array([t.encode("utf-8") for t in texts], dtype=object)
+
+
+def _tokenize(server: ModelServer, texts: Sequence[str]) -> list[list[int]]:
+    out = _run(server, "tokenize", {"text": _strings(texts)}, len(texts))
+    return [ids[:n].tolist() for ids, n in zip(out["input_ids"], out["lengths"], strict=True)]
+
+
+def _decode(text: _Text, ids: Sequence[int]) -> str:
+    return b"".join(text.surface(i) for i in ids).decode("utf-8", errors="replace")
+
+
+def token_pieces(surfaces: Sequence[bytes]) -> list[str]:
+    """The text each token completes, whole UTF-8 characters only: a character split
+    between tokens is in the piece of its last byte; pieces join to the bytes decoded at
+    once (invalid UTF-8 as U+FFFD)."""
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pieces = [utf8.decode(s) for s in surfaces]
+    if pieces:
+        pieces[-1] += utf8.decode(b"", final=True)
+    return pieces
+
+
+def _token_string(surface: bytes) -> str:
+    """A token's text, or OpenAI's `bytes:\\xe4\\xbd` for bytes that are not whole UTF-8."""
+    try:
+        return surface.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in surface)
+
+
+def _logits(server: ModelServer, ids: list[int]) -> np.ndarray:
+    """The logits signature on `ids`: float32 [len(ids), vocab]; 400 past the context."""
+    if server.context and len(ids) > server.context:
+        raise OpenAIError(400, f"{len(ids)} tokens to score do not fit the model's context "
+                          f"of {server.context} tokens (max_position_embeddings)",
+                          param="prompt")
+    return _run(server, "logits", {"input_ids": np.array([ids], np.int32)}, 1)["logits"][0]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log_softmax of one position's logits [vocab], in float64."""
+    x = logits.astype(np.float64)
+    x -= x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def _token_logprobs(server: ModelServer, ids: list[int], start: int, top: int,
+                    null_first: bool = False
+                    ) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
+    """Logprobs of ids[start:] given the ids before each (one `logits` call on `ids`),
+    and each one's `top` most likely (id, logprob), most likely first; ids[start]'s are
+    None when `null_first` (OpenAI's first prompt token). Row by row: float64 memory is
+    one vocabulary row, not [T, vocab]."""
+    if start >= len(ids):
+        return [], []
+    logits = _logits(server, ids)  # [T, V]
+    values: list[float | None] = []
+    alternatives: list[list[tuple[int, float]] | None] = []
+    for position in range(start, len(ids)):
+        if position == 0 or (null_first and position == start):
+            values.append(None)
+            alternatives.append(None)
+            continue
+        row = log_softmax(logits[position - 1])  # the distribution that predicted ids[position]
+        values.append(float(row[ids[position]]))
+        best = np.argpartition(-row, top - 1)[:top] if 0 < top < row.size else np.arange(
+            min(top, row.size))
+        best = best[np.argsort(-row[best], kind="stable")]
+        alternatives.append([(int(i), float(row[i])) for i in best])
+    return values, alternatives
+
+
+def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
+    """(text before the first stop sequence, whether one was found)."""
+    at = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text[:at], True) if at >= 0 else (text, False)
+
+
+def _generate(server: ModelServer, signature: str, prompts: list[str], max_tokens: int,
+              req) -> tuple[list[str], list[int]]:
+    """(completion text, tokens generated) per prompt: one call of `signature`."""
+    rows = len(prompts)
+    seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
+    out = _run(server, signature, {
+        "prompt": _strings(prompts),
+        "max_new_tokens": np.full([rows], max_tokens, np.int32),
+        "temperature": np.full([rows], req.temperature, np.float32),
+        "top_k": np.full([rows], req.top_k, np.int32),
+        "top_p": np.full([rows], req.top_p, np.float32),
+        "seed": np.full([rows], seed, np.int32),
+    }, rows)
+    texts = [c.decode("utf-8", errors="replace") for c in out["completion"]]
+    return texts, [int(n) for n in out["num_generated"]]
+
+
+def _check_room(server: ModelServer, prompt_tokens: int, max_tokens: int, param: str,
+                at: str = "") -> None:
+    """prompt_tokens + max_tokens within the context, else a 400 naming `param` (the
+    prompt fills the context) or max_tokens."""
+    if not server.context:
+        return
+    room = server.context - prompt_tokens
+    if room < 0 or (room == 0 and max_tokens > 0):
+        raise OpenAIError(400, f"the prompt{at} is {prompt_tokens} tokens, which leaves no room "
+                          f"in the model's context of {server.context} tokens "
+                          "(max_position_embeddings)", param=param)
+    if max_tokens > room:
+        raise OpenAIError(400, f"max_tokens={max_tokens} must be at most {room}: the prompt"
+                          f"{at} is {prompt_tokens} tokens of the model's {server.context}-"
+                          "token context (max_position_embeddings)", param="max_tokens")
+
+
+# ----------------------------------------------------------------------------- completions
+
+
+def _completion(server: ModelServer, req: CompletionRequest) -> dict:
+    text = _text_of(server)
+    max_tokens = 16 if req.max_tokens is None else req.max_tokens
+    signature = "generate_raw" if "generate_raw" in server.signatures else "generate"
+    given_ids = not isinstance(req.prompt[0], str)
+    serve = getattr(server, "serve", None)
+    if serve is not None and len(req.prompt) > serve.max_batch_size:
+        raise OpenAIError(400, f"at most max_batch_size={serve.max_batch_size} prompts per "
+                          f"request; this one has {len(req.prompt)}: split it", param="prompt")
+    if given_ids:
+        vocab = server.vocab_size or len(text.surfaces)
+        for i, ids in enumerate(req.prompt):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise OpenAIError(400, f"prompt token ids must be in [0, {vocab}) "
+                                  f"(vocab_size); prompt {i} has {bad[0]}", param="prompt")
+        prompt_ids = [list(ids) for ids in req.prompt]
+        prompts = [_decode(text, ids) for ids in prompt_ids]
+    else:
+        prompts = list(req.prompt)
+        prompt_ids = _tokenize(server, prompts)
+    contexts = [[text.eos_id, *ids] for ids in prompt_ids]  # what generate prepends
+    for i, ids in enumerate(contexts):
+        _check_room(server, len(ids), max_tokens, "prompt",
+                    f" {i}" if len(contexts) > 1 else "")
+    if max_tokens:
+        completions, generated = _generate(server, signature, prompts, max_tokens, req)
+    else:
+        completions, generated = [""] * len(prompts), [0] * len(prompts)
+    choices = []
+    for i, (prompt, completion, n) in enumerate(zip(prompts, completions, generated,
+                                                     strict=True)):
+        completion, stopped = _cut(completion, req.stop)
+        ended = not stopped and n < max_tokens  # the model ended it with [EOS]
+        finish = "stop" if stopped or ended else "length"
+        logprobs = None
+        if req.logprobs is not None:
+            ids = _completion_ids(server, text, contexts[i], completion, n,
+                                  exact=not stopped and req.temperature == 0)
+            ids += [text.eos_id] if ended else []
+            logprobs = _completion_logprobs(server, text, contexts[i], ids, req)
+        choices.append({"text": (prompt if req.echo else "") + completion, "index": i,
+                        "logprobs": logprobs, "finish_reason": finish})
+    prompt_tokens = sum(len(c) for c in contexts)
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+            "created": int(time.time()), "model": server.name, "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sum(generated),
+                      "total_tokens": prompt_tokens + sum(generated)}}
+
+
+GREEDY_REDO_MAX = 64  # the most tokens re-derived by argmax (one logits call each)
+
+
+def _completion_ids(server: ModelServer, text: _Text, context: list[int], completion: str,
+                    generated: int, exact: bool) -> list[int]:
+    """The ids of a completion: the `tokenize` ids of its text. When they are not as many
+    as the tokens generated (e.g. a byte token of a character cut off by max_tokens, whose
+    text is U+FFFD) and the completion was greedy and not cut by a stop sequence
+    (`exact`), the greedy ids are derived again, one `logits` call per token, and kept
+    when they decode to the same text."""
+    ids = _tokenize(server, [completion])[0] if completion else []
+    if len(ids) == generated or not exact or generated > GREEDY_REDO_MAX:
+        return ids
+    greedy = list(context)
+    for _ in range(generated):
+        greedy.append(int(np.argmax(_logits(server, greedy)[-1])))
+    greedy = greedy[len(context):]
+    same = b"".join(text.plain_surfaces[i] if i < len(text.plain_surfaces) else b""
+                    for i in greedy).decode("utf-8", errors="replace") == completion
+    return greedy if same else ids
+
+
+def _completion_logprobs(server: ModelServer, text: _Text, context: list[int],
+                         completion_ids: list[int], req: CompletionRequest) -> dict:
+    """OpenAI's legacy logprobs object of one choice (see the module docstring)."""
+    # context = [EOS] + prompt ids: every token is scored after [EOS], as generated
+    start = 1 if req.echo else len(context)
+    ids = context + completion_ids
+    values, alternatives = _token_logprobs(server, ids, start, req.logprobs,
+                                           null_first=req.echo and len(context) > 1)
+    scored = ids[start:]
+    prompt_chars = len(_decode(text, context[1:]))
+    surfaces = [text.surface(t) for t in scored]
+    offsets, chars = [], 0 if req.echo else prompt_chars
+    for piece in token_pieces(surfaces):
+        offsets.append(chars)
+        chars += len(piece)
+    return {
+        "tokens": [_token_string(s) for s in surfaces],
+        "token_logprobs": values,
+        "top_logprobs": [None if alt is None else
+                         {_token_string(text.surface(i)): v for i, v in alt}
+                         for alt in alternatives],
+        "text_offset": offsets,
+    }
+
+
+# ----------------------------------------------------------------------------- chat
+
+
+def _render(server: ModelServer, text: _Text, req: ChatCompletionRequest) -> tuple[str, str]:
+    """(signature, prompt) for the messages (see the module docstring)."""
+    if server.chat_prompt is None:
+        raise OpenAIError(400, f"model '{server.name}' is a plain language model (no chat "
+                          "template): use /v1/completions", param="model")
+    prefix, suffix = server.chat_prompt
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
+                for m in req.messages]
+    if text.template is not None:
+        try:
+            rendered = chat_template.render_prompt(text.template, messages, text.bos_token,
+                                                   text.eos_token)
+        except chat_template.ChatTemplateError as e:
+            raise OpenAIError(400, str(e), param="messages") from e
+    else:
+        rendered = ""
+        for i, m in enumerate(messages):
+            expected = "user" if i % 2 == 0 else "assistant"
+            if m["role"] != expected:
+                raise OpenAIError(400, f"messages[{i}] is {m['role']}'s: this model's chat "
+                                  "template is not available, so messages must alternate user "
+                                  "and assistant, starting and ending with user",
+                                  param=f"messages[{i}].role")
+            rendered += (prefix + m["content"] + suffix if expected == "user"
+                         else m["content"] + text.eos_token)
+        if messages[-1]["role"] != "user":
+            raise OpenAIError(400, "the last message must be the user's", param="messages")
+    if rendered.startswith(prefix) and rendered.endswith(suffix) and (
+            len(rendered) >= len(prefix) + len(suffix)):
+        return "generate", rendered[len(prefix):len(rendered) - len(suffix)]
+    return "generate_raw", rendered
+
+
+def _chat(server: ModelServer, req: ChatCompletionRequest) -> tuple[dict, list[str]]:
+    """(the chat.completion, the reply's pieces of whole characters for streaming)."""
+    if req.logprobs and req.stream:
+        raise OpenAIError(400, "logprobs with stream is not supported", param="logprobs")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    text = _text_of(server)
+    signature, prompt = _render(server, text, req)
+    if signature == "generate":
+        prefix, suffix = server.chat_prompt
+        context = _tokenize(server, [prefix + prompt + suffix])[0]
+    else:
+        context = [text.eos_id, *_tokenize(server, [prompt])[0]]
+    asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    room = (server.context - len(context)) if server.context else None
+    if asked is None:
+        asked = server.default_max_new_tokens or room or 16
+        if room is not None:
+            asked = max(min(asked, room), 1)
+    _check_room(server, len(context), asked, "messages")
+    if asked == 0:
+        raise OpenAIError(400, "max_tokens must be at least 1", param="max_tokens")
+    [reply], [generated] = _generate(server, signature, [prompt], asked, req)
+    reply, stopped = _cut(reply, req.stop)
+    finish = "stop" if stopped or generated < asked else "length"
+    reply_ids = _completion_ids(server, text, context, reply, generated,
+                                exact=not stopped and req.temperature == 0)
+    logprobs = None
+    if req.logprobs:
+        values, alternatives = _token_logprobs(server, context + reply_ids, len(context),
+                                               req.top_logprobs or 0)
+
+        def entry(token_id, value):
+            s = text.surface(token_id)
+            return {"token": _token_string(s), "logprob": value, "bytes": list(s)}
+
+        logprobs = {"content": [
+            {**entry(t, v), "top_logprobs": [entry(i, a) for i, a in alt]}
+            for t, v, alt in zip(reply_ids, values, alternatives, strict=True)]}
+    completion = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+        "created": int(time.time()), "model": server.name,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
+                     "logprobs": logprobs, "finish_reason": finish}],
+        "usage": {"prompt_tokens": len(context), "completion_tokens": generated,
+                  "total_tokens": len(context) + generated}}
+    pieces = [p for p in token_pieces([text.surface(t) for t in reply_ids]) if p]
+    return completion, pieces
+
+
+# ----------------------------------------------------------------------------- streaming
+
+
+def _sse(payload) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+def _chat_events(completion: dict, pieces: list[str], include_usage: bool) -> Iterator[bytes]:
+    head = {k: completion[k] for k in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk"
+
+    def chunk(delta, finish=None):
+        return _sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                          "finish_reason": finish}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in pieces:
+        yield chunk({"content": piece})
+    yield chunk({}, completion["choices"][0]["finish_reason"])
+    if include_usage:
+        yield _sse({**head, "choices": [], "usage": completion["usage"]})
+    yield b"data: [DONE]\n\n"
+
+
+def _completion_events(completion: dict, pieces: list[list[str]],
+                       include_usage: bool) -> Iterator[bytes]:
+    head = {k: completion[k] for k in ("id", "object", "created", "model")}
+    for choice, parts in zip(completion["choices"], pieces, strict=True):
+        for part in parts:
+            yield _sse({**head, "choices": [{"index": choice["index"], "text": part,
+                                             "logprobs": None, "finish_reason": None}]})
+        yield _sse({**head, "choices": [{"index": choice["index"], "text": "",
+                                         "logprobs": None,
+                                         "finish_reason": choice["finish_reason"]}]})
+    if include_usage:
+        yield _sse({**head, "choices": [], "usage": completion["usage"]})
+    yield b"data: [DONE]\n\n"
+
+
+# ----------------------------------------------------------------------------- the router
+
+
+def make_openai_router(models: ModelRegistry) -> APIRouter:
+    """The OpenAI-compatible routes (module docstring) over `models`.
+
+    Every route answers in OpenAI's shapes, errors included, by itself (no exception
+    handlers of the app are needed); the model work runs in Starlette's thread pool.
+    """
+    router = APIRouter()
+
+    def pick(name: str | None, user: str | None) -> ModelServer:
+        try:
+            return models.get(name, user)
+        except KeyError:
+            raise OpenAIError(404, f"The model '{name}' does not exist (this server serves "
+                              f"{models.names()})", param="model",
+                              code="model_not_found") from None
+
+    async def answer(request: Request, schema, work):
+        try:
+            req = parse(schema, await request.body())
+        except RequestError as e:
+            return OpenAIError(400, str(e), param=e.param).response()
+        try:
+            server = pick(req.model, req.user)
+            return await run_in_threadpool(work, server, req)
+        except OpenAIError as e:
+            return e.response()
+        except Exception as e:  # noqa: BLE001 (a server keeps serving)
+            log.exception("%s failed", request.url.path)
+            return OpenAIError(500, f"internal error: {type(e).__name__}: {e}",
+                               "server_error").response()
+
+    @router.get("/v1/models")
+    def list_models() -> JSONResponse:
+        data = []
+        for name in models.names():
+            server = models.get(name, None)
+            created = int(os.path.getmtime(server.path))
+            data.append({"id": name, "object": "model", "created": created,
+                         "owned_by": OWNED_BY})
+        return JSONResponse({"object": "list", "data": data})
+
+    def completions_work(server, req: CompletionRequest):
+        if req.stream and req.logprobs is not None:
+            raise OpenAIError(400, "logprobs with stream is not supported", param="logprobs")
+        completion = _completion(server, req)
+        if not req.stream:
+            return JSONResponse(completion)
+        text = _text_of(server)
+        pieces = []
+        for choice in completion["choices"]:
+            ids = _tokenize(server, [choice["text"]])[0] if choice["text"] else []
+            pieces.append([p for p in token_pieces([text.surface(t) for t in ids]) if p])
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_completion_events(completion, pieces, usage),
+                                 media_type="text/event-stream")
+
+    def chat_work(server, req: ChatCompletionRequest):
+        completion, pieces = _chat(server, req)
+        if not req.stream:
+            return JSONResponse(completion)
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_chat_events(completion, pieces, usage),
+                                 media_type="text/event-stream")
+
+    @router.post("/v1/completions")
+    async def completions(request: Request):
+        return await answer(request, CompletionRequest, completions_work)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await answer(request, ChatCompletionRequest, chat_work)
+
+    return router

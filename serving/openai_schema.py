@@ -1,0 +1,242 @@
+"""The request bodies of the OpenAI-compatible endpoints (`serving/openai_api.py`), typed.
+
+Field names, defaults and ranges are OpenAI's (API reference, "Completions" (legacy) and
+"Chat Completions"), with these limits of this server:
+
+  - every number is strict: a boolean or a string is refused where a number belongs, an
+    integer is checked against int32 before any tensor is built, a float must be finite;
+  - unknown fields are refused by name (400); the OpenAI fields in `IGNORED_FIELDS` are
+    accepted and ignored (they ask for storage or billing this server does not have);
+  - `n` and `best_of` must be 1; `frequency_penalty` and `presence_penalty` must be 0,
+    `logit_bias` empty, `suffix` null, `tools` / `tool_choice` / `functions` absent and
+    `response_format` `{"type": "text"}`: the model has no such controls;
+  - `top_k` (an int >= 0, 0 = no top-k filter) is accepted as an extension, as vLLM does.
+
+`model_validate_json` parses the raw body (pydantic's own JSON parser: a nesting depth
+limit, no NaN) and checks it in one step; `parse` turns its errors into one line naming
+the field (`RequestError`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+MAX_STOP = 4  # OpenAI: up to 4 stop sequences
+MAX_LOGPROBS = 5  # completions: OpenAI's largest `logprobs`
+MAX_TOP_LOGPROBS = 20  # chat: OpenAI's largest `top_logprobs`
+# OpenAI fields that are accepted and have no effect here (no storage, no tiers).
+IGNORED_FIELDS = ("store", "metadata", "service_tier", "parallel_tool_calls", "name")
+
+Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
+
+
+class RequestError(ValueError):
+    """A request body that does not validate: `param` names the field (OpenAI's `param`,
+    e.g. "messages[0].content"), the message says what is wrong with it."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Sampling(_Strict):
+    """Fields both endpoints share."""
+
+    model: str | None = None  # None: the server's default model
+    max_tokens: Count | None = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: Count = 0  # extension (vLLM's): 0 = no top-k filter
+    stop: Any = Field(default=None, validate_default=True)  # -> list[str]
+    seed: Int32 | None = None
+    n: Count = 1
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    logit_bias: dict[str, Any] | None = None
+    # accepted, ignored (IGNORED_FIELDS)
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value):
+        """str | list[str] (1 to 4 non-empty strings) | None -> list[str]."""
+        if value is None:
+            return []
+        stops = [value] if isinstance(value, str) else value
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise ValueError("must be a string or a list of strings")
+        if len(stops) > MAX_STOP or not all(stops):
+            raise ValueError(f"must be at most {MAX_STOP} non-empty strings")
+        return stops
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, value):
+        if value != 1:
+            raise ValueError(f"n={value}: only n=1 is supported (one choice per prompt)")
+        return value
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _no_penalty(cls, value):
+        if value != 0:
+            raise ValueError("must be 0: the model has no repetition penalties")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value):
+        if value:
+            raise ValueError("is not supported (the model takes no logit bias)")
+        return value
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions. `prompt`: a string, a list of strings, a list of token ids
+    (one prompt) or a list of lists of token ids; normalized by `parse_prompt`."""
+
+    prompt: Any
+    echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    best_of: Count = 1
+    suffix: Any = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value):
+        if value is not None:
+            raise ValueError("is not supported: the model does not fill in the middle")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, value):
+        if value != 1:
+            raise ValueError(f"best_of={value}: only best_of=1 is supported")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value):
+        """-> list[str] or list[list[int]], one entry per prompt, not empty."""
+        def is_id(x):
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list) and value:
+            if all(isinstance(p, str) for p in value):
+                return value
+            if all(is_id(t) for t in value):
+                return [value]
+            if all(isinstance(p, list) and p and all(is_id(t) for t in p) for p in value):
+                return value
+        raise ValueError("must be a string, a non-empty list of strings, a non-empty list "
+                         "of token ids, or a list of non-empty lists of token ids")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Any
+    name: str | None = None  # accepted, ignored
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, value):
+        """str | [{"type": "text", "text": str}, ...] -> str (the parts joined)."""
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list):
+            try:
+                return "".join(TextPart.model_validate(p).text for p in value)
+            except ValidationError:
+                pass
+        raise ValueError('must be a string or a list of {"type": "text", "text": ...} parts '
+                         "(the model reads text only)")
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: Count | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    response_format: ResponseFormat | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None  # accepted, ignored
+
+    @field_validator("tools", "tool_choice", "functions", "function_call")
+    @classmethod
+    def _no_tools(cls, value):
+        if value is not None:
+            raise ValueError("is not supported: the model makes no tool or function calls")
+        return value
+
+
+def _param(loc: tuple) -> str:
+    """("messages", 0, "content") -> "messages[0].content" (OpenAI's `param` form)."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse(model: type[BaseModel], body: bytes) -> Any:
+    """`model` validated from the raw JSON `body`.
+
+    Raises:
+      RequestError: the body is not JSON, not an object, or a field is missing, unknown,
+        of the wrong type or out of range; the first such field is named.
+    """
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        error = e.errors(include_url=False)[0]
+        param = _param(error["loc"])
+        kind, message = error["type"], error["msg"].removeprefix("Value error, ")
+        if kind == "json_invalid":
+            raise RequestError(f"the body is not valid JSON: {message}") from None
+        if kind == "model_type" and not error["loc"]:
+            raise RequestError("the body must be a JSON object") from None
+        if kind == "extra_forbidden":
+            raise RequestError(f"unknown field '{param}' (fields accepted but ignored: "
+                               f"{', '.join(IGNORED_FIELDS)})", param) from None
+        if kind == "missing":
+            raise RequestError(f"'{param}' is required", param) from None
+        given = error.get("input")
+        shown = "" if isinstance(given, dict | list) else f" (got {given!r})"
+        raise RequestError(f"'{param}' {message[0].lower()}{message[1:]}{shown}",
+                           param) from None
