@@ -166,7 +166,12 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
       JsonFileError (a ValueError): tokenizer.json, tokenizer_config.json or
         generation_config.json is not a JSON object.
     """
-    from savedmodel.export import SAVE_OPTIONS, save_text_model
+    from savedmodel.export import (
+        SAVE_OPTIONS,
+        logits_warmup_requests,
+        save_text_model,
+        write_warmup_requests,
+    )
 
     # Everything about the directory is checked before anything is allocated or written.
     config = hf_checkpoint.open_hf_checkpoint(checkpoint_dir).config
@@ -188,6 +193,8 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
                             signatures={"serving_default": module.logits, "logits": module.logits})
         write_json(extra_path(out_dir, MODEL_CONFIG_NAME), hf_checkpoint.config_to_hf(model.config))
         write_weight_dtype(out_dir, weight_dtype_of(model))
+        write_warmup_requests(out_dir, logits_warmup_requests(
+            model.config.vocab_size, model.config.max_position_embeddings))
         return ImportedModel(out_dir, LOGITS_SIGNATURES, weight_dtype=weight_dtype_of(model))
 
     hf_generation_path = os.path.join(checkpoint_dir, GENERATION_CONFIG_NAME)

@@ -12,12 +12,19 @@
     deepseek_tfx_config.json       a pushed model's PipelineConfig       PIPELINE_CONFIG_ASSET
     precision.json                 the dtype of the weights,             PRECISION_ASSET
                                    {"weight_dtype": "bfloat16"}
+    tf_serving_warmup_requests     TF Serving's SavedModel warm-up file: WARMUP_REQUESTS_ASSET
+                                   a TFRecord of PredictionLog (one
+                                   PredictRequest per signature), which
+                                   TF Serving replays at load and `serve`
+                                   before it reports ready
 
 Who writes them: `export.save_text_model` the assets, config.json, generation_config.json,
-precision.json and (chat models) chat_prompt.json; `export.export_serving_model` (the Trainer) the same
-plus the pipeline config; `hf_interop.hf_import` a text model as `save_text_model` does
-(generation_config.json keeps the checkpoint's other keys), a logits-only model
-config.json and precision.json. A model pushed before SavedModels carried config.json has only the
+precision.json, the warm-up requests and (chat models) chat_prompt.json;
+`export.export_serving_model` (the Trainer) the same plus the pipeline config (TFX's
+Pusher copies the whole directory); `hf_interop.hf_import` a text model as
+`save_text_model` does (generation_config.json keeps the checkpoint's other keys), a
+logits-only model config.json, precision.json and the warm-up requests (`logits`,
+`serving_default`). `serving.warmup.read_warmup_requests` reads the warm-up file. A model pushed before SavedModels carried config.json has only the
 pipeline config.
 
 The model's config, one rule (`read_model_config`): the pipeline config's `model`
@@ -68,6 +75,11 @@ GENERATION_CONFIG_NAME = "generation_config.json"  # transformers' GenerationCon
 CHAT_PROMPT_ASSET = "chat_prompt.json"  # the chat template's (prefix, suffix) of a prompt
 PIPELINE_CONFIG_ASSET = "deepseek_tfx_config.json"  # the PipelineConfig beside a pushed model
 PRECISION_ASSET = "precision.json"  # {"weight_dtype": one of WEIGHT_DTYPES}
+# TF Serving's SavedModel warm-up file (tensorflow_serving/servables/tensorflow/
+# saved_model_warmup_util: WarmupConsts::kRequestsFileName) and its record limit
+# (kMaxNumRecords: a file with more records fails the model's load).
+WARMUP_REQUESTS_ASSET = "tf_serving_warmup_requests"
+MAX_WARMUP_RECORDS = 1000
 
 
 
