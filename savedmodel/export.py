@@ -50,15 +50,18 @@ weights in transformers' layout (`savedmodel/hf_interop.py`).
 Warm-up. `assets.extra/tf_serving_warmup_requests` is TF Serving's SavedModel warm-up
 file (a TFRecord of `PredictionLog`s, at most 1,000), which TF Serving replays when it
 loads the model and `serve` before it reports ready (`serving/warmup.py` reads it). A
-signature's first call after loading pays for instantiating and optimizing its graph:
-measured on the cpu_small model (a fresh `tf.saved_model.load`, 2 busy cores) that is
-2.7-9.6 s for `generate`, 3.6-4.1 s more for `serving_default` (its own graph, even after
-`generate`), 1.4-1.9 s for `tokenize`, 0.3-0.6 s for `logits`, 7 ms for `detokenize`;
-afterwards a call takes 0.02-0.05 s (`generate`, one row, a few tokens). Batch sizes,
-prompt lengths, max_new_tokens and the sampling branch (greedy or not) are dynamic in
-the graph: once a signature ran, a batch size it has not seen costs within the noise
-(<= ~0.2 s more at 32 rows). So the file holds one request per signature, two short rows
-(English and Chinese; `serving_default` one row), 2 new tokens for `generate`.
+signature's first call after loading pays for instantiating and optimizing its graph,
+once per signature. Measured on the cpu_small model (fresh `tf.saved_model.load`, 2 cores
+shared with other work, load average 2-7): first calls took 2.7-10.9 s for `generate`,
+3.6-10.6 s for `serving_default` (its own graph, even after `generate` ran), 1.4-5.3 s
+for `tokenize`, 0.3-1.6 s for `logits` and 7-28 ms for `detokenize`, where later calls
+take 0.2-0.6 s (`generate`, 8 rows, 16 tokens), 0.01 s (`tokenize`) and 0.03 s (`logits`).
+Batch sizes, prompt lengths, max_new_tokens and the sampling branch (greedy or not) are
+dynamic in the graph: once a signature ran, a batch size it has not seen costs within
+the noise of a warm call (measured up to 32 rows). After replaying this file (~30 s
+there), the first calls of every signature at 8 and 32 rows ran at warm speed. So the
+file holds one request per signature: two short rows (English and Chinese;
+`serving_default` one row), 2 new tokens for `generate` (the decoding loop's body runs).
 """
 
 from __future__ import annotations
@@ -67,7 +70,6 @@ import json
 import os
 import tempfile
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the regex ops the graph uses)
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
@@ -86,7 +88,9 @@ from savedmodel.layout import (
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     WARMUP_REQUESTS_ASSET,
+    WarmupRequest,
     extra_path,
+    warmup_requests,
     weight_dtype_of,
     write_weight_dtype,
 )
@@ -109,16 +113,6 @@ GENERATE_SIGNATURE = [
     tf.TensorSpec([None], tf.float32, name="top_p"),
     tf.TensorSpec([None], tf.int32, name="seed"),
 ]
-
-# The warm-up requests' prompts (module docstring: Warm-up): real text, one Chinese.
-WARMUP_PROMPTS = ("ROMEO:\nBut soft, what light through yonder window breaks?",
-                  "床前明月光，疑是地上霜。")
-WARMUP_MAX_NEW_TOKENS = 2  # the decoding loop's body runs (and the prompt's prefill)
-WARMUP_LOGITS_LENGTH = 8  # a logits-only model's warm-up input_ids: [1, 8] (or context)
-
-# One warm-up request: (signature name, its inputs by name as numpy arrays of the
-# signature's dtypes; strings as bytes in object arrays).
-WarmupRequest = tuple[str, dict[str, np.ndarray]]
 
 
 class ServingModule(tf.Module):
@@ -295,7 +289,7 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
         if chat_prompt is not None:
             signatures["generate_raw"] = module.generate_raw
         tf.saved_model.save(module, export_dir, signatures=signatures, options=SAVE_OPTIONS)
-        write_warmup_requests(export_dir, text_warmup_requests(module))
+        write_warmup_requests(export_dir, text_warmup_requests(module, signatures))
     extras = {MODEL_CONFIG_NAME: hf_checkpoint.config_to_hf(model.config),
               GENERATION_CONFIG_NAME: generation_config_to_hf(generation, tokenizer)}
     if chat_prompt is not None:
@@ -334,44 +328,14 @@ def export_serving_model(model, transform_output_dir: str, config: PipelineConfi
 # ----------------------------------------------------------------------------- warm-up
 
 
-def text_warmup_requests(module: ServingModule) -> list[WarmupRequest]:
-    """One warm-up request per text signature of `module` (module docstring: Warm-up).
-
-    In the order a server first calls them: `tokenize` (text [2]: `WARMUP_PROMPTS`,
-    which the server's validation runs before generating), `generate` (and
-    `generate_raw` on a chat model: prompt [2], max_new_tokens [2] = 2, one greedy row
-    and one sampled with top_k 50, top_p 0.95), `serving_default` (prompt [1]: it
-    generates the model's default max_new_tokens), `logits` and `detokenize`
-    (input_ids int32 [2, T]: the prompts' ids as `tokenize` gives them, padded with
-    the pad id, T cropped to the model's context).
-    """
-    prompts = np.array([p.encode("utf-8") for p in WARMUP_PROMPTS], dtype=object)  # [2]
-    rows = len(prompts)
-    input_ids = module.tokenize(tf.constant(prompts))["input_ids"].numpy()  # [2, T]
-    input_ids = input_ids[:, :module.max_context]
-    sampling = {
-        "max_new_tokens": np.full([rows], WARMUP_MAX_NEW_TOKENS, np.int32),
-        "temperature": np.array([0.0, 0.8], np.float32)[:rows],
-        "top_k": np.array([0, 50], np.int32)[:rows],
-        "top_p": np.array([1.0, 0.95], np.float32)[:rows],
-        "seed": np.arange(rows, dtype=np.int32),
-    }
-    requests = [("tokenize", {"text": prompts}),
-                ("generate", {"prompt": prompts, **sampling})]
-    if module.chat_prompt is not None:
-        requests.append(("generate_raw", {"prompt": prompts, **sampling}))
-    return requests + [("serving_default", {"prompt": prompts[:1]}),
-                       ("logits", {"input_ids": input_ids}),
-                       ("detokenize", {"input_ids": input_ids})]
-
-
-def logits_warmup_requests(vocab_size: int, max_context: int) -> list[WarmupRequest]:
-    """The warm-up requests of a logits-only SavedModel (`hf_interop.LogitsModule`):
-    `logits` and `serving_default`, each input_ids int32 [1, min(8, max_context)] =
-    0, 1, 2, ... (mod vocab_size)."""
-    length = min(WARMUP_LOGITS_LENGTH, max_context)
-    input_ids = (np.arange(length, dtype=np.int32) % vocab_size)[None, :]  # [1, length]
-    return [("logits", {"input_ids": input_ids}), ("serving_default", {"input_ids": input_ids})]
+def text_warmup_requests(module: ServingModule, signatures: dict) -> list[WarmupRequest]:
+    """`layout.warmup_requests` for the functions `signatures` ({name: tf.function})
+    of `module`, its prompts tokenized by `module.tokenize`."""
+    inputs = {name: {spec.name: spec for spec in fn.input_signature}
+              for name, fn in signatures.items()}
+    return warmup_requests(
+        inputs, module.max_context, module.model.config.vocab_size,
+        tokenize=lambda text: module.tokenize(tf.constant(text))["input_ids"].numpy())
 
 
 def write_warmup_requests(export_dir: str, requests: list[WarmupRequest]) -> str:

@@ -8,7 +8,9 @@ serving_default) and carries its inputs as `TensorProto`s. TF Serving replays it
 loads the model (https://www.tensorflow.org/tfx/serving/saved_model_warmup: Predict,
 Classify, Regress and MultiInference logs, at most 1,000 records); `serve` reads it here
 and calls each signature once per record before it reports ready, since a signature's
-first call after loading costs seconds (`savedmodel/export.py`, Warm-up).
+first call after loading costs seconds (`savedmodel/export.py`, Warm-up). A model
+exported before the file existed is warmed with the same requests, built from its loaded
+signatures (`warmup_requests_for`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,20 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow_serving.apis import prediction_log_pb2
 
-from savedmodel.layout import MAX_WARMUP_RECORDS, WARMUP_REQUESTS_ASSET, extra_path
+from savedmodel.layout import (
+    MAX_WARMUP_RECORDS,
+    WARMUP_LOGITS_LENGTH,
+    WARMUP_REQUESTS_ASSET,
+    WarmupRequest,
+    extra_path,
+    read_model_config,
+    warmup_requests,
+)
 
 DEFAULT_SIGNATURE = "serving_default"  # TF Serving's, for an empty signature_name
 
 
-def read_warmup_requests(model_dir: str) -> list[tuple[str, dict[str, np.ndarray]]]:
+def read_warmup_requests(model_dir: str) -> list[WarmupRequest]:
     """The warm-up requests of a SavedModel, in the file's order.
 
     Args:
@@ -63,7 +73,40 @@ def read_warmup_requests(model_dir: str) -> list[tuple[str, dict[str, np.ndarray
     return requests
 
 
-def _parse(record: bytes, path: str, index: int) -> tuple[str, dict[str, np.ndarray]]:
+def warmup_requests_for(model_dir: str, signatures: dict) -> tuple[list[WarmupRequest], str]:
+    """What to replay before serving a SavedModel: its warm-up file's requests, or, for a
+    model without one, the requests the export would have written
+    (`layout.warmup_requests`), built from its loaded signatures.
+
+    Args:
+      model_dir: the SavedModel directory.
+      signatures: its loaded signatures (`dict(tf.saved_model.load(d).signatures)`).
+
+    Returns:
+      (requests, where they came from: the file's path, or a phrase saying they were
+      built from the signatures).
+
+    Raises:
+      ValueError: see `read_warmup_requests` (a corrupt file is not silently skipped).
+    """
+    requests = read_warmup_requests(model_dir)
+    if requests:
+        return requests, extra_path(model_dir, WARMUP_REQUESTS_ASSET)
+    try:
+        config = read_model_config(model_dir)
+        context, vocab_size = config.max_position_embeddings, config.vocab_size
+    except (FileNotFoundError, ValueError):  # no readable config: ids below 8 and no crop
+        context, vocab_size = 1 << 30, WARMUP_LOGITS_LENGTH
+    tokenize = None
+    if "tokenize" in signatures:
+        def tokenize(text: np.ndarray) -> np.ndarray:
+            return signatures["tokenize"](text=tf.constant(text))["input_ids"].numpy()
+    specs = {name: fn.structured_input_signature[1] for name, fn in signatures.items()}
+    built = warmup_requests(specs, context, vocab_size, tokenize)
+    return built, f"built from the signatures (no {WARMUP_REQUESTS_ASSET} in {model_dir})"
+
+
+def _parse(record: bytes, path: str, index: int) -> WarmupRequest:
     """One record: (signature name, inputs). Raises ValueError naming path and index."""
     log = prediction_log_pb2.PredictionLog()
     try:
@@ -88,7 +131,7 @@ def _parse(record: bytes, path: str, index: int) -> tuple[str, dict[str, np.ndar
     return request.model_spec.signature_name or DEFAULT_SIGNATURE, inputs
 
 
-def replay(signatures: dict, requests: list[tuple[str, dict[str, np.ndarray]]]) -> dict[str, float]:
+def replay(signatures: dict, requests: list[WarmupRequest]) -> dict[str, float]:
     """Calls each request's signature once with its inputs, in order (what TF Serving
     does at load with one request iteration), and returns the seconds each signature
     took, summed over its records.

@@ -14,6 +14,7 @@ loaded SavedModel's signatures, as TF Serving does at load.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +26,15 @@ from tensorflow_serving.apis import (
     prediction_log_pb2,
 )
 
-from savedmodel.export import WARMUP_PROMPTS, write_warmup_requests
-from savedmodel.layout import MAX_WARMUP_RECORDS, WARMUP_REQUESTS_ASSET, extra_path
-from serving.warmup import read_warmup_requests, replay
+from savedmodel.export import write_warmup_requests
+from savedmodel.layout import (
+    MAX_WARMUP_RECORDS,
+    WARMUP_PROMPTS,
+    WARMUP_REQUESTS_ASSET,
+    extra_path,
+    warmup_requests,
+)
+from serving.warmup import read_warmup_requests, replay, warmup_requests_for
 
 UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 5, " over": 7,
          "\n\n": 10, "明月": 6, "床前": 3}
@@ -74,6 +81,7 @@ def _logs(model_dir) -> list[prediction_log_pb2.PredictionLog]:
 # ----------------------------------------------------------------------------- text models
 
 
+@pytest.mark.slow  # the module's two models: ~30 s each to trace and save
 def test_one_predict_request_per_signature_with_exactly_its_inputs(saved):
     model_dir, signatures = saved
     logs = _logs(model_dir)
@@ -95,6 +103,7 @@ def test_one_predict_request_per_signature_with_exactly_its_inputs(saved):
             assert all(shape), (key, shape)  # no empty batch or sequence
 
 
+@pytest.mark.slow  # the module's two models: ~30 s each to trace and save
 def test_reader_gives_the_records_with_chinese_byte_for_byte(saved):
     model_dir, _ = saved
     requests = read_warmup_requests(str(model_dir))
@@ -110,6 +119,7 @@ def test_reader_gives_the_records_with_chinese_byte_for_byte(saved):
     assert by_name["logits"]["input_ids"].dtype == np.int32
 
 
+@pytest.mark.slow  # the module's two models: ~30 s each to trace and save
 def test_every_record_replays_through_the_loaded_signatures(saved):
     model_dir, signatures = saved
     requests = read_warmup_requests(str(model_dir))
@@ -124,6 +134,7 @@ def test_every_record_replays_through_the_loaded_signatures(saved):
     assert out["num_generated"].numpy().max() <= 2
 
 
+@pytest.mark.slow  # the module's two models: ~30 s each to trace and save
 def test_replay_refuses_a_record_the_model_cannot_take(saved):
     _, signatures = saved
     with pytest.raises(ValueError, match=r"record 1 names signature 'classify'"):
@@ -134,18 +145,54 @@ def test_replay_refuses_a_record_the_model_cannot_take(saved):
         replay(signatures, [("tokenize", {"prompt": np.array([b"x"], object)})])
 
 
+@pytest.mark.slow  # the module's two models: ~30 s each to trace and save
+def test_a_model_without_the_file_gets_the_same_requests_from_its_signatures(saved, tmp_path):
+    model_dir, signatures = saved
+    written, source = warmup_requests_for(str(model_dir), signatures)
+    assert source == extra_path(str(model_dir), WARMUP_REQUESTS_ASSET)
+    old = tmp_path / "exported_before_the_file"
+    shutil.copytree(model_dir, old)
+    (old / "assets.extra" / WARMUP_REQUESTS_ASSET).unlink()
+    built, source = warmup_requests_for(str(old), signatures)
+    assert source.startswith("built from the signatures")
+    assert [name for name, _ in built] == [name for name, _ in written]
+    for (name, a), (_, b) in zip(built, written, strict=True):
+        assert sorted(a) == sorted(b), name
+        for key in a:
+            assert a[key].dtype == b[key].dtype and a[key].tolist() == b[key].tolist(), (name, key)
+
+
+# ----------------------------------------------------------------------------- the builder
+
+
+def test_builder_fills_scalar_inputs_and_skips_signatures_it_cannot_fill():
+    # An older export's generate took one value of each sampling input per call.
+    scalar = {k: tf.TensorSpec([], d, name=k) for k, d in (
+        ("max_new_tokens", tf.int32), ("temperature", tf.float32), ("top_k", tf.int32),
+        ("top_p", tf.float32), ("seed", tf.int32))}
+    signatures = {"classify": {"x": tf.TensorSpec([None], tf.float32, name="x")},
+                  "logits": {"input_ids": tf.TensorSpec([None, None], tf.int32)},
+                  "generate": {"prompt": tf.TensorSpec([None], tf.string), **scalar}}
+    requests = warmup_requests(signatures, max_context=4, vocab_size=3)
+    assert [name for name, _ in requests] == ["generate", "logits"]
+    generate, logits = requests[0][1], requests[1][1]
+    assert generate["max_new_tokens"].shape == () and generate["max_new_tokens"] == 2
+    assert generate["temperature"] == 0.0 and generate["temperature"].dtype == np.float32
+    assert generate["prompt"].tolist() == [p.encode("utf-8") for p in WARMUP_PROMPTS]
+    assert logits["input_ids"].tolist() == [[0, 1, 2, 0]]  # min(8, context) ids mod vocab
+
+
 # ----------------------------------------------------------------------------- logits-only
 
 
-@pytest.mark.slow
 def test_logits_only_import_carries_logits_requests(tmp_path):
     from savedmodel.hf_interop import hf_import
 
     imported = hf_import(str(FIXTURE), str(tmp_path / "saved"), use_tokenizer=False)
     requests = read_warmup_requests(imported.path)
-    assert [name for name, _ in requests] == ["logits", "serving_default"]
+    assert [name for name, _ in requests] == ["serving_default", "logits"]
     signatures = dict(tf.saved_model.load(imported.path).signatures)
-    assert list(replay(signatures, requests)) == ["logits", "serving_default"]
+    assert list(replay(signatures, requests)) == ["serving_default", "logits"]
 
 
 # ----------------------------------------------------------------------------- the reader
