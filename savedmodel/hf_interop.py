@@ -64,6 +64,7 @@ from savedmodel.layout import (
     read_tokenizer,
     read_weight_dtype,
     resolve_weight_dtype,
+    warmup_requests,
     weight_dtype_of,
     write_weight_dtype,
 )
@@ -166,7 +167,7 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
       JsonFileError (a ValueError): tokenizer.json, tokenizer_config.json or
         generation_config.json is not a JSON object.
     """
-    from savedmodel.export import SAVE_OPTIONS, save_text_model
+    from savedmodel.export import SAVE_OPTIONS, save_text_model, write_warmup_requests
 
     # Everything about the directory is checked before anything is allocated or written.
     config = hf_checkpoint.open_hf_checkpoint(checkpoint_dir).config
@@ -188,6 +189,10 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
                             signatures={"serving_default": module.logits, "logits": module.logits})
         write_json(extra_path(out_dir, MODEL_CONFIG_NAME), hf_checkpoint.config_to_hf(model.config))
         write_weight_dtype(out_dir, weight_dtype_of(model))
+        write_warmup_requests(out_dir, warmup_requests(
+            {name: {spec.name: spec for spec in module.logits.input_signature}
+             for name in LOGITS_SIGNATURES},
+            model.config.max_position_embeddings, model.config.vocab_size))
         return ImportedModel(out_dir, LOGITS_SIGNATURES, weight_dtype=weight_dtype_of(model))
 
     hf_generation_path = os.path.join(checkpoint_dir, GENERATION_CONFIG_NAME)

@@ -12,13 +12,22 @@
     deepseek_tfx_config.json       a pushed model's PipelineConfig       PIPELINE_CONFIG_ASSET
     precision.json                 the dtype of the weights,             PRECISION_ASSET
                                    {"weight_dtype": "bfloat16"}
+    tf_serving_warmup_requests     TF Serving's SavedModel warm-up file: WARMUP_REQUESTS_ASSET
+                                   a TFRecord of PredictionLog (one
+                                   PredictRequest per signature), which
+                                   TF Serving replays at load and `serve`
+                                   before it reports ready
 
 Who writes them: `export.save_text_model` the assets, config.json, generation_config.json,
-precision.json and (chat models) chat_prompt.json; `export.export_serving_model` (the Trainer) the same
-plus the pipeline config; `hf_interop.hf_import` a text model as `save_text_model` does
-(generation_config.json keeps the checkpoint's other keys), a logits-only model
-config.json and precision.json. A model pushed before SavedModels carried config.json has only the
-pipeline config.
+precision.json, the warm-up requests and (chat models) chat_prompt.json;
+`export.export_serving_model` (the Trainer) the same plus the pipeline config (TFX's
+Pusher copies the whole directory); `hf_interop.hf_import` a text model as
+`save_text_model` does (generation_config.json keeps the checkpoint's other keys), a
+logits-only model config.json, precision.json and the warm-up requests (`logits`,
+`serving_default`). A model pushed before SavedModels carried config.json has only the
+pipeline config, and one pushed before the warm-up file has none (the server then warms
+nothing). The warm-up file's reader is `serving.warmup.read_warmup_requests` (it needs
+TF Serving's protos, which only the server and the export use).
 
 The model's config, one rule (`read_model_config`): the pipeline config's `model`
 section when the SavedModel carries a pipeline config, else config.json. The Trainer
@@ -40,6 +49,9 @@ versions, `<serving_dir>/<version>/`; `latest_version` finds the one to serve.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+
+import numpy as np
 
 from common.json_file import exists, read_json, write_json
 from config import GenerationConfig, PipelineConfig
@@ -68,6 +80,29 @@ GENERATION_CONFIG_NAME = "generation_config.json"  # transformers' GenerationCon
 CHAT_PROMPT_ASSET = "chat_prompt.json"  # the chat template's (prefix, suffix) of a prompt
 PIPELINE_CONFIG_ASSET = "deepseek_tfx_config.json"  # the PipelineConfig beside a pushed model
 PRECISION_ASSET = "precision.json"  # {"weight_dtype": one of WEIGHT_DTYPES}
+# TF Serving's SavedModel warm-up file (tensorflow_serving/servables/tensorflow/
+# saved_model_warmup_util: WarmupConsts::kRequestsFileName) and its record limit
+# (kMaxNumRecords: a file with more records fails the model's load).
+WARMUP_REQUESTS_ASSET = "tf_serving_warmup_requests"
+MAX_WARMUP_RECORDS = 1000
+# What the warm-up requests send (`warmup_requests`; why: savedmodel/export.py, Warm-up):
+# real text, one Chinese.
+WARMUP_PROMPTS = ("ROMEO:\nBut soft, what light through yonder window breaks?",
+                  "床前明月光，疑是地上霜。")
+WARMUP_MAX_NEW_TOKENS = 2  # the prompt's prefill and the decoding loop's body run
+WARMUP_LOGITS_LENGTH = 8  # input_ids [1, 8] (or the context) for a model without tokenizer
+# Row b's sampling inputs (a signature taking one value per call gets row 0's):
+# a greedy row and one sampled with top-k and nucleus filters.
+_WARMUP_SAMPLING = {"max_new_tokens": (np.int32, [WARMUP_MAX_NEW_TOKENS] * 2),
+                    "temperature": (np.float32, [0.0, 0.8]), "top_k": (np.int32, [0, 50]),
+                    "top_p": (np.float32, [1.0, 0.95]), "seed": (np.int32, [0, 1])}
+# The order a server first calls them in (tokenize: its validation, before generating).
+_WARMUP_ORDER = ("tokenize", "generate", "generate_raw", "serving_default", "logits",
+                 "detokenize")
+
+# One warm-up request: (signature name, {input name: numpy array of the signature's
+# dtype}; strings as bytes in object arrays).
+WarmupRequest = tuple[str, dict[str, np.ndarray]]
 
 
 
@@ -210,6 +245,58 @@ def read_tokenizer(model_dir: str) -> ByteLevelBpe | None:
     if not has_tokenizer(model_dir):
         return None
     return ByteLevelBpe.from_file(asset_path(model_dir, TOKENIZER_FILE))
+
+
+# ----------------------------------------------------------------------------- warm-up
+
+
+def warmup_requests(signatures: Mapping[str, Mapping], max_context: int, vocab_size: int,
+                    tokenize: Callable[[np.ndarray], np.ndarray] | None = None,
+                    ) -> list[WarmupRequest]:
+    """One warm-up request per signature whose inputs it knows (savedmodel/export.py,
+    Warm-up), in the order a server first calls them (`tokenize`, `generate`,
+    `generate_raw`, `serving_default`, `logits`, `detokenize`, then any other).
+
+    Inputs by name: `prompt`/`text` = `WARMUP_PROMPTS` (tf.string [2]; one row for
+    `serving_default`); the sampling inputs of `generate` = one greedy row and one
+    sampled (top_k 50, top_p 0.95), max_new_tokens 2, a scalar input row 0's value;
+    `input_ids` int32 [2, T] = the prompts' ids from `tokenize` (padded as it pads,
+    T cropped to max_context), or without a tokenizer [1, min(8, max_context)] =
+    0, 1, 2, ... mod vocab_size. A signature with another input gets no request.
+
+    Args:
+      signatures: {signature name: {input name: tf.TensorSpec}} (a loaded signature's
+        `structured_input_signature[1]`, or the saved functions' input signatures).
+      max_context: the model's max_position_embeddings.
+      vocab_size: the model's vocabulary size.
+      tokenize: text (object array of bytes [B]) -> ids (int32 [B, T], padded), or
+        None for a model without tokenizer.
+    """
+    prompts = np.array([p.encode("utf-8") for p in WARMUP_PROMPTS], dtype=object)  # [2]
+    if tokenize is not None:
+        input_ids = np.asarray(tokenize(prompts), np.int32)[:, :max_context]  # [2, T]
+    else:
+        length = min(WARMUP_LOGITS_LENGTH, max_context)
+        input_ids = (np.arange(length, dtype=np.int32) % vocab_size)[None, :]  # [1, length]
+    order = [n for n in _WARMUP_ORDER if n in signatures]
+    requests = []
+    for name in order + sorted(set(signatures) - set(order)):
+        rows = 1 if name == "serving_default" else len(prompts)
+        inputs = {}
+        for key, spec in signatures[name].items():
+            if key in ("prompt", "text"):
+                value = prompts[:rows]
+            elif key == "input_ids":
+                value = input_ids
+            elif key in _WARMUP_SAMPLING:
+                dtype, values = _WARMUP_SAMPLING[key]
+                value = np.array(values[:rows] if spec.shape.rank else values[0], dtype)
+            else:
+                break  # an input of which nothing is known: no request for it
+            inputs[key] = value
+        else:
+            requests.append((name, inputs))
+    return requests
 
 
 # ----------------------------------------------------------------------------- versions
