@@ -70,6 +70,7 @@ import json
 import os
 import tempfile
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the regex ops the graph uses)
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
@@ -289,7 +290,7 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
         if chat_prompt is not None:
             signatures["generate_raw"] = module.generate_raw
         tf.saved_model.save(module, export_dir, signatures=signatures, options=SAVE_OPTIONS)
-        write_warmup_requests(export_dir, text_warmup_requests(module, signatures))
+        write_warmup_requests(export_dir, text_warmup_requests(module, signatures, tokenizer))
     extras = {MODEL_CONFIG_NAME: hf_checkpoint.config_to_hf(model.config),
               GENERATION_CONFIG_NAME: generation_config_to_hf(generation, tokenizer)}
     if chat_prompt is not None:
@@ -328,14 +329,28 @@ def export_serving_model(model, transform_output_dir: str, config: PipelineConfi
 # ----------------------------------------------------------------------------- warm-up
 
 
-def text_warmup_requests(module: ServingModule, signatures: dict) -> list[WarmupRequest]:
+def text_warmup_requests(module: ServingModule, signatures: dict,
+                         tokenizer: ByteLevelBpe) -> list[WarmupRequest]:
     """`layout.warmup_requests` for the functions `signatures` ({name: tf.function})
-    of `module`, its prompts tokenized by `module.tokenize`."""
+    of `module`, its prompts tokenized by Hugging Face `tokenizers` on the same
+    tokenizer.json (the ids the in-graph `tokenize` gives, tests/components/
+    test_bpe_parity.py), right-padded with the pad id. Not `module.tokenize` itself:
+    calling it here would trace its graph once more after the save (hf-import's peak)."""
+    import tokenizers
+
+    hf = tokenizers.Tokenizer.from_str(tokenizer.to_json_string())
+
+    def tokenize(texts: np.ndarray) -> np.ndarray:  # [B] bytes -> int32 [B, T]
+        rows = [hf.encode(t.decode("utf-8"), add_special_tokens=False).ids for t in texts]
+        out = np.full([len(rows), max(map(len, rows), default=0)], tokenizer.pad_id, np.int32)
+        for i, row in enumerate(rows):
+            out[i, :len(row)] = row
+        return out
+
     inputs = {name: {spec.name: spec for spec in fn.input_signature}
               for name, fn in signatures.items()}
-    return warmup_requests(
-        inputs, module.max_context, module.model.config.vocab_size,
-        tokenize=lambda text: module.tokenize(tf.constant(text))["input_ids"].numpy())
+    return warmup_requests(inputs, module.max_context, module.model.config.vocab_size,
+                           tokenize=tokenize)
 
 
 def write_warmup_requests(export_dir: str, requests: list[WarmupRequest]) -> str:
