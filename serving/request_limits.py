@@ -197,7 +197,8 @@ def columns_to_arrays(columns: dict, specs: dict,
 
 
 def _spec_text(spec) -> str:
-    return f"{spec.dtype.name} {['None' if d is None else d for d in spec.shape.as_list()]}"
+    dims = ", ".join("None" if d is None else str(d) for d in spec.shape.as_list())
+    return f"{spec.dtype.name} [{dims}]"
 
 
 def _dims(key: str, value: Any, spec) -> list[int]:
