@@ -269,14 +269,14 @@ class ModelServer:
                     yield name, inputs, rows
 
     def _synthetic_inputs(self, name: str, rows: int) -> dict[str, np.ndarray] | None:
-        """Inputs for `rows` prompts: text "warm-up 预热", 8 token ids, greedy sampling of
+        """Inputs for `rows` prompts: text "预热" ("warm-up"), 8 token ids, greedy sampling of
         one new token; None for a signature with inputs of other kinds."""
         values = {"max_new_tokens": 1, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}
         inputs = {}
         for key, spec in self.signatures[name].structured_input_signature[1].items():
             shape = [rows] if spec.shape.rank == 1 else []
             if spec.dtype == tf.string and spec.shape.rank in (0, 1):
-                inputs[key] = np.full(shape, "warm-up 预热".encode(), dtype=object)
+                inputs[key] = np.full(shape, "预热".encode(), dtype=object)
             elif key == "input_ids" and spec.shape.rank == 2:
                 high = min(self.vocab_size or 2, 256)
                 inputs[key] = (np.arange(rows * 8).reshape(rows, 8) % high).astype(

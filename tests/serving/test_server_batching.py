@@ -18,6 +18,8 @@ import json
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -25,8 +27,8 @@ import tensorflow as tf
 
 from config import ServeConfig
 from serving.batcher import Batcher, Unavailable
-from serving.load_test import post_json
 from serving.http_app import make_app, serving_in_thread
+from serving.load_test import post_json
 from serving.server import ModelServer
 
 UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 5, " over": 7,
@@ -379,3 +381,34 @@ def test_batcher_serves_keys_oldest_first_and_a_slow_call_holds_one_thread_and_k
         assert batcher.stats()["refused"] == 1
     finally:
         batcher.close()
+
+
+# ----------------------------------------------------------------------------- readiness
+
+
+def test_loading_until_warmed_up_then_available(per_row_model):
+    config = ServeConfig(batch_timeout_micros=0, max_batch_size=4)
+    server = ModelServer(str(per_row_model), serve=config, warm=False)
+    try:
+        with serving_in_thread(make_app(server), config) as port:
+            base = f"http://127.0.0.1:{port}/v1/models/deepseek"
+            with urllib.request.urlopen(base) as response:
+                assert json.loads(response.read())["model_version_status"][0]["state"] == (
+                    "LOADING")
+            try:
+                urllib.request.urlopen(urllib.request.Request(
+                    base + ":predict", data=json.dumps(_generate("a")).encode()))
+                raise AssertionError("predict answered while LOADING")
+            except urllib.error.HTTPError as e:
+                assert e.code == 503 and e.headers["Retry-After"] == "1"
+                assert "is LOADING (warming up)" in json.loads(e.read())["error"]
+            done = server.warm_up()
+            # generate and generate_raw at 1, 2, 4 rows; tokenize at 1, 2, 4
+            assert done["requests"] == 9 and done["failed"] == 0
+            assert server.stats()["rows"] == 3 * (1 + 2 + 4)
+            with urllib.request.urlopen(base) as response:
+                assert json.loads(response.read())["model_version_status"][0]["state"] == (
+                    "AVAILABLE")
+            assert post_json(base + ":predict", _generate("a"))[0] == 200
+    finally:
+        server.close()
