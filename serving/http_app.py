@@ -62,7 +62,11 @@ _STATUS = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?(?P<metad
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
 
 
-class _HTTPError(Exception):
+class HTTPError(Exception):
+    """An HTTP error reply: `status`, the one-line message, extra `headers`. Raised by
+    `read_body`; the app answers it as JSON {"error": message} (routes of
+    `extra_routers` may catch it to answer in their own error shape)."""
+
     def __init__(self, status: int, message: str, headers: dict | None = None):
         super().__init__(message)
         self.status, self.headers = status, headers or {}
@@ -92,11 +96,15 @@ def make_app(server: ModelServer, extra_routers: Sequence[APIRouter] = ()) -> Fa
         message = exc.detail if exc.status_code != 404 else f"no such resource: {request.url.path}"
         return json_response(exc.status_code, {"error": str(message)}, exc.headers)
 
+    @app.exception_handler(HTTPError)
+    async def _own_error(request: Request, exc: HTTPError) -> Response:
+        return json_response(exc.status, {"error": str(exc)}, exc.headers)
+
     @app.api_route("/v1/models/{path:path}", methods=_ALL_METHODS)
     async def tf_serving(request: Request, path: str) -> Response:
         try:
             return await _tf_serving(request, path)
-        except _HTTPError as e:
+        except HTTPError as e:
             if request.method == "HEAD":
                 return Response(status_code=e.status, headers=e.headers)
             return json_response(e.status, {"error": str(e)}, e.headers)
@@ -105,10 +113,10 @@ def make_app(server: ModelServer, extra_routers: Sequence[APIRouter] = ()) -> Fa
         predict, status = _PREDICT.match(path), _STATUS.match(path)
         match = predict or status
         if not match:
-            raise _HTTPError(404, f"no such resource: {request.url.path}")
+            raise HTTPError(404, f"no such resource: {request.url.path}")
         allowed = ["POST"] if predict else ["GET", "HEAD"]
         if request.method not in allowed:
-            raise _HTTPError(405, f"{request.method} is not allowed on {request.url.path}; "
+            raise HTTPError(405, f"{request.method} is not allowed on {request.url.path}; "
                              f"it takes {', '.join(allowed)}", {"Allow": ", ".join(allowed)})
         _check_model(server, match)
         if status:
@@ -126,11 +134,11 @@ def make_app(server: ModelServer, extra_routers: Sequence[APIRouter] = ()) -> Fa
 
 def _check_model(server: ModelServer, match: re.Match) -> None:
     if match.group("name") != server.name:
-        raise _HTTPError(404, f"Servable not found for request: '{match.group('name')}'"
+        raise HTTPError(404, f"Servable not found for request: '{match.group('name')}'"
                               f" (this server serves '{server.name}')")
     version = match.group("version")
     if version is not None and int(version) != server.version:
-        raise _HTTPError(404, f"version {version} is not loaded (loaded: {server.version})")
+        raise HTTPError(404, f"version {version} is not loaded (loaded: {server.version})")
 
 
 async def read_body(request: Request, limits: ServeConfig) -> bytes:
@@ -138,14 +146,14 @@ async def read_body(request: Request, limits: ServeConfig) -> bytes:
     within `limits.timeout_request_body` seconds. For other routes too (OpenAI's).
 
     Raises:
-      _HTTPError: 413 (too large: refused from Content-Length before reading, or as
+      HTTPError: 413 (too large: refused from Content-Length before reading, or as
         soon as a chunked body passes the limit), 408 (too slow), 400 (the client
         went away); each closes the connection.
     """
     cap, close = limits.max_body_bytes, {"Connection": "close"}
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > cap:
-        raise _HTTPError(413, f"request body of {declared} bytes is over max_body_bytes={cap}",
+        raise HTTPError(413, f"request body of {declared} bytes is over max_body_bytes={cap}",
                          close)
     chunks: list[bytes] = []
     size = 0
@@ -155,18 +163,18 @@ async def read_body(request: Request, limits: ServeConfig) -> bytes:
         async for chunk in request.stream():
             size += len(chunk)
             if size > cap:
-                raise _HTTPError(413, f"request body is over max_body_bytes={cap} bytes",
+                raise HTTPError(413, f"request body is over max_body_bytes={cap} bytes",
                                  close)
             chunks.append(chunk)
 
     try:
         await asyncio.wait_for(receive_all(), limits.timeout_request_body)
     except asyncio.TimeoutError as e:
-        raise _HTTPError(408, f"the request body did not arrive within timeout_request_body="
+        raise HTTPError(408, f"the request body did not arrive within timeout_request_body="
                               f"{limits.timeout_request_body} s ({size} bytes came)",
                          close) from e
     except ClientDisconnect as e:
-        raise _HTTPError(400, "the client closed the connection before the body ended",
+        raise HTTPError(400, "the client closed the connection before the body ended",
                          close) from e
     return b"".join(chunks)
 

@@ -62,10 +62,10 @@ the model itself then rejects what it cannot run.
 
 Batching (TF Serving's `--enable_batching`, same knob names: `config.
 ServeConfig`). There is no lock around the model: each request is validated in its
-HTTP thread and queued; `num_batch_threads` batch threads each take the queued
-requests of one batching key, up to `max_batch_size` rows, once that many rows wait
-or the oldest has waited `batch_timeout_micros`, concatenate their per-row inputs
-along axis 0, call the signature once and hand each request its rows of the outputs.
+caller's thread (the HTTP app's worker thread) and queued; `num_batch_threads` batch
+threads each take the queued requests of one batching key, up to `max_batch_size`
+rows, once that many rows wait or the oldest has waited `batch_timeout_micros`,
+concatenate their per-row inputs along axis 0, call the signature once and hand each request its rows of the outputs.
 The batching key is the signature, the values of its scalar inputs, the shape of
 its inputs past the row axis (e.g. the length of `input_ids`, so no padding changes a
 request's logits) and, for per-row `max_new_tokens`, its power-of-two bucket
@@ -312,6 +312,12 @@ class ModelServer:
           Exception: anything else the model raised (HTTP 500).
         """
         self._check_ready()
+        try:
+            return self._predict(body)
+        except RecursionError as e:  # JSON nested nearly as deep as the parser goes
+            raise BadRequest("the request is nested too deep") from e
+
+    def _predict(self, body) -> dict:
         request = PredictRequest.from_json(body)
         name = request.signature_name
         if name not in self.signatures:
