@@ -11,9 +11,10 @@ plus the routes of `extra_routers` (e.g. the OpenAI API), which must not lie und
 /v1/models/<...> (TF Serving's). Every error is JSON `{"error": "<one line>"}`:
 
   400  malformed JSON, a value out of range, an unknown key (ModelServer.predict's
-       BadRequest); HTTP framing h11 refuses (a Content-Length of -1, abc or 1e3;
-       Content-Length beside Transfer-Encoding) gets uvicorn's plain-text 400 and the
-       connection is closed
+       BadRequest); HTTP framing h11 refuses (a Content-Length of -1, abc or 1e3, two
+       that differ; request headers past 16 KiB) or this app refuses (Content-Length
+       beside Transfer-Encoding), and the connection is closed ("Content-Length: 5, 5"
+       is 5, as RFC 9110 §8.6 allows)
   404  an unknown path, model name or version
   405  a method the route does not take (DELETE, PUT, ...; HEAD on :predict), with Allow
   408  headers begun but not finished within `timeout_keep_alive` seconds, or a body
@@ -147,11 +148,16 @@ async def read_body(request: Request, limits: ServeConfig) -> bytes:
 
     Raises:
       HTTPError: 413 (too large: refused from Content-Length before reading, or as
-        soon as a chunked body passes the limit), 408 (too slow), 400 (the client
-        went away); each closes the connection.
+        soon as a chunked body passes the limit), 408 (too slow), 400 (Content-Length
+        beside Transfer-Encoding, or the client went away); each closes the connection.
     """
     cap, close = limits.max_body_bytes, {"Connection": "close"}
     declared = request.headers.get("content-length")
+    if declared is not None and "transfer-encoding" in request.headers:
+        # h11 frames it by Transfer-Encoding; a proxy in front may use Content-Length
+        # (request smuggling): refused, as RFC 9112 §6.3 allows, and the connection closed
+        raise HTTPError(400, "Content-Length beside Transfer-Encoding: the body's framing "
+                             "is ambiguous; send one of them", close)
     if declared is not None and declared.isdigit() and int(declared) > cap:
         raise HTTPError(413, f"request body of {declared} bytes is over max_body_bytes={cap}",
                          close)
@@ -218,6 +224,19 @@ class TimedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to what h11 cannot parse (a Content-Length of -1, abc or 1e3,
+        two that differ, headers past 16 KiB), as JSON."""
+        body = json.dumps({"error": "the request is not valid HTTP/1.1 (its request line, "
+                                    "headers or framing, e.g. a Content-Length that is not "
+                                    "one non-negative integer)"}).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+                   (b"content-length", str(len(body)).encode())]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                      h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
