@@ -6,7 +6,10 @@ with another commit's server.
       [--baseline-checkout DIR [--baseline-model SERVING_DIR]] [--json]
 
 Starts this checkout's server (`python -m cli serve`) as a subprocess on a free
-loopback port, warms it up (the first call of a signature is slow), then for each
+loopback port and waits until it is ready (TF Serving's model status AVAILABLE: this
+checkout's server warms up before it says so). Then the cold start: the first 8
+concurrent requests, timed (p50/p99, "first 8 after ready"). Then it warms up
+further (the first call of a signature is slow on a server without warm-up), then for each
 concurrency level sends `--requests` predict requests (`generate`, greedy,
 `--max-new-tokens`, prompts from a small list), at most that many at a time, and
 prints requests/s and p50/p90/p99 latency (ms). Then a few malformed requests check
@@ -76,6 +79,7 @@ def run_server_load(label: str, python: str, checkout: Path, model: str, args,
     try:
         report["startup_s"] = round(wait_until_ready(base, 300, lambda: server.poll() is None), 1)
         load = bodies(args.max_new_tokens)
+        report["first_8_after_ready"] = load_test(base + ":predict", load, 8, 8, timeout=300)
         for body in load[:2]:  # the first calls trace and optimize the graph
             post_json(base + ":predict", body, timeout=300)
         load_test(base + ":predict", load, requests=max(args.concurrency), concurrency=max(
@@ -95,7 +99,8 @@ def run_server_load(label: str, python: str, checkout: Path, model: str, args,
             server.wait()
     with open(log_path) as log:
         lines = [line.rstrip("\n") for line in log if not line.startswith(("20", "WARNING"))]
-    report["server_says"] = [line for line in lines if line.startswith(("  batching:", "served "))]
+    report["server_says"] = [line for line in lines
+                             if line.startswith(("  batching:", "served ", "ready:"))]
     return report
 
 
@@ -107,6 +112,10 @@ def _print_table(reports: list[dict]) -> None:
             print(f"{report['server']:<10} {level['concurrency']:>4} "
                   f"{level['requests_per_second']:>7.2f} {level['p50_ms']:>8.0f} "
                   f"{level['p90_ms']:>8.0f} {level['p99_ms']:>8.0f} {level['errors']:>6}")
+        first = report["first_8_after_ready"]
+        print(f"{report['server']:<10} first 8 concurrent requests after ready: p50 "
+              f"{first['p50_ms']:.0f} ms, p99 {first['p99_ms']:.0f} ms, errors {first['errors']}"
+              f" (startup {report['startup_s']} s)")
         for line in report["server_says"]:
             print(f"  {report['server']}: {line.strip()}")
     if len(reports) == 2:

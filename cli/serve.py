@@ -1,6 +1,6 @@
 """`deepseek-tfx generate`, `chat`, `evaluate` and `serve`: a pushed (or imported)
 SavedModel put to use: one completion, a conversation, bits per byte on text, and the
-TensorFlow Serving REST API over HTTP."""
+TensorFlow Serving REST API over HTTP (uvicorn)."""
 
 from __future__ import annotations
 
@@ -111,25 +111,34 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serves until Ctrl-C (`serving/server.py`); then prints the batching statistics."""
+    """Serves until Ctrl-C (`serving/http_app.py` on uvicorn); then prints the batching
+    statistics. The port opens at once; the model warms up in the background and
+    `ready` is printed when GET /v1/models/<name> says AVAILABLE (predict answers 503
+    until then)."""
     from config import ServeConfig
 
     try:
-        serve = ServeConfig(max_batch_size=args.max_batch_size,
-                            batch_timeout_micros=args.batch_timeout_micros,
-                            max_enqueued_batches=args.max_enqueued_batches,
-                            num_batch_threads=args.num_batch_threads)
+        serve = ServeConfig(**{field: getattr(args, field) for field in _SERVE_FIELDS})
     except ValueError as e:
         raise SystemExit(f"error: serve: {e}") from e
-    from serving.server import make_http_server
+    import gc
+    import threading
+
+    import uvicorn
+
+    from serving.http_app import make_app, uvicorn_config
+    from serving.server import ModelServer
 
     try:
-        httpd = make_http_server(args.model, host=args.host, port=args.port,
-                                 model_name=args.model_name, serve=serve)
+        server = ModelServer(args.model, args.model_name, serve, warm=False)
     except FileNotFoundError as e:
         raise SystemExit(f"error: {e}") from e
-    server = httpd.model_server
-    host, port = httpd.server_address[:2]
+    config = uvicorn_config(make_app(server), args.host, args.port, serve)
+    try:
+        sock = config.bind_socket()
+    except SystemExit as e:  # uvicorn logged why (e.g. the port is in use)
+        raise SystemExit(f"error: serve: cannot listen on {args.host}:{args.port}") from e
+    host, port = sock.getsockname()[:2]
     kind = "" if server.has_tokenizer else " (no tokenizer: logits only, token ids in)"
     print(f"serving {server.path} (version {server.version}) as '{server.name}' on "
           f"http://{host}:{port}/v1/models/{server.name}  (Ctrl-C stops)", flush=True)
@@ -138,12 +147,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"{serve.batch_timeout_micros} ({serve.batch_timeout_micros / 1000:g} ms), "
           f"max_enqueued_batches {serve.max_enqueued_batches}, num_batch_threads "
           f"{serve.num_batch_threads}", flush=True)
+    print(f"  limits: max_body_bytes {serve.max_body_bytes}, max_response_bytes "
+          f"{serve.max_response_bytes}, timeout_keep_alive {serve.timeout_keep_alive} s, "
+          f"timeout_request_body {serve.timeout_request_body} s", flush=True)
+
+    def warm() -> None:
+        done = server.warm_up()
+        # The loaded SavedModel is ~10^5-10^6 Python objects that live as long as the
+        # server; out of the collector's sight, full collections stop pausing requests.
+        gc.collect()
+        gc.freeze()
+        failed = f", {done['failed']} failed" if done["failed"] else ""
+        print(f"ready: warmed up with {done['requests']} requests in {done['seconds']:.1f} s"
+              f"{failed}; state AVAILABLE", flush=True)
+
+    threading.Thread(target=warm, name="warm-up", daemon=True).start()
     try:
-        httpd.serve_forever()
+        uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
-        httpd.server_close()
+        sock.close()
         server.close()
         stats = server.stats()
         print(f"served {stats['requests']} requests in {stats['calls']} model calls "
@@ -151,6 +175,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"{stats['max_rows']}; {stats['retried_batches']} failed batches run again "
               f"request by request; {stats['refused']} refused with 503)", flush=True)
     return 0
+
+
+# ServeConfig fields with a `serve` flag each (--max-batch-size, ...): (metavar, help).
+_SERVE_FIELDS = {
+    "max_batch_size": ("ROWS", "most prompts (rows) in one model call, and in one request"),
+    "batch_timeout_micros": ("US", "how long the oldest queued request waits for "
+                                   "batch-mates, microseconds"),
+    "max_enqueued_batches": ("N", "queued rows beyond N x max batch size get a 503"),
+    "num_batch_threads": ("N", "batches run at the same time"),
+    "max_body_bytes": ("BYTES", "largest request body, any framing (more: 413)"),
+    "max_response_bytes": ("BYTES", "largest logits reply, sized before it runs "
+                                    "(rows x positions x vocab x 20 bytes; more: 400)"),
+    "timeout_keep_alive": ("S", "seconds an idle connection stays open (part of the "
+                                "headers by then: 408)"),
+    "timeout_request_body": ("S", "seconds a body may take after its headers (then 408)"),
+}
 
 
 def add_parsers(sub) -> None:
@@ -203,14 +243,9 @@ def add_parsers(sub) -> None:
     srv.add_argument("--model-name", default="deepseek", help="the <name> of /v1/models/<name>")
     from config import ServeConfig
 
-    batching = ServeConfig()  # TF Serving's batching parameters, same names
-    for field, metavar, what in (
-            ("max_batch_size", "ROWS", "most prompts (rows) in one model call, and in one request"),
-            ("batch_timeout_micros", "US", "how long the oldest queued request waits for "
-                                           "batch-mates, microseconds"),
-            ("max_enqueued_batches", "N", "queued rows beyond N x max batch size get a 503"),
-            ("num_batch_threads", "N", "batches run at the same time")):
-        default = getattr(batching, field)
+    defaults = ServeConfig()  # TF Serving's batching parameters, same names; uvicorn's
+    for field, (metavar, what) in _SERVE_FIELDS.items():
+        default = getattr(defaults, field)
         srv.add_argument("--" + field.replace("_", "-"), type=int, default=default,
                          metavar=metavar, help=f"{what} (default {default})")
     console.add_arguments(srv, "serve")

@@ -48,15 +48,31 @@ class ServeConfig:
       max_enqueued_batches: queued rows beyond max_enqueued_batches * max_batch_size
         are refused at once (HTTP 503) instead of waiting.
       num_batch_threads: batches run at the same time (each one model call).
+      max_body_bytes: the largest request body, bytes, whatever its framing
+        (Content-Length or chunked, counted while it streams in): more is a 413.
+      max_response_bytes: the largest reply a request may ask for, bytes; a `logits`
+        request is sized before it runs (rows x positions x vocab_size x 20 bytes, a
+        float32 in JSON) and refused with a 400 above this.
+      timeout_keep_alive: seconds an idle connection (no complete request headers)
+        stays open (uvicorn's `timeout_keep_alive`); headers begun but not finished by
+        then get a 408.
+      timeout_request_body: seconds a request's body may take to arrive once its
+        headers have; later is a 408 and the connection is closed.
     """
 
     max_batch_size: int = 32
     batch_timeout_micros: int = 20_000
     max_enqueued_batches: int = 16
     num_batch_threads: int = 2
+    max_body_bytes: int = 10 * 1024 * 1024
+    max_response_bytes: int = 64 * 1024 * 1024
+    timeout_keep_alive: int = 5
+    timeout_request_body: int = 30
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "max_enqueued_batches", "num_batch_threads"):
+        for name in ("max_batch_size", "max_enqueued_batches", "num_batch_threads",
+                     "max_body_bytes", "max_response_bytes", "timeout_keep_alive",
+                     "timeout_request_body"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"serve.{name}={value} must be an integer >= 1")

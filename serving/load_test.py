@@ -4,7 +4,7 @@
 `concurrency` at a time, to `url` (which must be on the loopback interface),
 cycling through `bodies`, and returns latency percentiles and the status counts.
 It stops by itself: a fixed number of requests, each with a timeout.
-`wait_until_ready(url)` polls a model's status URL until the server answers.
+`wait_until_ready(url)` polls a model's status URL until the model is AVAILABLE.
 """
 
 from __future__ import annotations
@@ -43,8 +43,19 @@ def post_json(url: str, body, timeout: float = 60.0) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
+def _available(body: bytes) -> bool:
+    """False while TF Serving's model status says a version is not AVAILABLE (LOADING:
+    warming up); True for any other 200 answer."""
+    try:
+        versions = json.loads(body).get("model_version_status", [])
+    except (ValueError, AttributeError):
+        return True
+    return all(v.get("state", "AVAILABLE") == "AVAILABLE" for v in versions)
+
+
 def wait_until_ready(status_url: str, timeout_s: float = 300.0, alive=lambda: True) -> float:
-    """Polls `status_url` (GET) until it answers 200; returns the seconds waited.
+    """Polls `status_url` (GET) until it answers 200 and, when it is TF Serving's model
+    status, every version's state is AVAILABLE; returns the seconds waited.
 
     Args:
       status_url: e.g. http://127.0.0.1:8501/v1/models/deepseek (loopback only).
@@ -62,7 +73,7 @@ def wait_until_ready(status_url: str, timeout_s: float = 300.0, alive=lambda: Tr
             raise TimeoutError(f"{status_url}: the server exited before it answered")
         try:
             with urllib.request.urlopen(status_url, timeout=5) as response:
-                if response.status == 200:
+                if response.status == 200 and _available(response.read()):
                     return time.perf_counter() - start
         except (OSError, ValueError):
             pass

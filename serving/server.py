@@ -1,9 +1,13 @@
-"""`deepseek-tfx serve`: the pushed model over HTTP, on TensorFlow Serving's REST shapes.
+"""The pushed model behind `deepseek-tfx serve`, on TensorFlow Serving's REST shapes,
+independent of HTTP (`serving/http_app.py` puts it on uvicorn + FastAPI).
 
-  GET  /v1/models/<name>                 model status (as TF Serving's GetModelStatus)
-  GET  /v1/models/<name>/metadata        signatures of the SavedModel
-  POST /v1/models/<name>:predict         {"instances": [...]} or {"inputs": ...},
-                                         optional "signature_name" (default serving_default)
+  GET  /v1/models/<name>[/versions/N]            model status (TF Serving's
+                                                 GetModelStatus): state LOADING while
+                                                 warming up, then AVAILABLE
+  GET  /v1/models/<name>[/versions/N]/metadata   signatures of the SavedModel
+  POST /v1/models/<name>[/versions/N]:predict    {"instances": [...]} or {"inputs": ...},
+                                                 optional "signature_name" (default
+                                                 serving_default)
 
 Requests and responses follow TF Serving's REST API, so a client can move to
 `tensorflow_model_server --rest_api_port=... --model_base_path=<serving dir>`
@@ -15,6 +19,13 @@ is loaded (as TF Serving's default version policy); a SavedModel directory itsel
 tokenizer (logits only) serves `logits` and `serving_default` (token ids in, logits
 out); asking it for text says that it has no tokenizer.
 
+Warm-up. `warm_up()` runs every signature through the batcher at the batch sizes it
+will see (1, 2, 4, ... up to max_batch_size rows), after replaying the SavedModel's
+warm-up requests (`assets.extra/tf_serving_warmup_requests`, when
+`serving.warmup.read_warmup_requests` can read them); until it is done the state is
+LOADING and `predict`/`run` raise Unavailable (503: retry), as TF Serving does not
+serve a model before its warm-up ends.
+
 Inputs. A signature input of rank >= 1 has one row per prompt (`prompt`, `input_ids`,
 and the sampling inputs of `generate` when the model takes them per prompt); a rank-0
 input is one value for the whole call (the sampling inputs of older exports). In row
@@ -23,7 +34,10 @@ then be the same in every instance); in columnar format a single value given for
 per-row input is repeated for every prompt.
 
 Validation, before any model work: a bad request gets a 400 with `{"error": ...}`
-naming the field and its allowed range, and the server keeps serving:
+naming the field and its allowed range, and the server keeps serving. First the JSON
+itself, before any tensor is built (`serving/request_limits.py`): unknown keys,
+nesting deeper than an input's rank, ragged lists, integers outside their dtype
+(int32), non-finite floats, booleans where numbers belong. Then:
   max_new_tokens   in [1, context - prompt tokens], the context being
                    `max_position_embeddings` (the model's config,
                    `layout.read_model_config`) and the prompt
@@ -35,17 +49,23 @@ naming the field and its allowed range, and the server keeps serving:
   temperature >= 0, top_k >= 0, 0 < top_p <= 1;
   input_ids        in [0, vocab_size) (`logits`, `detokenize`, a logits-only
                    `serving_default`);
-  rows             at most `serve.max_batch_size` prompts per request.
+  rows             at most `serve.max_batch_size` prompts per request;
+  logits           (any signature that returns [rows, positions, vocab] floats:
+                   `logits`, a logits-only `serving_default`) positions <= context
+                   (max_position_embeddings), and the reply at most
+                   `serve.max_response_bytes` (default 64 MiB), sized as
+                   rows x positions x vocab_size x 20 bytes (a float32 in JSON):
+                   ask for fewer rows or positions, or generate text instead.
 A model without config.json (nor the pipeline config), or with one that cannot be
 read, skips the checks that need the context or the vocabulary (a warning says why);
 the model itself then rejects what it cannot run.
 
 Batching (TF Serving's `--enable_batching`, same knob names: `config.
 ServeConfig`). There is no lock around the model: each request is validated in its
-HTTP thread and queued; `num_batch_threads` batch threads each take the queued
-requests of one batching key, up to `max_batch_size` rows, once that many rows wait
-or the oldest has waited `batch_timeout_micros`, concatenate their per-row inputs
-along axis 0, call the signature once and hand each request its rows of the outputs.
+caller's thread (the HTTP app's worker thread) and queued; `num_batch_threads` batch
+threads each take the queued requests of one batching key, up to `max_batch_size`
+rows, once that many rows wait or the oldest has waited `batch_timeout_micros`,
+concatenate their per-row inputs along axis 0, call the signature once and hand each request its rows of the outputs.
 The batching key is the signature, the values of its scalar inputs, the shape of
 its inputs past the row axis (e.g. the length of `input_ids`, so no padding changes a
 request's logits) and, for per-row `max_new_tokens`, its power-of-two bucket
@@ -58,17 +78,15 @@ gets the error (400 when the model rejects its inputs, 500 otherwise). More than
 `max_enqueued_batches * max_batch_size` queued rows: 503 at once, as TF Serving's
 full batch queue.
 
-Needs only TensorFlow and tensorflow_text (and the standard library's threaded HTTP
-server).
+Needs only TensorFlow, tensorflow_text, numpy and pydantic.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import threading
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -86,13 +104,18 @@ from savedmodel.layout import (
     read_pipeline_config,
 )
 from serving.batcher import Batcher, Unavailable
+from serving.request_limits import (
+    BadRequest,
+    PredictRequest,
+    columns_to_arrays,
+    rows_to_columns,
+)
 
 log = logging.getLogger(__name__)
 
-_PREDICT = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?:predict$")
-_STATUS = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?"
-                     r"(?P<metadata>/metadata)?$")
-MAX_BODY_BYTES = 10 * 1024 * 1024
+__all__ = ["BadRequest", "ModelServer", "Unavailable"]
+
+JSON_BYTES_PER_FLOAT = 20  # a float32 as JSON text: "-0.123456789012345, "
 _TEXT_SIGNATURES = ("generate", "tokenize", "detokenize")
 # Sampling inputs: (allowed, what the 400 says).
 _SAMPLING_RANGES = {
@@ -100,10 +123,6 @@ _SAMPLING_RANGES = {
     "top_k": (lambda v: v >= 0, "must be >= 0 (0 = no top-k filter)"),
     "top_p": (lambda v: (v > 0) & (v <= 1), "must be in (0, 1] (1 = no nucleus filter)"),
 }
-
-
-class BadRequest(ValueError):
-    """A request the model cannot answer; becomes HTTP 400 with the message."""
 
 
 # ----------------------------------------------------------------------------- the model
@@ -130,14 +149,16 @@ class ModelServer:
       serving_dir: a serving directory (its newest numbered version is loaded) or a
         SavedModel directory (version 1).
       model_name: the <name> of /v1/models/<name>.
-      serve: batching knobs; `ServeConfig()` when None.
+      serve: batching knobs and limits; `ServeConfig()` when None.
+      warm: run `warm_up()` before returning (state AVAILABLE); False leaves the
+        state LOADING (requests get Unavailable) until the caller runs `warm_up()`.
 
     Raises:
       FileNotFoundError: see `layout.latest_version`.
     """
 
     def __init__(self, serving_dir: str, model_name: str = "deepseek",
-                 serve: ServeConfig | None = None):
+                 serve: ServeConfig | None = None, warm: bool = True):
         self.path, self.version = latest_version(serving_dir)
         self.name = model_name
         self.serve = serve or ServeConfig()
@@ -158,7 +179,18 @@ class ModelServer:
                         "runs: %s", self.path, e)
         self.default_max_new_tokens = _default_max_new_tokens(self.path)
         self.chat_prompt = read_chat_prompt(self.path)
+        # signature -> vocab dim of its [rows, positions, vocab] float output (logits)
+        self.logits_signatures = {
+            name: next(v.shape[-1] for v in fn.structured_outputs.values()
+                       if v.shape.rank == 3 and v.dtype.is_floating)
+            for name, fn in self.signatures.items()
+            if any(v.shape.rank == 3 and v.dtype.is_floating
+                   for v in fn.structured_outputs.values())}
+        self.state = "LOADING"  # TF Serving's ModelVersionStatus.State
+        self._ready = threading.Event()
         self.batcher = Batcher(self._call, self.serve)
+        if warm:
+            self.warm_up()
 
     def close(self) -> None:
         """Stops the batch threads (queued requests get Unavailable)."""
@@ -168,10 +200,92 @@ class ModelServer:
         """The batcher's counts: requests, calls, rows, max_rows, retried_batches, refused."""
         return self.batcher.stats()
 
+    @property
+    def ready(self) -> bool:
+        """True once `warm_up()` has run (state AVAILABLE)."""
+        return self._ready.is_set()
+
     def status(self) -> dict:
+        """TF Serving's GetModelStatus reply: state LOADING until warmed up, then AVAILABLE."""
         return {"model_version_status": [{
-            "version": str(self.version), "state": "AVAILABLE",
+            "version": str(self.version), "state": self.state,
             "status": {"error_code": "OK", "error_message": ""}}]}
+
+    def warm_up(self) -> dict:
+        """Runs every signature through the batcher before traffic (TF Serving's
+        SavedModel warm-up); then the state is AVAILABLE.
+
+        First the model's own warm-up requests (`serving.warmup.read_warmup_requests`,
+        when that module exists and the file is there), then each signature at
+        1, 2, 4, ... up to max_batch_size rows with synthesized inputs (greedy, one new
+        token, 8 token ids), so the first real batches of any size find their kernels
+        ready. A warm-up request that fails is logged and skipped.
+
+        Returns:
+          {"requests": calls made, "failed": of which failed, "seconds": wall time}.
+        """
+        start, calls, failed = time.perf_counter(), 0, 0
+        for name, inputs, rows in self._warmup_requests():
+            calls += 1
+            try:
+                self._validate(name, inputs, rows)
+                self.batcher.submit(self._batch_key(name, inputs), inputs, rows).result()
+            except Exception as e:  # noqa: BLE001 (warm-up is best effort)
+                failed += 1
+                log.warning("warm-up: %s at %d rows failed: %s", name, rows,
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+        self.state = "AVAILABLE"
+        self._ready.set()
+        return {"requests": calls, "failed": failed,
+                "seconds": round(time.perf_counter() - start, 2)}
+
+    def _warmup_requests(self):
+        """(signature, inputs, rows): the model's warm-up file, then synthesized ones."""
+        try:
+            from serving.warmup import read_warmup_requests  # written by the export side
+        except ImportError:
+            read_warmup_requests = None
+        if read_warmup_requests is not None:
+            try:
+                for name, inputs in read_warmup_requests(self.path):
+                    if name in self.signatures:
+                        rows = next((int(v.shape[0]) for v in inputs.values() if v.ndim), 1)
+                        yield name, inputs, rows
+            except (OSError, ValueError) as e:
+                log.warning("warm-up: %s/assets.extra's warm-up requests unreadable: %s",
+                            self.path, e)
+        sizes, n = [], 1
+        while n < self.serve.max_batch_size:
+            sizes.append(n)
+            n *= 2
+        sizes.append(self.serve.max_batch_size)
+        for name in sorted(self.signatures):
+            specs = self.signatures[name].structured_input_signature[1]
+            # serving_default generates its default max_new_tokens: one row is enough
+            unbounded = "prompt" in specs and "max_new_tokens" not in specs
+            for rows in sizes[:1] if unbounded else sizes:
+                inputs = self._synthetic_inputs(name, rows)
+                if inputs is not None:
+                    yield name, inputs, rows
+
+    def _synthetic_inputs(self, name: str, rows: int) -> dict[str, np.ndarray] | None:
+        """Inputs for `rows` prompts: text "预热" ("warm-up"), 8 token ids, greedy sampling of
+        one new token; None for a signature with inputs of other kinds."""
+        values = {"max_new_tokens": 1, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}
+        inputs = {}
+        for key, spec in self.signatures[name].structured_input_signature[1].items():
+            shape = [rows] if spec.shape.rank == 1 else []
+            if spec.dtype == tf.string and spec.shape.rank in (0, 1):
+                inputs[key] = np.full(shape, "预热".encode(), dtype=object)
+            elif key == "input_ids" and spec.shape.rank == 2:
+                high = min(self.vocab_size or 2, 256)
+                inputs[key] = (np.arange(rows * 8).reshape(rows, 8) % high).astype(
+                    spec.dtype.as_numpy_dtype)
+            elif key in values and spec.shape.rank in (0, 1):
+                inputs[key] = np.full(shape, values[key], dtype=spec.dtype.as_numpy_dtype)
+            else:
+                return None
+        return inputs
 
     def metadata(self) -> dict:
         sigs = {}
@@ -186,37 +300,42 @@ class ModelServer:
         return {"model_spec": {"name": self.name, "version": str(self.version)},
                 "metadata": {"signature_def": sigs}}
 
-    def predict(self, body: dict) -> dict:
-        """Answers a TF Serving REST predict request body; blocks until its batch ran.
+    def predict(self, body) -> dict:
+        """Answers a TF Serving REST predict request body (parsed JSON); blocks until
+        its batch ran.
 
         Raises:
           BadRequest: the request is malformed or out of range (validated before it is
-            queued), or the model rejected its inputs (InvalidArgumentError).
-          Unavailable: the batch queue is full.
+            queued, `serving/request_limits.py`), or the model rejected its inputs
+            (InvalidArgumentError).
+          Unavailable: the batch queue is full, or the model is still warming up.
           Exception: anything else the model raised (HTTP 500).
         """
-        if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object")
-        name = body.get("signature_name", "serving_default")
-        if not isinstance(name, str) or name not in self.signatures:
+        self._check_ready()
+        try:
+            return self._predict(body)
+        except RecursionError as e:  # JSON nested nearly as deep as the parser goes
+            raise BadRequest("the request is nested too deep") from e
+
+    def _predict(self, body) -> dict:
+        request = PredictRequest.from_json(body)
+        name = request.signature_name
+        if name not in self.signatures:
             why = "" if self.has_tokenizer or name not in _TEXT_SIGNATURES else (
                 " (it has no tokenizer: logits only, token ids in)")
             raise BadRequest(f"unknown signature_name '{name}'; the model has "
                              f"{sorted(self.signatures)}{why}")
         specs = self.signatures[name].structured_input_signature[1]
-        if ("instances" in body) == ("inputs" in body):
-            raise BadRequest('give exactly one of "instances" (row format) or "inputs" '
-                             "(columnar format)")
-        if "instances" in body:
-            columns = self._rows_to_columns(body["instances"], specs)
+        if request.instances is not None:
+            columns = rows_to_columns(request.instances, specs)
         else:
-            columns = body["inputs"]
+            columns = request.inputs
             if not isinstance(columns, dict):
                 if len(specs) != 1:
                     raise BadRequest(f'"inputs" must be an object with keys {sorted(specs)}')
                 columns = {next(iter(specs)): columns}
         try:
-            inputs, rows = self._to_arrays(columns, specs)
+            inputs, rows = columns_to_arrays(columns, specs, self.serve.max_batch_size)
         except BadRequest as e:
             if self.has_tokenizer or not _has_text(columns):
                 raise
@@ -227,13 +346,18 @@ class ModelServer:
             longest = int(outputs["lengths"].max()) if outputs["lengths"].size else 0
             outputs = {**outputs, "input_ids": outputs["input_ids"][:, :longest]}
         outputs = {k: _to_json(v) for k, v in outputs.items()}
-        if "instances" in body:
-            n = len(body["instances"])
+        if request.instances is not None:
+            n = len(request.instances)
             batched = {k: v for k, v in outputs.items() if isinstance(v, list) and len(v) == n}
             if len(batched) == 1:
                 return {"predictions": next(iter(batched.values()))}
             return {"predictions": [{k: v[i] for k, v in batched.items()} for i in range(n)]}
         return {"outputs": outputs}
+
+    def _check_ready(self) -> None:
+        if not self._ready.is_set():
+            raise Unavailable(f"model '{self.name}' is LOADING (warming up); retry in a "
+                              f"moment (GET /v1/models/{self.name} says AVAILABLE when ready)")
 
     def run(self, name: str, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         """Validates and runs one call of signature `name` through the batcher; blocks
@@ -252,65 +376,9 @@ class ModelServer:
         Raises:
           BadRequest, Unavailable, Exception: as `predict`.
         """
+        self._check_ready()
         self._validate(name, inputs, rows)
         return self.batcher.submit(self._batch_key(name, inputs), inputs, rows).result()
-
-    # -- parsing ------------------------------------------------------------------
-    @staticmethod
-    def _rows_to_columns(instances, specs) -> dict:
-        if not isinstance(instances, list) or not instances:
-            raise BadRequest('"instances" must be a non-empty list')
-        batched = [k for k, s in specs.items() if s.shape.rank and s.shape.rank >= 1]
-        if all(not isinstance(x, dict) for x in instances):
-            if len(batched) != 1:
-                raise BadRequest(f"instances must be objects with keys {sorted(specs)}")
-            return {batched[0]: instances}
-        if not all(isinstance(x, dict) for x in instances):
-            raise BadRequest("instances must be all objects or all values")
-        columns: dict = {}
-        for key, spec in specs.items():
-            values = [x.get(key) for x in instances]
-            if spec.shape.rank == 0:  # a scalar input: the same for the whole batch
-                given = {json.dumps(v) for v in values if v is not None}
-                if len(given) > 1:
-                    raise BadRequest(f"'{key}' is a scalar input: it must be the same "
-                                     "in every instance")
-                if given:
-                    columns[key] = json.loads(given.pop())
-            else:
-                if any(v is None for v in values):
-                    raise BadRequest(f"every instance needs '{key}'")
-                columns[key] = values
-        return columns
-
-    @staticmethod
-    def _to_arrays(columns: dict, specs) -> tuple[dict[str, np.ndarray], int]:
-        """(numpy inputs of the signature's dtypes and shapes, rows). A single value for
-        a per-row (rank-1) input is repeated for every row."""
-        unknown = sorted(set(columns) - set(specs))
-        if unknown:
-            raise BadRequest(f"unknown inputs {unknown}; the signature takes {sorted(specs)}")
-        missing = sorted(set(specs) - set(columns))
-        if missing:
-            raise BadRequest(f"missing inputs {missing}")
-        arrays = {}
-        for key, spec in specs.items():
-            try:
-                arrays[key] = tf.constant(columns[key], dtype=spec.dtype).numpy()
-            except (TypeError, ValueError) as e:
-                raise BadRequest(f"input '{key}' must be {spec.dtype.name} "
-                                 f"{spec.shape.as_list()}: {e}") from e
-        row_counts = {k: a.shape[0] for k, a in arrays.items() if specs[k].shape.rank and a.ndim}
-        if len(set(row_counts.values())) > 1:
-            raise BadRequest(f"the inputs have different numbers of rows: {row_counts}")
-        rows = next(iter(row_counts.values()), 0)
-        for key, spec in specs.items():
-            if spec.shape.rank == 1 and arrays[key].ndim == 0 and row_counts:
-                arrays[key] = np.full([rows], arrays[key])  # one value for every prompt
-            if not spec.shape.is_compatible_with(arrays[key].shape):
-                raise BadRequest(f"input '{key}' has shape {list(arrays[key].shape)}, "
-                                 f"expected {spec.shape.as_list()}")
-        return arrays, rows
 
     # -- validation ---------------------------------------------------------------
     def _validate(self, name: str, inputs: dict[str, np.ndarray], rows: int) -> None:
@@ -336,6 +404,27 @@ class ModelServer:
                                  f"input_ids[{where}] = {ids[tuple(bad[0])]}")
         if "prompt" in inputs and rows and self.context and "tokenize" in self.signatures:
             self._check_room(name, inputs, rows)
+        if name in self.logits_signatures and ids is not None and ids.ndim == 2:
+            self._check_logits_size(name, ids.shape[0], ids.shape[1])
+
+    def _check_logits_size(self, name: str, rows: int, positions: int) -> None:
+        """positions <= context; rows x positions x vocab x 20 bytes <= max_response_bytes."""
+        if self.context and positions > self.context:
+            raise BadRequest(
+                f"input_ids has {positions} positions; {name} takes at most {self.context} "
+                "(the model's context, max_position_embeddings)")
+        vocab = self.logits_signatures[name] or self.vocab_size
+        if not vocab:
+            return
+        size, cap = rows * positions * vocab * JSON_BYTES_PER_FLOAT, self.serve.max_response_bytes
+        if size > cap:
+            most = max(cap // (positions * vocab * JSON_BYTES_PER_FLOAT), 0)
+            raise BadRequest(
+                f"the {name} reply would be about {size / 2**20:.0f} MiB ({rows} rows x "
+                f"{positions} positions x vocab_size {vocab} x {JSON_BYTES_PER_FLOAT} bytes "
+                f"per float in JSON), over max_response_bytes={cap}: ask for at most "
+                f"{most} rows of {positions} positions, fewer positions, or generated text "
+                "(the generate signature)")
 
     def _check_room(self, name: str, inputs: dict[str, np.ndarray], rows: int) -> None:
         """max_new_tokens in [1, context - prompt tokens], for every prompt."""
@@ -407,12 +496,15 @@ def _error_summary(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _has_text(value) -> bool:
+def _has_text(value, depth: int = 4) -> bool:
+    """Whether `value` holds a string within `depth` levels (bounded: any JSON)."""
     if isinstance(value, str):
         return True
+    if depth == 0:
+        return False
     if isinstance(value, dict):
-        return any(_has_text(v) for v in value.values())
-    return isinstance(value, list) and any(_has_text(v) for v in value)
+        return any(_has_text(v, depth - 1) for v in value.values())
+    return isinstance(value, list) and any(_has_text(v, depth - 1) for v in value)
 
 
 def _to_json(value):
@@ -425,100 +517,3 @@ def _to_json(value):
     if isinstance(value, list):
         return [_to_json(v) for v in value]
     return value
-
-
-# ----------------------------------------------------------------------------- HTTP
-
-
-def make_handler(server: ModelServer):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def _send(self, status: int, payload: dict) -> None:
-            body = json.dumps(payload).encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _model_matches(self, match) -> bool:
-            if match.group("name") != server.name:
-                self._send(HTTPStatus.NOT_FOUND,
-                           {"error": f"Servable not found for request: '{match.group('name')}'"
-                                     f" (this server serves '{server.name}')"})
-                return False
-            version = match.group("version")
-            if version is not None and int(version) != server.version:
-                self._send(HTTPStatus.NOT_FOUND,
-                           {"error": f"version {version} is not loaded (loaded: {server.version})"})
-                return False
-            return True
-
-        def do_GET(self):  # noqa: N802 (http.server API)
-            match = _STATUS.match(self.path)
-            if not match:
-                self._send(HTTPStatus.NOT_FOUND, {"error": f"no such resource: {self.path}"})
-                return
-            if self._model_matches(match):
-                self._send(HTTPStatus.OK,
-                           server.metadata() if match.group("metadata") else server.status())
-
-        def do_POST(self):  # noqa: N802
-            match = _PREDICT.match(self.path)
-            if not match:
-                self._send(HTTPStatus.NOT_FOUND, {"error": f"no such resource: {self.path}"})
-                return
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                           {"error": f"request body over {MAX_BODY_BYTES} bytes"})
-                self.close_connection = True
-                return
-            raw = self.rfile.read(length)
-            if not self._model_matches(match):
-                return
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                self._send(HTTPStatus.BAD_REQUEST, {"error": f"the body is not JSON: {e}"})
-                return
-            try:
-                self._send(HTTPStatus.OK, server.predict(body))
-            except BadRequest as e:
-                self._send(HTTPStatus.BAD_REQUEST, {"error": str(e)})
-            except Unavailable as e:
-                self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(e)})
-            except Exception as e:  # noqa: BLE001 (a server keeps serving)
-                log.exception("predict failed")
-                self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {e}"})
-
-        def log_message(self, fmt, *args):
-            log.info("%s " + fmt, self.address_string(), *args)
-
-    return Handler
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    """A thread per connection; a listen backlog for many clients at once (socketserver's
-    default of 5 refuses connections when 32 clients connect together)."""
-
-    daemon_threads = True
-    request_queue_size = 256
-
-
-def make_http_server(serving_dir: str, host: str = "127.0.0.1", port: int = 8501,
-                     model_name: str = "deepseek",
-                     serve: ServeConfig | None = None) -> ThreadingHTTPServer:
-    """Loads the newest version and returns a ready (not yet serving) HTTP server.
-
-    `httpd.model_server` is the `ModelServer`; call its `close()` after
-    `httpd.server_close()` to stop the batch threads.
-
-    Raises:
-      FileNotFoundError: see `layout.latest_version`.
-    """
-    model_server = ModelServer(serving_dir, model_name, serve)
-    httpd = _HTTPServer((host, port), make_handler(model_server))
-    httpd.model_server = model_server
-    return httpd

@@ -233,16 +233,18 @@ def test_pushed_model_exports_to_hf_and_back(run, tmp_path):
 
 def test_serve_on_tf_serving_rest_shapes(run):
     """Loopback: status, predict (row and columnar), a bounded load test, 4xx for bad input."""
-    import threading
+    import contextlib
     import urllib.request
 
+    from serving.http_app import make_app, serving_in_thread
     from serving.load_test import load_test, post_json
-    from serving.server import make_http_server
+    from serving.server import ModelServer
 
-    httpd = make_http_server(run["serving_model_dir"], port=0)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{httpd.server_address[1]}/v1/models/deepseek"
-    try:
+    server = ModelServer(run["serving_model_dir"])
+    with contextlib.ExitStack() as stack:
+        stack.callback(server.close)
+        port = stack.enter_context(serving_in_thread(make_app(server), server.serve))
+        base = f"http://127.0.0.1:{port}/v1/models/deepseek"
         with urllib.request.urlopen(base, timeout=30) as r:
             status = json.loads(r.read())
         assert status["model_version_status"][0]["state"] == "AVAILABLE"
@@ -263,8 +265,6 @@ def test_serve_on_tf_serving_rest_shapes(run):
         code, _ = post_json(base.replace("deepseek", "other") + ":predict", {"instances": ["a"]})
         assert code == 404
         assert post_json(base + ":predict", {"instances": ["still up"]})[0] == 200
-    finally:
-        httpd.shutdown()
 
 
 def np_shape(nested) -> list[int]:

@@ -18,6 +18,8 @@ import json
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -25,8 +27,9 @@ import tensorflow as tf
 
 from config import ServeConfig
 from serving.batcher import Batcher, Unavailable
+from serving.http_app import make_app, serving_in_thread
 from serving.load_test import post_json
-from serving.server import make_http_server
+from serving.server import ModelServer
 
 UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 5, " over": 7,
          "\n\n": 10}
@@ -110,15 +113,14 @@ def per_row_model(tmp_path_factory):
 
 @contextlib.contextmanager
 def _serving(model_dir, **serve):
-    httpd = make_http_server(str(model_dir), port=0, serve=ServeConfig(**serve))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    """(predict URL, ModelServer) of `model_dir` served by uvicorn from a thread."""
+    config = ServeConfig(**serve)
+    server = ModelServer(str(model_dir), serve=config)
     try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1/models/deepseek:predict", (
-            httpd.model_server)
+        with serving_in_thread(make_app(server), config) as port:
+            yield f"http://127.0.0.1:{port}/v1/models/deepseek:predict", server
     finally:
-        httpd.shutdown()
-        httpd.server_close()
-        httpd.model_server.close()
+        server.close()
 
 
 def _generate(prompt: str, max_new_tokens: int = 6, signature: str = "generate",
@@ -281,6 +283,7 @@ def test_max_new_tokens_buckets_batch_apart(per_row_model):
 
 def test_one_failing_request_does_not_fail_its_batch_mates(per_row_model):
     with _serving(per_row_model, max_batch_size=4, batch_timeout_micros=300_000) as (url, server):
+        warm = server.stats()  # the warm-up's calls
         answers = _concurrently(url, [_generate(p) for p in ("a", "boom", "c", "d")])
         assert [code for code, _ in answers] == [200, 400, 200, 200]
         assert answers[1][1]["error"] == "the model rejected the inputs: assertion failed: " \
@@ -288,8 +291,11 @@ def test_one_failing_request_does_not_fail_its_batch_mates(per_row_model):
         assert [out["predictions"][0]["text"] for _, out in answers if "predictions" in out] == [
             "a|6|0.0|0|0", "c|6|0.0|0|0", "d|6|0.0|0|0"]
         # one batch of 4 failed; then each ran alone
-        assert server.stats() == {"requests": 4, "calls": 5, "rows": 8, "max_rows": 4,
-                                  "retried_batches": 1, "refused": 0}
+        stats = server.stats()
+        assert {k: stats[k] - warm[k] for k in ("requests", "calls", "rows", "retried_batches",
+                                                "refused")} == {
+            "requests": 4, "calls": 5, "rows": 8, "retried_batches": 1, "refused": 0}
+        assert stats["max_rows"] == 4
 
 
 # ----------------------------------------------------------------------------- the Batcher
@@ -375,3 +381,34 @@ def test_batcher_serves_keys_oldest_first_and_a_slow_call_holds_one_thread_and_k
         assert batcher.stats()["refused"] == 1
     finally:
         batcher.close()
+
+
+# ----------------------------------------------------------------------------- readiness
+
+
+def test_loading_until_warmed_up_then_available(per_row_model):
+    config = ServeConfig(batch_timeout_micros=0, max_batch_size=4)
+    server = ModelServer(str(per_row_model), serve=config, warm=False)
+    try:
+        with serving_in_thread(make_app(server), config) as port:
+            base = f"http://127.0.0.1:{port}/v1/models/deepseek"
+            with urllib.request.urlopen(base) as response:
+                assert json.loads(response.read())["model_version_status"][0]["state"] == (
+                    "LOADING")
+            try:
+                urllib.request.urlopen(urllib.request.Request(
+                    base + ":predict", data=json.dumps(_generate("a")).encode()))
+                raise AssertionError("predict answered while LOADING")
+            except urllib.error.HTTPError as e:
+                assert e.code == 503 and e.headers["Retry-After"] == "1"
+                assert "is LOADING (warming up)" in json.loads(e.read())["error"]
+            done = server.warm_up()
+            # generate and generate_raw at 1, 2, 4 rows; tokenize at 1, 2, 4
+            assert done["requests"] == 9 and done["failed"] == 0
+            assert server.stats()["rows"] == 3 * (1 + 2 + 4)
+            with urllib.request.urlopen(base) as response:
+                assert json.loads(response.read())["model_version_status"][0]["state"] == (
+                    "AVAILABLE")
+            assert post_json(base + ":predict", _generate("a"))[0] == 200
+    finally:
+        server.close()
