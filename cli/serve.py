@@ -112,37 +112,54 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serves until Ctrl-C (`serving/http_app.py` on uvicorn); then prints the batching
-    statistics. The port opens at once; the model warms up in the background and
+    statistics. The port opens at once; the models warm up in the background and
     `ready` is printed when GET /v1/models/<name> says AVAILABLE (predict answers 503
     until then)."""
     from config import ServeConfig
+    from serving.model_split import parse_models, parse_split
 
     try:
         serve = ServeConfig(**{field: getattr(args, field) for field in _SERVE_FIELDS})
+        dirs = parse_models(args.model, args.model_name)
+        split = parse_split(args.split, dirs) if args.split else None
     except ValueError as e:
         raise SystemExit(f"error: serve: {e}") from e
+    if split is not None and args.model_name in dirs:
+        raise SystemExit(f"error: serve: --split needs a route name of its own: "
+                         f"--model-name {args.model_name!r} is a served model's name")
     import gc
     import threading
 
     import uvicorn
 
     from serving.http_app import make_app, uvicorn_config
+    from serving.served_models import ServedModels
     from serving.server import ModelServer
 
+    servers = {}
     try:
-        server = ModelServer(args.model, args.model_name, serve, warm=False)
+        for name, model_dir in dirs.items():
+            servers[name] = ModelServer(model_dir, name, serve, warm=False)
     except FileNotFoundError as e:
         raise SystemExit(f"error: {e}") from e
-    config = uvicorn_config(make_app(server), args.host, args.port, serve)
+    models = ServedModels(servers, split, args.model_name)
+    config = uvicorn_config(make_app(models), args.host, args.port, serve)
     try:
         sock = config.bind_socket()
     except SystemExit as e:  # uvicorn logged why (e.g. the port is in use)
         raise SystemExit(f"error: serve: cannot listen on {args.host}:{args.port}") from e
     host, port = sock.getsockname()[:2]
-    kind = "" if server.has_tokenizer else " (no tokenizer: logits only, token ids in)"
-    print(f"serving {server.path} (version {server.version}) as '{server.name}' on "
-          f"http://{host}:{port}/v1/models/{server.name}  (Ctrl-C stops)", flush=True)
-    print(f"  signatures: {', '.join(sorted(server.signatures))}{kind}", flush=True)
+    for server in servers.values():
+        kind = "" if server.has_tokenizer else " (no tokenizer: logits only, token ids in)"
+        print(f"serving {server.path} (version {server.version}) as '{server.name}' on "
+              f"http://{host}:{port}/v1/models/{server.name}", flush=True)
+        print(f"  signatures: {', '.join(sorted(server.signatures))}{kind}", flush=True)
+    if split is not None:
+        print(f"  split: /v1/models/{args.model_name} and OpenAI requests for "
+              f"'{args.model_name}' (or no model) go {split} (sticky per `user` or "
+              "X-Session-Id)", flush=True)
+    print(f"  OpenAI API: http://{host}:{port}/v1 (models, completions, chat/completions); "
+          f"metrics: http://{host}:{port}/metrics  (Ctrl-C stops)", flush=True)
     print(f"  batching: max_batch_size {serve.max_batch_size} rows, batch_timeout_micros "
           f"{serve.batch_timeout_micros} ({serve.batch_timeout_micros / 1000:g} ms), "
           f"max_enqueued_batches {serve.max_enqueued_batches}, num_batch_threads "
@@ -152,14 +169,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"timeout_request_body {serve.timeout_request_body} s", flush=True)
 
     def warm() -> None:
-        done = server.warm_up()
-        # The loaded SavedModel is ~10^5-10^6 Python objects that live as long as the
+        requests = failed = 0
+        seconds = 0.0
+        for server in servers.values():
+            done = server.warm_up()
+            requests, failed = requests + done["requests"], failed + done["failed"]
+            seconds += done["seconds"]
+        # The loaded SavedModels are ~10^5-10^6 Python objects that live as long as the
         # server; out of the collector's sight, full collections stop pausing requests.
         gc.collect()
         gc.freeze()
-        failed = f", {done['failed']} failed" if done["failed"] else ""
-        print(f"ready: warmed up with {done['requests']} requests in {done['seconds']:.1f} s"
-              f"{failed}; state AVAILABLE", flush=True)
+        note = f", {failed} failed" if failed else ""
+        print(f"ready: warmed up with {requests} requests in {seconds:.1f} s{note}; "
+              "state AVAILABLE", flush=True)
 
     threading.Thread(target=warm, name="warm-up", daemon=True).start()
     try:
@@ -168,12 +190,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pass
     finally:
         sock.close()
-        server.close()
-        stats = server.stats()
-        print(f"served {stats['requests']} requests in {stats['calls']} model calls "
-              f"({stats['rows'] / max(stats['calls'], 1):.1f} rows per call, at most "
-              f"{stats['max_rows']}; {stats['retried_batches']} failed batches run again "
-              f"request by request; {stats['refused']} refused with 503)", flush=True)
+        models.close()
+        for server in servers.values():
+            stats = server.stats()
+            print(f"'{server.name}' served {stats['requests']} requests in {stats['calls']} "
+                  f"model calls ({stats['rows'] / max(stats['calls'], 1):.1f} rows per call, "
+                  f"at most {stats['max_rows']}; {stats['retried_batches']} failed batches "
+                  f"run again request by request; {stats['refused']} refused with 503)",
+                  flush=True)
     return 0
 
 
@@ -236,11 +260,18 @@ def add_parsers(sub) -> None:
 
     srv = sub.add_parser("serve", help="serve the newest pushed version over HTTP on the "
                          "TensorFlow Serving REST API")
-    srv.add_argument("--model", required=True, help="serving dir (its newest version is "
-                     "served) or a SavedModel dir (served as version 1)")
+    srv.add_argument("--model", required=True, action="append", metavar="[NAME=]DIR",
+                     help="serving dir (its newest version is served) or a SavedModel dir "
+                     "(served as version 1); repeat as NAME=DIR to serve several models")
     srv.add_argument("--port", type=int, default=8501, help="default 8501, as TF Serving's REST")
     srv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only)")
-    srv.add_argument("--model-name", default="deepseek", help="the <name> of /v1/models/<name>")
+    srv.add_argument("--model-name", default="deepseek", help="the <name> of /v1/models/<name> "
+                     "for a --model given without NAME=; with --split, the route name whose "
+                     "traffic is split")
+    srv.add_argument("--split", metavar="A=90,B=10",
+                     help="share the --model-name route's traffic (TF Serving's and OpenAI's) "
+                     "between named models, in percent; sticky per OpenAI `user` or the "
+                     "X-Session-Id header")
     from config import ServeConfig
 
     defaults = ServeConfig()  # TF Serving's batching parameters, same names; uvicorn's

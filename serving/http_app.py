@@ -40,6 +40,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 import h11
@@ -48,12 +49,15 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from config import ServeConfig
 from serving.batcher import Unavailable
+from serving.http_body import HTTPError, json_response, read_body
+from serving.metrics import ServerMetrics
+from serving.openai_api import OPENAI_ROUTES, make_openai_router
 from serving.request_limits import BadRequest, parse_json_body
+from serving.served_models import SESSION_HEADER, ServedModels
 from serving.server import ModelServer
 
 log = logging.getLogger(__name__)
@@ -61,36 +65,34 @@ log = logging.getLogger(__name__)
 _PREDICT = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?:predict$")
 _STATUS = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?(?P<metadata>/metadata)?$")
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
+# The route labels of TF Serving's routes in /metrics (one catch-all route serves them).
+STATUS_ROUTE = "/v1/models/{name}"
+METADATA_ROUTE = "/v1/models/{name}/metadata"
+PREDICT_ROUTE = "/v1/models/{name}:predict"
+METRICS_ROUTE = "/metrics"
+ROUTES = (STATUS_ROUTE, METADATA_ROUTE, PREDICT_ROUTE, METRICS_ROUTE, *OPENAI_ROUTES)
 
 
-class HTTPError(Exception):
-    """An HTTP error reply: `status`, the one-line message, extra `headers`. Raised by
-    `read_body`; the app answers it as JSON {"error": message} (routes of
-    `extra_routers` may catch it to answer in their own error shape)."""
-
-    def __init__(self, status: int, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.headers = status, headers or {}
-
-
-def json_response(status: int, payload: dict, headers: dict | None = None) -> Response:
-    """`payload` as JSON (as `json.dumps`, non-ASCII escaped, like the server before)."""
-    return Response(json.dumps(payload).encode("utf-8"), status_code=status,
-                    media_type="application/json", headers=headers)
-
-
-def make_app(server: ModelServer, extra_routers: Sequence[APIRouter] = ()) -> FastAPI:
-    """The ASGI app serving `server` on TF Serving's REST routes (module docstring).
+def make_app(models: ServedModels | ModelServer, metrics: ServerMetrics | None = None,
+             openai: bool = True, extra_routers: Sequence[APIRouter] = ()) -> FastAPI:
+    """The ASGI app serving `models` (module docstring).
 
     Args:
-      server: the loaded model (it may still be warming up: state LOADING).
-      extra_routers: more routes (e.g. OpenAI's `/v1/completions`), included after
-        TF Serving's; paths under /v1/models/<...> stay TF Serving's.
+      models: the served models (`ServedModels`), or one `ModelServer` (served under
+        its name). They may still be warming up (state LOADING).
+      metrics: where requests, tokens and batches are counted (`/metrics`); a new
+        `ServerMetrics` for the models when None.
+      openai: also serve the OpenAI-compatible routes (`serving/openai_api.py`).
+      extra_routers: more routes, included last; paths under /v1/models/<...> stay
+        TF Serving's.
     """
-    limits = server.serve
+    if isinstance(models, ModelServer):
+        models = ServedModels({models.name: models})
+    limits = models.servers[models.default].serve
     app = FastAPI(title="deepseek-tfx serve", docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.state.model_server = server
+    app.state.models = models
+    app.state.model_server = models.servers[models.default]
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -115,80 +117,81 @@ def make_app(server: ModelServer, extra_routers: Sequence[APIRouter] = ()) -> Fa
         match = predict or status
         if not match:
             raise HTTPError(404, f"no such resource: {request.url.path}")
+        request.state.route = (PREDICT_ROUTE if predict else METADATA_ROUTE
+                               if status.group("metadata") else STATUS_ROUTE)
         allowed = ["POST"] if predict else ["GET", "HEAD"]
         if request.method not in allowed:
             raise HTTPError(405, f"{request.method} is not allowed on {request.url.path}; "
                              f"it takes {', '.join(allowed)}", {"Allow": ", ".join(allowed)})
-        _check_model(server, match)
         if status:
+            members = _members(models, match)
+            request.state.model = members[0].name if len(members) == 1 else None
             if request.method == "HEAD":
                 return Response(status_code=200, media_type="application/json")
-            return json_response(200, server.metadata() if match.group("metadata")
-                                 else server.status())
+            if match.group("metadata"):
+                return json_response(200, members[0].metadata())
+            return json_response(200, _status(members))
+        _members(models, match)  # 404 before the body is read
+        server = models.get(match.group("name"), request.headers.get(SESSION_HEADER))
+        request.state.model = server.name
+        _check_version(server, match)
         raw = await read_body(request, limits)
-        return await run_in_threadpool(_predict, server, raw)
+        return await run_in_threadpool(_predict, server, raw, metrics)
 
+    if metrics is None:
+        metrics = ServerMetrics(models.names(), routes=ROUTES)
+    for name, server in models.servers.items():
+        metrics.watch_batcher(name, server.batcher)
+
+    @app.get(METRICS_ROUTE)
+    async def prometheus_metrics(request: Request) -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    if openai:
+        app.include_router(make_openai_router(
+            models, read_body=lambda request: read_body(request, limits),
+            on_usage=metrics.count_tokens))
     for router in extra_routers:
         app.include_router(router)
+    app.state.metrics = metrics
+    app.add_middleware(_MetricsMiddleware, metrics=metrics)
     return app
 
 
-def _check_model(server: ModelServer, match: re.Match) -> None:
-    if match.group("name") != server.name:
-        raise HTTPError(404, f"Servable not found for request: '{match.group('name')}'"
-                              f" (this server serves '{server.name}')")
+def _members(models: ServedModels, match: re.Match) -> list[ModelServer]:
+    name = match.group("name")
+    try:
+        return models.members(name)
+    except KeyError:
+        split = f" or the split '{models.split_name}'" if models.split_name else ""
+        raise HTTPError(404, f"Servable not found for request: '{name}' (this server serves "
+                             f"{models.names()}{split})") from None
+
+
+def _check_version(server: ModelServer, match: re.Match) -> None:
     version = match.group("version")
     if version is not None and int(version) != server.version:
         raise HTTPError(404, f"version {version} is not loaded (loaded: {server.version})")
 
 
-async def read_body(request: Request, limits: ServeConfig) -> bytes:
-    """The request body, at most `limits.max_body_bytes` in any framing, all of it
-    within `limits.timeout_request_body` seconds. For other routes too (OpenAI's).
-
-    Raises:
-      HTTPError: 413 (too large: refused from Content-Length before reading, or as
-        soon as a chunked body passes the limit), 408 (too slow), 400 (Content-Length
-        beside Transfer-Encoding, or the client went away); each closes the connection.
-    """
-    cap, close = limits.max_body_bytes, {"Connection": "close"}
-    declared = request.headers.get("content-length")
-    if declared is not None and "transfer-encoding" in request.headers:
-        # h11 frames it by Transfer-Encoding; a proxy in front may use Content-Length
-        # (request smuggling): refused, as RFC 9112 §6.3 allows, and the connection closed
-        raise HTTPError(400, "Content-Length beside Transfer-Encoding: the body's framing "
-                             "is ambiguous; send one of them", close)
-    if declared is not None and declared.isdigit() and int(declared) > cap:
-        raise HTTPError(413, f"request body of {declared} bytes is over max_body_bytes={cap}",
-                         close)
-    chunks: list[bytes] = []
-    size = 0
-
-    async def receive_all() -> None:
-        nonlocal size
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > cap:
-                raise HTTPError(413, f"request body is over max_body_bytes={cap} bytes",
-                                 close)
-            chunks.append(chunk)
-
-    try:
-        await asyncio.wait_for(receive_all(), limits.timeout_request_body)
-    except asyncio.TimeoutError as e:
-        raise HTTPError(408, f"the request body did not arrive within timeout_request_body="
-                              f"{limits.timeout_request_body} s ({size} bytes came)",
-                         close) from e
-    except ClientDisconnect as e:
-        raise HTTPError(400, "the client closed the connection before the body ended",
-                         close) from e
-    return b"".join(chunks)
+def _status(members: list[ModelServer]) -> dict:
+    """TF Serving's model status; a split name is AVAILABLE once all its models are."""
+    if len(members) == 1:
+        return members[0].status()
+    state = "AVAILABLE" if all(m.state == "AVAILABLE" for m in members) else "LOADING"
+    return {"model_version_status": [{"version": str(m.version), "state": state,
+                                      "status": {"error_code": "OK", "error_message": ""}}
+                                     for m in members[:1]]}
 
 
-def _predict(server: ModelServer, raw: bytes) -> Response:
+def _predict(server: ModelServer, raw: bytes, metrics: ServerMetrics) -> Response:
     """Parse, predict, encode (a worker thread: all of it may take a while)."""
     try:
-        return json_response(200, server.predict(parse_json_body(raw)))
+        usage: dict = {}
+        reply = server.predict(parse_json_body(raw), usage)
+        metrics.count_tokens(server.name, usage["prompt_tokens"], usage["completion_tokens"])
+        return json_response(200, reply)
     except BadRequest as e:
         return json_response(400, {"error": str(e)})
     except Unavailable as e:
@@ -196,6 +199,34 @@ def _predict(server: ModelServer, raw: bytes) -> Response:
     except Exception as e:  # noqa: BLE001 (a server keeps serving)
         log.exception("predict failed")
         return json_response(500, {"error": f"internal error: {e}"})
+
+
+class _MetricsMiddleware:
+    """ASGI middleware: every HTTP request is counted and timed, from its arrival to the
+    last byte of its reply (a stream's included), under the route and model the handler
+    recorded in `request.state` (`route`, `model`), else FastAPI's route template."""
+
+    def __init__(self, app, metrics: ServerMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, code = time.perf_counter(), [500]
+
+        async def send_counted(message) -> None:
+            if message["type"] == "http.response.start":
+                code[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            state = scope.get("state") or {}
+            route = state.get("route") or getattr(scope.get("route"), "path", None) or ""
+            self.metrics.observe_request(state.get("model"), route, code[0],
+                                         time.perf_counter() - start)
 
 
 # ----------------------------------------------------------------------------- uvicorn

@@ -82,7 +82,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -92,6 +92,7 @@ from starlette.concurrency import run_in_threadpool
 
 from savedmodel.layout import read_tokenizer
 from serving.batcher import Unavailable
+from serving.http_body import HTTPError
 from serving.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -100,6 +101,11 @@ from serving.openai_schema import (
 )
 from serving.server import BadRequest, ModelServer
 from tokenization import chat_template
+
+# A/B splits are sticky per OpenAI's `user` field, or per this header on any route.
+SESSION_HEADER = "x-session-id"
+# The routes this module serves (metric labels).
+OPENAI_ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions")
 
 OWNED_BY = "deepseek-tfx"
 log = logging.getLogger(__name__)
@@ -144,10 +150,10 @@ class OpenAIError(Exception):
         super().__init__(message)
         self.status, self.type, self.param, self.code = status, type_, param, code
 
-    def response(self) -> JSONResponse:
+    def response(self, headers: dict | None = None) -> JSONResponse:
         return JSONResponse({"error": {"message": str(self), "type": self.type,
                                        "param": self.param, "code": self.code}},
-                            status_code=self.status)
+                            status_code=self.status, headers=headers)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -545,13 +551,36 @@ def _completion_events(completion: dict, pieces: list[list[str]],
 # ----------------------------------------------------------------------------- the router
 
 
-def make_openai_router(models: ModelRegistry) -> APIRouter:
+def make_openai_router(models: ModelRegistry,
+                       read_body: Callable[[Request], Awaitable[bytes]] | None = None,
+                       on_usage: Callable[[str, int, int], None] | None = None) -> APIRouter:
     """The OpenAI-compatible routes (module docstring) over `models`.
 
     Every route answers in OpenAI's shapes, errors included, by itself (no exception
     handlers of the app are needed); the model work runs in Starlette's thread pool.
+
+    Args:
+      models: the served models (`ModelRegistry`).
+      read_body: reads a request's body within the server's limits
+        (`http_body.read_body`; its `HTTPError` is answered in OpenAI's shape with its
+        status); None reads it whole (tests).
+      on_usage: called as `on_usage(model, prompt_tokens, completion_tokens)` with each
+        answered request's `usage` (the metrics' token counters), or None.
     """
     router = APIRouter()
+
+    async def body_of(request: Request) -> bytes:
+        if read_body is None:
+            return await request.body()
+        try:
+            return await read_body(request)
+        except HTTPError as e:
+            raise OpenAIError(e.status, str(e), "invalid_request_error") from e
+
+    def counted(server: ModelServer, completion: dict) -> None:
+        if on_usage is not None:
+            usage = completion["usage"]
+            on_usage(server.name, usage["prompt_tokens"], usage["completion_tokens"])
 
     def pick(name: str | None, user: str | None) -> ModelServer:
         try:
@@ -563,11 +592,14 @@ def make_openai_router(models: ModelRegistry) -> APIRouter:
 
     async def answer(request: Request, schema, work):
         try:
-            req = parse(schema, await request.body())
+            req = parse(schema, await body_of(request))
         except RequestError as e:
             return OpenAIError(400, str(e), param=e.param).response()
+        except OpenAIError as e:
+            return e.response(headers={"Connection": "close"})
         try:
-            server = pick(req.model, req.user)
+            server = pick(req.model, req.user or request.headers.get(SESSION_HEADER))
+            request.state.model = server.name
             return await run_in_threadpool(work, server, req)
         except OpenAIError as e:
             return e.response()
@@ -590,6 +622,7 @@ def make_openai_router(models: ModelRegistry) -> APIRouter:
         if req.stream and req.logprobs is not None:
             raise OpenAIError(400, "logprobs with stream is not supported", param="logprobs")
         completion = _completion(server, req)
+        counted(server, completion)
         if not req.stream:
             return JSONResponse(completion)
         text = _text_of(server)
@@ -603,6 +636,7 @@ def make_openai_router(models: ModelRegistry) -> APIRouter:
 
     def chat_work(server, req: ChatCompletionRequest):
         completion, pieces = _chat(server, req)
+        counted(server, completion)
         if not req.stream:
             return JSONResponse(completion)
         usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -300,9 +300,16 @@ class ModelServer:
         return {"model_spec": {"name": self.name, "version": str(self.version)},
                 "metadata": {"signature_def": sigs}}
 
-    def predict(self, body) -> dict:
+    def predict(self, body, usage: dict | None = None) -> dict:
         """Answers a TF Serving REST predict request body (parsed JSON); blocks until
         its batch ran.
+
+        Args:
+          body: the parsed JSON body.
+          usage: if given, filled with what the request cost, in OpenAI's names:
+            `prompt_tokens` (the prompts' tokens as the model sees them when
+            validation counted them, the token ids given to `logits`/`detokenize`,
+            else 0) and `completion_tokens` (the sum of `num_generated`, else 0).
 
         Raises:
           BadRequest: the request is malformed or out of range (validated before it is
@@ -313,11 +320,11 @@ class ModelServer:
         """
         self._check_ready()
         try:
-            return self._predict(body)
+            return self._predict(body, usage if usage is not None else {})
         except RecursionError as e:  # JSON nested nearly as deep as the parser goes
             raise BadRequest("the request is nested too deep") from e
 
-    def _predict(self, body) -> dict:
+    def _predict(self, body, usage: dict) -> dict:
         request = PredictRequest.from_json(body)
         name = request.signature_name
         if name not in self.signatures:
@@ -341,7 +348,12 @@ class ModelServer:
                 raise
             raise BadRequest(f"{e} (the model has no tokenizer: it takes token ids, "
                              "not text)") from e
-        outputs = self.run(name, inputs, rows)
+        self._check_ready()
+        prompt_tokens = self._validate(name, inputs, rows)
+        outputs = self.batcher.submit(self._batch_key(name, inputs), inputs, rows).result()
+        usage["prompt_tokens"] = prompt_tokens
+        generated = outputs.get("num_generated")
+        usage["completion_tokens"] = int(generated.sum()) if generated is not None else 0
         if "input_ids" in outputs and "lengths" in outputs:  # tokenize: the batch's padding off
             longest = int(outputs["lengths"].max()) if outputs["lengths"].size else 0
             outputs = {**outputs, "input_ids": outputs["input_ids"][:, :longest]}
@@ -381,8 +393,10 @@ class ModelServer:
         return self.batcher.submit(self._batch_key(name, inputs), inputs, rows).result()
 
     # -- validation ---------------------------------------------------------------
-    def _validate(self, name: str, inputs: dict[str, np.ndarray], rows: int) -> None:
-        """Raises BadRequest naming the field and its allowed range (see the module doc)."""
+    def _validate(self, name: str, inputs: dict[str, np.ndarray], rows: int) -> int:
+        """Raises BadRequest naming the field and its allowed range (see the module doc).
+        Returns the prompt tokens it counted: the prompts' (as the model sees them) when
+        it tokenized them, the size of `input_ids` when given, else 0."""
         limit = self.serve.max_batch_size
         if rows > limit:
             raise BadRequest(f"a request may have at most max_batch_size={limit} rows "
@@ -402,10 +416,12 @@ class ModelServer:
                 where = ", ".join(str(i) for i in bad[0])
                 raise BadRequest(f"input_ids must be in [0, {self.vocab_size}) (vocab_size); "
                                  f"input_ids[{where}] = {ids[tuple(bad[0])]}")
+        counted = int(ids.size) if ids is not None else 0
         if "prompt" in inputs and rows and self.context and "tokenize" in self.signatures:
-            self._check_room(name, inputs, rows)
+            counted = self._check_room(name, inputs, rows)
         if name in self.logits_signatures and ids is not None and ids.ndim == 2:
             self._check_logits_size(name, ids.shape[0], ids.shape[1])
+        return counted
 
     def _check_logits_size(self, name: str, rows: int, positions: int) -> None:
         """positions <= context; rows x positions x vocab x 20 bytes <= max_response_bytes."""
@@ -426,14 +442,15 @@ class ModelServer:
                 f"{most} rows of {positions} positions, fewer positions, or generated text "
                 "(the generate signature)")
 
-    def _check_room(self, name: str, inputs: dict[str, np.ndarray], rows: int) -> None:
-        """max_new_tokens in [1, context - prompt tokens], for every prompt."""
+    def _check_room(self, name: str, inputs: dict[str, np.ndarray], rows: int) -> int:
+        """max_new_tokens in [1, context - prompt tokens], for every prompt; returns the
+        prompts' tokens (0 when there is nothing to check)."""
         if "max_new_tokens" in inputs:
             new = np.broadcast_to(inputs["max_new_tokens"], [rows])
         elif name == "serving_default" and self.default_max_new_tokens:
             new = np.full([rows], self.default_max_new_tokens)
         else:
-            return
+            return 0
         templated = self.chat_prompt is not None and name != "generate_raw"
         prompts = list(inputs["prompt"])
         if templated:
@@ -462,6 +479,7 @@ class ModelServer:
                 f"max_new_tokens={new[i]} must be in [1, {room}]{at}: the prompt is {used[i]} "
                 f"tokens ({seen}) of the {self.context}-token context "
                 "(max_position_embeddings)")
+        return int(used.sum())
 
     # -- batching -----------------------------------------------------------------
     @staticmethod
