@@ -187,6 +187,7 @@ class ModelServer:
             if any(v.shape.rank == 3 and v.dtype.is_floating
                    for v in fn.structured_outputs.values())}
         self.state = "LOADING"  # TF Serving's ModelVersionStatus.State
+        self._warm_up_stats: dict = {}
         self._ready = threading.Event()
         self.batcher = Batcher(self._call, self.serve)
         if warm:
@@ -197,8 +198,10 @@ class ModelServer:
         self.batcher.close()
 
     def stats(self) -> dict:
-        """The batcher's counts: requests, calls, rows, max_rows, retried_batches, refused."""
-        return self.batcher.stats()
+        """The batcher's counts since warm-up ended: requests, calls, rows,
+        retried_batches, refused; and max_rows, the largest batch (warm-up included)."""
+        now, warm = self.batcher.stats(), self._warm_up_stats
+        return {k: v if k == "max_rows" else v - warm.get(k, 0) for k, v in now.items()}
 
     @property
     def ready(self) -> bool:
@@ -234,6 +237,7 @@ class ModelServer:
                 failed += 1
                 log.warning("warm-up: %s at %d rows failed: %s", name, rows,
                             str(e).splitlines()[0] if str(e) else type(e).__name__)
+        self._warm_up_stats = self.batcher.stats()
         self.state = "AVAILABLE"
         self._ready.set()
         return {"requests": calls, "failed": failed,
