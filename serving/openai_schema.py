@@ -24,7 +24,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-MAX_STOP = 4  # OpenAI: up to 4 stop sequences
+# OpenAI takes up to 4 stop sequences; lm-evaluation-harness's `local-completions` sends a
+# generation task's whole `until` list, so more are accepted here (a bounded extension,
+# as vLLM's), each at most MAX_STOP_CHARS characters.
+MAX_STOP = 32
+MAX_STOP_CHARS = 1024
 MAX_LOGPROBS = 5  # completions: OpenAI's largest `logprobs`
 MAX_TOP_LOGPROBS = 20  # chat: OpenAI's largest `top_logprobs`
 # OpenAI fields that are accepted and have no effect here (no storage, no tiers).
@@ -79,14 +83,16 @@ class _Sampling(_Strict):
     @field_validator("stop")
     @classmethod
     def _stop(cls, value):
-        """str | list[str] (1 to 4 non-empty strings) | None -> list[str]."""
+        """str | list[str] (1 to MAX_STOP non-empty strings of at most MAX_STOP_CHARS
+        characters) | None -> list[str]."""
         if value is None:
             return []
         stops = [value] if isinstance(value, str) else value
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
             raise ValueError("must be a string or a list of strings")
-        if len(stops) > MAX_STOP or not all(stops):
-            raise ValueError(f"must be at most {MAX_STOP} non-empty strings")
+        if len(stops) > MAX_STOP or not all(stops) or max(map(len, stops)) > MAX_STOP_CHARS:
+            raise ValueError(f"must be at most {MAX_STOP} non-empty strings of at most "
+                             f"{MAX_STOP_CHARS} characters")
         return stops
 
     @field_validator("n")

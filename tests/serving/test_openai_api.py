@@ -186,7 +186,9 @@ def test_the_text_is_cut_at_the_first_stop_sequence(client):
     full = client.completions.create(**kwargs).choices[0].text
     assert len(full) >= 2, f"the model generated too little to test stops: {full!r}"
     stop = full[1:3]  # occurs at 1 (or earlier)
-    cut = client.completions.create(**kwargs, stop=[stop, "never seen ⊥"]).choices[0]
+    # six stops, more than OpenAI's 4: lm-evaluation-harness sends a task's whole `until`
+    never = ["never seen ⊥", "⊥⊥", "⊤⊤", "∅∅", "⊥⊤"]
+    cut = client.completions.create(**kwargs, stop=[stop, *never]).choices[0]
     assert cut.text == full[:full.find(stop)] and cut.finish_reason == "stop"
 
 
@@ -273,7 +275,8 @@ def _post(served, path: str, body) -> httpx.Response:
     ({"model": NAME, "prompt": "x", "top_p": 0}, "top_p", "greater than 0"),
     ({"model": NAME, "prompt": "x", "n": 2}, "n", "only n=1"),
     ({"model": NAME, "prompt": "x", "logprobs": 6}, "logprobs", "5"),
-    ({"model": NAME, "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+    ({"model": NAME, "prompt": "x", "stop": [str(i) for i in range(33)]}, "stop", "at most 32"),
+    ({"model": NAME, "prompt": "x", "stop": ["a" * 1025]}, "stop", "1024 characters"),
     ({"model": NAME, "prompt": "x", "seed": 2**31}, "seed", "2147483647"),
     ({"model": NAME, "prompt": "x", "frobnicate": 1}, "frobnicate", "unknown field"),
     ({"model": NAME, "prompt": [[1, 2], "x"]}, "prompt", "token ids"),
