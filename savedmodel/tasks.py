@@ -45,6 +45,9 @@ shots are joined with fewshot_delimiter, and the prompt is
     description + shot_1 + fd + ... + shot_k + fd + context          (k > 0)
     description + context                                            (k = 0)
 
+A multiple-choice example is scored as one continuation per choice,
+`target_delimiter + choice` after the prompt (`continuations`).
+
 The harness samples the k shots at random (seed 1234) from its few-shot split; here they
 are the first k of the pool (skipping one equal to the example itself), so prompts are
 deterministic and match the harness exactly for k = 0.
@@ -223,6 +226,9 @@ def load_task(path: str | os.PathLike) -> Task:
         raise _fail(path, 1, None, "empty file (expected a header line, then examples)")
 
     header = _parse_line(lines[0], path, 1)
+    if "task" not in header and "context" in header:
+        raise _fail(path, 1, "task", 'missing: line 1 is the task header ({"task": ..., '
+                    '"type": ...}), not an example')
     _check_keys(header, _HEADER_KEYS, ("task", "type"), path, 1)
     header = {**_HEADER_DEFAULTS, **header}
     name = _string(header["task"], "task", path, 1)
@@ -270,6 +276,12 @@ def fewshot_prompt(task: Task, example: Example, k: int | None = None) -> str:
     labeled = "".join(s.context + task.target_delimiter + s.target + task.fewshot_delimiter
                       for s in shots)
     return task.description + labeled + example.context
+
+
+def continuations(task: Task, example: MultipleChoiceExample) -> tuple[str, ...]:
+    """The strings scored after the prompt, one per choice: `target_delimiter + choice`
+    (the harness's multiple-choice requests `(context, target_delimiter + choice)`)."""
+    return tuple(task.target_delimiter + choice for choice in example.choices)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

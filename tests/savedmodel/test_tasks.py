@@ -76,6 +76,8 @@ def test_arc_prompt_is_the_harness_format():
                 "Question: Which technology was developed most recently?\nAnswer:")
     assert fewshot_prompt(task, first, k=2) == expected
     assert expected.startswith("Question: ") and expected.count("\nAnswer: ") == 2
+    assert tasks.continuations(task, first) == (
+        " cellular telephone", " television", " refrigerator", " airplane")
 
 
 def test_fewshot_prompt_hand_written():
@@ -160,6 +162,7 @@ def test_generation_task(tmp_path):
     ([{**MC_HEADER, "fewshot": [{**MC, "label": 9}]}, MC], 1, "fewshot[0].label", "out of range"),
     ([{**MC_HEADER, "fewshot": {}}, MC], 1, "fewshot", "expected a list of examples"),
     ([MC_HEADER], 1, None, "no examples after the header"),
+    ([MC, MC], 1, "task", "missing: line 1 is the task header"),
     ([{"task": "g", "type": "generation"}, {**GEN, "stop": "\n"}], 2, "stop", "expected a list"),
     ([{"task": "g", "type": "generation"}, MC], 2, "choices", "unknown key"),
     ([{"task": "g", "type": "generation"}, {**GEN, "answer": ""}], 2, "answer", "is empty"),
