@@ -13,7 +13,6 @@ loaded SavedModel's signatures, as TF Serving does at load.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from tensorflow_serving.apis import (
     predict_pb2,
     prediction_log_pb2,
 )
+from tiny_text_model import save_tiny_text_model
 
 from savedmodel.export import write_warmup_requests
 from savedmodel.layout import (
@@ -44,24 +44,12 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hf_deepseek_v3" / 
 
 
 def _save(out: Path, chat: bool) -> Path:
-    import keras
-
-    from config import GenerationConfig, get_config
-    from models.deepseek.causal_lm import DeepSeekCausalLM
-    from savedmodel.export import save_text_model
     from tokenization.byte_level_bpe import ByteLevelBpe
     from tokenization.tokenizer import learn
 
-    keras.utils.set_random_seed(0)
-    config = dataclasses.replace(get_config("tiny").model, vocab_size=VOCAB,
-                                 max_position_embeddings=CONTEXT, num_hidden_layers=1,
-                                 num_nextn_predict_layers=0)
-    model = DeepSeekCausalLM(config)
-    model(tf.zeros([1, 4], tf.int32))
-    save_text_model(model, ByteLevelBpe(learn(UNITS, 300).json),
-                    GenerationConfig(max_new_tokens=4), str(out),
-                    chat_prompt=CHAT_AFFIXES if chat else None)
-    return out
+    return save_tiny_text_model(out, ByteLevelBpe(learn(UNITS, 300).json), context=CONTEXT,
+                                max_new_tokens=4, vocab_size=VOCAB,
+                                chat_prompt=CHAT_AFFIXES if chat else None)
 
 
 @pytest.fixture(scope="module", params=["plain", "chat"])

@@ -10,7 +10,6 @@ sent, in shares within 90 +- 3%. OpenAI requests with a `user` are sticky.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import urllib.error
 import urllib.request
@@ -18,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-import tensorflow as tf
 from prometheus_client.parser import text_string_to_metric_families
+from tiny_text_model import save_tiny_text_model
 
 from config import ServeConfig
 from serving.http_app import PREDICT_ROUTE, make_app, serving_in_thread
@@ -35,24 +34,13 @@ REQUESTS = 1000
 @pytest.fixture(scope="module")
 def split_server(tmp_path_factory):
     """(base URL, ServedModels) of A and B (one tiny model, loaded twice), split 90/10."""
-    import keras
-
-    from config import GenerationConfig, get_config
-    from models.deepseek.causal_lm import DeepSeekCausalLM
-    from savedmodel.export import save_text_model
     from tokenization.byte_level_bpe import ByteLevelBpe
     from tokenization.tokenizer import learn
 
-    keras.utils.set_random_seed(0)
-    config = dataclasses.replace(get_config("tiny").model, vocab_size=512,
-                                 max_position_embeddings=64, num_hidden_layers=1,
-                                 num_nextn_predict_layers=0)
-    model = DeepSeekCausalLM(config)
-    model(tf.zeros([1, 4], tf.int32))
-    out = tmp_path_factory.mktemp("ab") / "saved"
     units = {"the": 40, " the": 60, " quick": 12, " fox": 9, "床前": 5, "明月光": 5}
-    save_text_model(model, ByteLevelBpe(learn(units, 300).json),
-                    GenerationConfig(max_new_tokens=4), str(out))
+    out = save_tiny_text_model(tmp_path_factory.mktemp("ab") / "saved",
+                               ByteLevelBpe(learn(units, 300).json), context=64,
+                               max_new_tokens=4)
     serve = ServeConfig(max_batch_size=8, batch_timeout_micros=1000)
     servers = {name: ModelServer(str(out), name, serve) for name in ("A", "B")}
     models = ServedModels(servers, parse_split("A=90,B=10", servers), "deepseek")

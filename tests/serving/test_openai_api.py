@@ -14,7 +14,6 @@ real `openai` client talks HTTP to it, with retries off so a 503 shows as one.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import socket
 import threading
@@ -24,6 +23,7 @@ import httpx
 import numpy as np
 import pytest
 import tensorflow as tf
+from tiny_text_model import save_tiny_text_model
 
 UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 5, " over": 7,
          "ROMEO": 6, ":": 9, "\n": 30, "你好": 6, "世界": 5, "。": 10, "，": 20, "明月": 4}
@@ -35,29 +35,18 @@ POEM = "床前明月光，疑是地上霜。举头望明月，低头思故乡。
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory):
     """A tiny chat SavedModel (`save_text_model` with DeepSeek's template's affixes)."""
-    import keras
-
-    from config import GenerationConfig, get_config
-    from models.deepseek.causal_lm import DeepSeekCausalLM
-    from savedmodel.export import save_text_model
     from tokenization import chat_template
     from tokenization.byte_level_bpe import ByteLevelBpe
     from tokenization.tokenizer import learn
 
-    keras.utils.set_random_seed(3)
     template = chat_template.DEFAULT_CHAT_TEMPLATE
     tokenizer = ByteLevelBpe(learn(UNITS, VOCAB).json,
                              tokenizer_config={"chat_template": template})
     assert len(tokenizer.surfaces()) == VOCAB
-    config = dataclasses.replace(get_config("tiny").model, vocab_size=VOCAB,
-                                 max_position_embeddings=CONTEXT, num_hidden_layers=1,
-                                 num_nextn_predict_layers=0)
-    model = DeepSeekCausalLM(config)
-    model(tf.zeros([1, 4], tf.int32))
-    out = tmp_path_factory.mktemp("openai") / "saved"
     affixes = chat_template.prompt_affixes(template, *chat_template.special_tokens(tokenizer))
-    save_text_model(model, tokenizer, GenerationConfig(max_new_tokens=NEW), str(out), affixes)
-    return out
+    return save_tiny_text_model(tmp_path_factory.mktemp("openai") / "saved", tokenizer,
+                                context=CONTEXT, max_new_tokens=NEW, vocab_size=VOCAB, seed=3,
+                                chat_prompt=affixes)
 
 
 @pytest.fixture(scope="module")

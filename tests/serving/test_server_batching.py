@@ -13,7 +13,6 @@ its signatures take most of this file's time).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import re
 import threading
@@ -24,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import tensorflow as tf
+from tiny_text_model import save_tiny_text_model
 
 from config import ServeConfig
 from serving.batcher import Batcher, Unavailable
@@ -40,25 +40,12 @@ CONTEXT, VOCAB, DEFAULT_NEW = 64, 512, 8  # max_position_embeddings, vocab_size,
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
     """A tiny plain language model with its text signatures."""
-    import keras
-
-    from config import GenerationConfig, get_config
-    from models.deepseek.causal_lm import DeepSeekCausalLM
-    from savedmodel.export import save_text_model
     from tokenization.byte_level_bpe import ByteLevelBpe
     from tokenization.tokenizer import learn
 
-    keras.utils.set_random_seed(0)
-    # tiny, one (dense) block and no MTP head: the signatures trace and load faster
-    config = dataclasses.replace(get_config("tiny").model, vocab_size=VOCAB,
-                                 max_position_embeddings=CONTEXT, num_hidden_layers=1,
-                                 num_nextn_predict_layers=0)
-    model = DeepSeekCausalLM(config)
-    model(tf.zeros([1, 4], tf.int32))
-    out = tmp_path_factory.mktemp("text_model") / "saved"
-    save_text_model(model, ByteLevelBpe(learn(UNITS, 300).json),
-                    GenerationConfig(max_new_tokens=DEFAULT_NEW), str(out))
-    return out
+    return save_tiny_text_model(tmp_path_factory.mktemp("text_model") / "saved",
+                                ByteLevelBpe(learn(UNITS, 300).json), context=CONTEXT,
+                                max_new_tokens=DEFAULT_NEW, vocab_size=VOCAB)
 
 
 @pytest.fixture(scope="module")

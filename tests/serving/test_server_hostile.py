@@ -13,7 +13,6 @@ max_body_bytes 1 MiB (so the over-the-limit bodies are quick to send).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import select
@@ -25,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from tiny_text_model import save_tiny_text_model
 
 from serving.load_test import load_test, post_json, wait_until_ready
 
@@ -47,25 +47,12 @@ def _generate(prompt: str, max_new_tokens: int = 6, **sampling) -> dict:
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
-    import keras
-    import tensorflow as tf
-
-    from config import GenerationConfig, get_config
-    from models.deepseek.causal_lm import DeepSeekCausalLM
-    from savedmodel.export import save_text_model
     from tokenization.byte_level_bpe import ByteLevelBpe
     from tokenization.tokenizer import learn
 
-    keras.utils.set_random_seed(0)
-    config = dataclasses.replace(get_config("tiny").model, vocab_size=VOCAB,
-                                 max_position_embeddings=CONTEXT, num_hidden_layers=1,
-                                 num_nextn_predict_layers=0)
-    model = DeepSeekCausalLM(config)
-    model(tf.zeros([1, 4], tf.int32))
-    out = tmp_path_factory.mktemp("hostile_model") / "saved"
-    save_text_model(model, ByteLevelBpe(learn(UNITS, 300).json),
-                    GenerationConfig(max_new_tokens=8), str(out))
-    return out
+    return save_tiny_text_model(tmp_path_factory.mktemp("hostile_model") / "saved",
+                                ByteLevelBpe(learn(UNITS, 300).json), context=CONTEXT,
+                                max_new_tokens=8, vocab_size=VOCAB)
 
 
 class Served:
