@@ -55,9 +55,9 @@ from config import ServeConfig
 from serving.batcher import Unavailable
 from serving.http_body import HTTPError, json_response, read_body
 from serving.metrics import ServerMetrics
-from serving.openai_api import OPENAI_ROUTES, make_openai_router
+from serving.openai_api import OPENAI_ROUTES, SESSION_HEADER, make_openai_router
 from serving.request_limits import BadRequest, parse_json_body
-from serving.served_models import SESSION_HEADER, ServedModels
+from serving.served_models import ServedModels
 from serving.server import ModelServer
 
 log = logging.getLogger(__name__)
@@ -91,8 +91,6 @@ def make_app(models: ServedModels | ModelServer, metrics: ServerMetrics | None =
     limits = models.servers[models.default].serve
     app = FastAPI(title="deepseek-tfx serve", docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.state.models = models
-    app.state.model_server = models.servers[models.default]
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -154,7 +152,6 @@ def make_app(models: ServedModels | ModelServer, metrics: ServerMetrics | None =
             on_usage=metrics.count_tokens))
     for router in extra_routers:
         app.include_router(router)
-    app.state.metrics = metrics
     app.add_middleware(_MetricsMiddleware, metrics=metrics)
     return app
 

@@ -17,7 +17,6 @@ name and a missing OpenAI `model` mean the first model given.
 from __future__ import annotations
 
 from serving.model_split import ModelSplit
-from serving.openai_api import SESSION_HEADER  # noqa: F401  (re-exported: the sticky header)
 from serving.server import ModelServer
 
 

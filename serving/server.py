@@ -110,6 +110,7 @@ from serving.request_limits import (
     columns_to_arrays,
     rows_to_columns,
 )
+from serving.warmup import read_warmup_requests
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ class ModelServer:
         SavedModel warm-up); then the state is AVAILABLE.
 
         First the model's own warm-up requests (`serving.warmup.read_warmup_requests`,
-        when that module exists and the file is there), then each signature at
+        when the file is there), then each signature at
         1, 2, 4, ... up to max_batch_size rows with synthesized inputs (greedy, one new
         token, 8 token ids), so the first real batches of any size find their kernels
         ready. A warm-up request that fails is logged and skipped.
@@ -246,18 +247,13 @@ class ModelServer:
     def _warmup_requests(self):
         """(signature, inputs, rows): the model's warm-up file, then synthesized ones."""
         try:
-            from serving.warmup import read_warmup_requests  # written by the export side
-        except ImportError:
-            read_warmup_requests = None
-        if read_warmup_requests is not None:
-            try:
-                for name, inputs in read_warmup_requests(self.path):
-                    if name in self.signatures:
-                        rows = next((int(v.shape[0]) for v in inputs.values() if v.ndim), 1)
-                        yield name, inputs, rows
-            except (OSError, ValueError) as e:
-                log.warning("warm-up: %s/assets.extra's warm-up requests unreadable: %s",
-                            self.path, e)
+            for name, inputs in read_warmup_requests(self.path):
+                if name in self.signatures:
+                    rows = next((int(v.shape[0]) for v in inputs.values() if v.ndim), 1)
+                    yield name, inputs, rows
+        except (OSError, ValueError) as e:
+            log.warning("warm-up: %s/assets.extra's warm-up requests unreadable: %s",
+                        self.path, e)
         sizes, n = [], 1
         while n < self.serve.max_batch_size:
             sizes.append(n)
