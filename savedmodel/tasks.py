@@ -22,6 +22,8 @@ Line 1, the header:
   description        str, default "": text put before the few-shot examples (harness name).
   fewshot            list of examples of the task's type, default []: the few-shot pool.
   source             str, default "": where the data came from (free text).
+  max_gen_toks       int >= 1, default 256 (the harness's default): generation tasks only,
+                     the most tokens generated per example.
 
 Lines 2..N, one example each, of the header's type:
 
@@ -68,7 +70,7 @@ GENERATION = "generation"
 TASK_TYPES = (MULTIPLE_CHOICE, GENERATION)
 
 _HEADER_DEFAULTS = {"num_fewshot": 0, "target_delimiter": " ", "fewshot_delimiter": "\n\n",
-                    "description": "", "fewshot": [], "source": ""}
+                    "description": "", "fewshot": [], "source": "", "max_gen_toks": 256}
 _HEADER_KEYS = ("task", "type", *_HEADER_DEFAULTS)
 _EXAMPLE_KEYS = {MULTIPLE_CHOICE: ("context", "choices", "label"),
                  GENERATION: ("context", "answer", "stop")}
@@ -118,6 +120,7 @@ class Task:
     fewshot: tuple[Example, ...]
     source: str
     path: str
+    max_gen_toks: int = 256
 
 
 def _fail(path: str, line: int, key: str | None, what: str) -> TaskFileError:
@@ -230,6 +233,7 @@ def load_task(path: str | os.PathLike) -> Task:
         raise _fail(path, 1, "task", 'missing: line 1 is the task header ({"task": ..., '
                     '"type": ...}), not an example')
     _check_keys(header, _HEADER_KEYS, ("task", "type"), path, 1)
+    raw_header = header
     header = {**_HEADER_DEFAULTS, **header}
     name = _string(header["task"], "task", path, 1)
     task_type = header["type"]
@@ -247,6 +251,12 @@ def load_task(path: str | os.PathLike) -> Task:
     if k > len(fewshot):
         raise _fail(path, 1, "num_fewshot", f"{k} is more than the {len(fewshot)} examples in 'fewshot'")
 
+    max_gen_toks = header["max_gen_toks"]
+    if type(max_gen_toks) is not int or max_gen_toks < 1:
+        raise _fail(path, 1, "max_gen_toks", f"expected an integer >= 1, got {max_gen_toks!r}")
+    if task_type != GENERATION and "max_gen_toks" in raw_header:
+        raise _fail(path, 1, "max_gen_toks", f"applies to {GENERATION} tasks only")
+
     examples = tuple(_example(_parse_line(raw, path, i), task_type, path, i)
                      for i, raw in enumerate(lines[1:], start=2))
     if not examples:
@@ -254,7 +264,8 @@ def load_task(path: str | os.PathLike) -> Task:
     target_delimiter, fewshot_delimiter, description, source = delimiters
     return Task(name=name, type=task_type, num_fewshot=k, target_delimiter=target_delimiter,
                 fewshot_delimiter=fewshot_delimiter, description=description,
-                examples=examples, fewshot=fewshot, source=source, path=path)
+                examples=examples, fewshot=fewshot, source=source, path=path,
+                max_gen_toks=max_gen_toks)
 
 
 def fewshot_prompt(task: Task, example: Example, k: int | None = None) -> str:
