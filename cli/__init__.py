@@ -12,7 +12,7 @@ the logic lives in the modules it calls.
                          [--top-k K] [--top-p P] [--seed S] [--raw]
   deepseek-tfx chat      --model DIR [--max-new-tokens N] [--temperature T] [--top-k K]
                          [--top-p P] [--seed S]
-  deepseek-tfx evaluate  --model DIR --data PATH [--seq-len N]
+  deepseek-tfx evaluate  --model DIR [--data PATH] [--tasks FILE ...] [--seq-len N]
   deepseek-tfx serve     --model SERVING_DIR [--port P] [--host H] [--model-name NAME]
                          [--max-batch-size ROWS] [--batch-timeout-micros US]
                          [--max-enqueued-batches N] [--num-batch-threads N]

@@ -91,22 +91,54 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """Prints the metrics of `serving/evaluate.py` (bits per byte, perplexity) as JSON."""
+    """Prints the metrics of `serving/evaluate.py` (bits per byte, perplexity) on `--data`
+    and each `--tasks` file's scores (`savedmodel/task_models.py`, as the LmEvaluator
+    scores them) as one JSON object on stdout; a line per task with its chance level on
+    stderr; `--samples PATH` writes each example's scores."""
+    if not args.data and not args.tasks:
+        raise SystemExit("error: evaluate: give --data PATH, --tasks FILE ..., or both")
     model_dir = resolve_model_dir(args.model)
     require_text_model(model_dir, "evaluate", "score text")
-    from serving.evaluate import evaluate_text_files
+    from savedmodel.tasks import TaskFileError, load_tasks
 
-    input_base, pattern = split_data_path(args.data)
     try:
-        metrics = evaluate_text_files(model_dir, os.path.join(input_base, pattern),
-                                      seq_len=args.seq_len)
-    except (FileNotFoundError, ValueError) as e:
+        tasks = load_tasks(args.tasks or [])
+    except TaskFileError as e:
         raise SystemExit(f"error: evaluate: {e}") from e
-    if metrics["config"] == "defaults":
-        print(f"note: {model_dir} has no pipeline config (assets.extra/deepseek_tfx_config.json): "
-              f"documents read with the default data config, windows of {metrics['seq_len']} "
-              "tokens (--seq-len changes it)", file=console.stderr())
-    print(json.dumps(metrics, indent=2))
+    if args.batch_size < 1:
+        raise SystemExit(f"error: evaluate: --batch-size {args.batch_size}: must be >= 1")
+    metrics: dict = {}
+    if args.data:
+        from serving.evaluate import evaluate_text_files
+
+        input_base, pattern = split_data_path(args.data)
+        try:
+            metrics = evaluate_text_files(model_dir, os.path.join(input_base, pattern),
+                                          seq_len=args.seq_len)
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"error: evaluate: {e}") from e
+        if metrics["config"] == "defaults":
+            print(f"note: {model_dir} has no pipeline config (assets.extra/deepseek_tfx_config.json): "
+                  f"documents read with the default data config, windows of {metrics['seq_len']} "
+                  "tokens (--seq-len changes it)", file=console.stderr())
+    if tasks:
+        from savedmodel.task_models import from_saved_model, score_tasks
+        from savedmodel.tasks import PRIMARY_METRIC
+
+        try:
+            scored = score_tasks(from_saved_model(model_dir), tasks, args.batch_size)
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"error: evaluate: {e}") from e
+        metrics["tasks"] = scored["tasks"]
+        for name, m in scored["tasks"].items():
+            shown = [k for k in ("acc", "acc_norm", "exact_match") if k in m]
+            print(f"{name}: " + ", ".join(f"{k} {m[k]:.4f} ± {m[k + '_stderr']:.4f}" for k in shown)
+                  + f" (chance {m['chance']:.4f}; n {m['n']}, primary {PRIMARY_METRIC[m['type']]})",
+                  file=console.stderr())
+        if args.samples:
+            with open(args.samples, "w", encoding="utf-8") as f:
+                json.dump(scored["samples"], f, ensure_ascii=False)
+    print(json.dumps(metrics, indent=2, ensure_ascii=False))
     return 0
 
 
@@ -248,9 +280,18 @@ def add_parsers(sub) -> None:
     console.add_arguments(chat, "chat")
     chat.set_defaults(fn=cmd_chat)
 
-    ev = sub.add_parser("evaluate", help="bits per byte and perplexity of a pushed model on text")
+    ev = sub.add_parser("evaluate", help="bits per byte and perplexity of a pushed model on text, "
+                        "and benchmark task scores (acc, acc_norm, exact_match)")
     ev.add_argument("--model", required=True, help="serving dir (newest version) or SavedModel")
-    ev.add_argument("--data", required=True, help="text/JSONL file, directory or glob")
+    ev.add_argument("--data", help="text/JSONL file, directory or glob")
+    ev.add_argument("--tasks", nargs="+", metavar="FILE",
+                    help="benchmark task files (JSONL, savedmodel/tasks.py), scored as the "
+                    "LmEvaluator and lm-evaluation-harness score them")
+    ev.add_argument("--batch-size", type=int, default=16, metavar="N",
+                    help="rows per forward pass when scoring tasks (default 16)")
+    ev.add_argument("--samples", metavar="PATH",
+                    help="write each task example's scores (choice log-likelihoods in nats, or "
+                    "the completion) as JSON")
     ev.add_argument("--seq-len", type=int, metavar="N",
                     help="scoring window in tokens (default: the pipeline's train.seq_len; "
                     "min(max_position_embeddings, 1024) for a model without a pipeline config, "

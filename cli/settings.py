@@ -43,6 +43,7 @@ def config_from_args(args: argparse.Namespace, check_tokenizer: bool = True):
         overrides["data.task"] = args.task
     try:
         config = get_config(args.preset, overrides)
+        config = with_task_paths(config)
         if check_tokenizer and config.tokenizer.path:  # checked before anything runs
             from pipeline.pipeline import check_given_tokenizer
 
@@ -50,6 +51,24 @@ def config_from_args(args: argparse.Namespace, check_tokenizer: bool = True):
         return config
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}") from e
+
+
+def with_task_paths(config):
+    """`config` with `eval.tasks` as absolute paths, each task file loaded and checked with
+    `eval.min_scores` before anything runs (`savedmodel.tasks.load_tasks`).
+
+    Raises:
+      ValueError: naming the task file, line and key, or the min_scores key.
+    """
+    if not config.eval.tasks:
+        return config
+    import dataclasses
+
+    from savedmodel.tasks import load_tasks
+
+    paths = tuple(os.path.abspath(p) for p in config.eval.tasks)
+    load_tasks(paths, config.eval.min_scores)
+    return dataclasses.replace(config, eval=dataclasses.replace(config.eval, tasks=paths))
 
 
 def warm_start(args: argparse.Namespace, config, output_dir: str):

@@ -99,7 +99,7 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
                 errors.append(str(e))
         names = " or ".join(_TYPE_NAMES.get(t, getattr(t, "__name__", str(t))) for t in options)
         raise ValueError(f"{key}={value!r}: expected {names} or none")
-    expected = _TYPE_NAMES.get(hint)
+    expected = _TYPE_NAMES.get(hint) or _TYPE_NAMES.get(typing.get_origin(hint))
     if hint is bool:
         if isinstance(value, bool):
             return value

@@ -166,24 +166,75 @@ class EvalConfig:
     """The Evaluator's blessing rule.
 
     A model is blessed when its bits per byte on the eval split is at most
-    `max_bits_per_byte`, and, when a previously blessed model exists, at most
-    that model's bits per byte (on the same eval data) times
-    `1 + baseline_tolerance`.
+    `max_bits_per_byte`, each benchmark task score named in `min_scores` is at least
+    its threshold, and, when a previously blessed model exists, its bits per byte (on
+    the same eval data) is at most that model's times `1 + baseline_tolerance` and each
+    task's primary score (acc, or exact_match for generation tasks, and every metric
+    named in `min_scores`) is at least that model's minus `task_tolerance`.
 
     Attributes:
       max_bits_per_byte: absolute threshold (bits per UTF-8 byte).
       baseline_tolerance: relative slack against the last blessed model.
       max_eval_tokens: cap on eval tokens scored (0 = all).
-      batch_size: sequences per eval batch.
+      batch_size: sequences per eval batch (also rows per task-scoring batch).
+      tasks: benchmark task files (`savedmodel/tasks.py` JSONL format), scored as
+        lm-evaluation-harness scores them (`savedmodel/task_scoring.py`); a JSON list or
+        a comma-separated string. The CLI makes them absolute paths.
+      min_scores: {"TASK": minimum acc (exact_match for a generation task), or
+        "TASK/METRIC": minimum METRIC (acc, acc_norm, acc_bytes, exact_match)}, each in
+        [0, 1]; TASK is the task file's `task` name.
+      task_tolerance: absolute slack of a task score against the last blessed model's
+        (accuracy points as a fraction: 0.02 = 2 points).
     """
 
     max_bits_per_byte: float = 3.0
     baseline_tolerance: float = 0.01
     max_eval_tokens: int = 0
     batch_size: int = 16
+    tasks: tuple[str, ...] = ()
+    min_scores: dict[str, float] = dataclasses.field(default_factory=dict)
+    task_tolerance: float = 0.02
 
     def __post_init__(self) -> None:
         check_positive("eval.max_bits_per_byte", self.max_bits_per_byte)
         if self.baseline_tolerance < 0:
             raise ValueError(f"eval.baseline_tolerance={self.baseline_tolerance} must be >= 0")
         check_positive("eval.batch_size", self.batch_size)
+        object.__setattr__(self, "tasks", _task_paths(self.tasks))
+        object.__setattr__(self, "min_scores", _min_scores(self.min_scores))
+        if not 0 <= self.task_tolerance <= 1:
+            raise ValueError(f"eval.task_tolerance={self.task_tolerance} must be in [0, 1]")
+
+
+TASK_METRICS = ("acc", "acc_norm", "acc_bytes", "exact_match")
+
+
+def _task_paths(value) -> tuple[str, ...]:
+    """`eval.tasks` as a tuple of non-empty, distinct paths (from a list, a tuple or a
+    comma-separated string)."""
+    if isinstance(value, str):
+        value = [p.strip() for p in value.split(",")] if value.strip() else []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
+        raise ValueError(f"eval.tasks={value!r}: expected a list of task file paths")
+    if any(not p for p in value):
+        raise ValueError(f"eval.tasks={list(value)!r}: an empty path")
+    if len(set(value)) < len(value):
+        raise ValueError(f"eval.tasks={list(value)!r}: a task file is listed twice")
+    return tuple(value)
+
+
+def _min_scores(value) -> dict[str, float]:
+    """`eval.min_scores` checked: keys TASK or TASK/METRIC, values numbers in [0, 1]."""
+    if not isinstance(value, dict):
+        raise ValueError(f"eval.min_scores={value!r}: expected a JSON object "
+                         '{"TASK": score, "TASK/METRIC": score}')
+    out = {}
+    for key, score in value.items():
+        task, _, metric = key.partition("/")
+        if not task or (metric and metric not in TASK_METRICS) or key.count("/") > 1:
+            raise ValueError(f"eval.min_scores key {key!r}: expected TASK or TASK/METRIC with "
+                             f"METRIC one of {', '.join(TASK_METRICS)}")
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 1:
+            raise ValueError(f"eval.min_scores[{key!r}]={score!r}: expected a number in [0, 1]")
+        out[key] = float(score)
+    return out

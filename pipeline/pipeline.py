@@ -27,6 +27,7 @@ from config import PipelineConfig, TokenizerConfig, TrainConfig
 from models.deepseek.config import DeepSeekConfig
 from pipeline.component_order import BASE_MODEL_IMPORTER, BUILD_ORDER, COMPONENT_ORDER
 from pipeline.sources import source_fingerprint
+from savedmodel.tasks import load_tasks
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA_FILE = os.path.join(_ROOT, "data", "schema", "schema.pbtxt")
@@ -123,6 +124,24 @@ def component_config(config: PipelineConfig, sections: tuple[str, ...]) -> Pipel
             kept["train"] = TrainConfig(
                 seq_len=min(TrainConfig().seq_len, kept["model"].max_position_embeddings))
     return dataclasses.replace(defaults, **kept)
+
+
+def task_fingerprints(config: PipelineConfig) -> str:
+    """JSON {task file: sha256 of its bytes} of `eval.tasks`, after loading and checking
+    them with `eval.min_scores` (`savedmodel.tasks.load_tasks`), so that a bad task file
+    stops the run before anything runs and an edited one re-runs the LmEvaluator.
+
+    Raises:
+      savedmodel.tasks.TaskFileError (a ValueError): see `load_tasks`.
+    """
+    import json
+
+    load_tasks(config.eval.tasks, config.eval.min_scores)
+    digests = {}
+    for path in config.eval.tasks:
+        with open(path, "rb") as f:
+            digests[path] = hashlib.sha256(f.read()).hexdigest()
+    return json.dumps(digests, sort_keys=True)
 
 
 def create_pipeline(
@@ -290,6 +309,7 @@ def create_pipeline(
         model=trainer.outputs["model"],
         baseline_model=baseline,
         pipeline_config=config_json,
+        task_fingerprints=task_fingerprints(config) if config.eval.tasks else None,
     )
     pusher = tfx.components.Pusher(
         model=trainer.outputs["model"],

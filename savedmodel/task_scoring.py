@@ -270,5 +270,3 @@ def score_generation(generate_fn: GenerateFn, task: Task, *, max_new_tokens: int
                    examples_per_second=len(task.examples) / seconds)
     return {"metrics": metrics, "completions": cut}
 
-
-PRIMARY_METRIC = {MULTIPLE_CHOICE: "acc", GENERATION: "exact_match"}

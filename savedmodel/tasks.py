@@ -268,6 +268,38 @@ def load_task(path: str | os.PathLike) -> Task:
                 max_gen_toks=max_gen_toks)
 
 
+METRICS = {MULTIPLE_CHOICE: ("acc", "acc_norm", "acc_bytes"), GENERATION: ("exact_match",)}
+PRIMARY_METRIC = {MULTIPLE_CHOICE: "acc", GENERATION: "exact_match"}  # what gates by default
+
+
+def load_tasks(paths, min_scores: dict[str, float] | None = None) -> list[Task]:
+    """The tasks of `paths` (`load_task` each), checked together with `min_scores`
+    ({"TASK" or "TASK/METRIC": threshold}, `eval.min_scores`).
+
+    Raises:
+      TaskFileError: a file that does not load, two files with one task name, or a
+        `min_scores` key naming a task none of the files holds, or a metric the task's
+        type does not report.
+    """
+    tasks = [load_task(p) for p in paths]
+    seen: dict[str, str] = {}
+    for task in tasks:
+        if task.name in seen:
+            raise TaskFileError(f"{shown(task.path)}: task {task.name!r} is also the task of "
+                                f"{shown(seen[task.name])}; task names must differ")
+        seen[task.name] = task.path
+    by_name = {t.name: t for t in tasks}
+    for key in min_scores or {}:
+        name, _, metric = key.partition("/")
+        if name not in by_name:
+            raise TaskFileError(f"eval.min_scores key {key!r}: no task {name!r} in eval.tasks "
+                                f"(tasks: {', '.join(sorted(by_name)) or 'none'})")
+        if metric and metric not in METRICS[by_name[name].type]:
+            raise TaskFileError(f"eval.min_scores key {key!r}: a {by_name[name].type} task "
+                                f"reports {', '.join(METRICS[by_name[name].type])}")
+    return tasks
+
+
 def fewshot_prompt(task: Task, example: Example, k: int | None = None) -> str:
     """The context scored for `example`: `k` (default `task.num_fewshot`) shots from the
     task's pool, each `context + target_delimiter + target`, joined and followed by

@@ -52,7 +52,9 @@ character starts. A completion the model ended with [EOS] has it as its last tok
 (its text, e.g. `<｜end▁of▁sentence｜>`, is not in `text`), as OpenAI lists
 `<|endoftext|>`. With `echo`, `max_tokens: 0` scores the prompt without generating
 (lm-evaluation-harness's log-likelihood request); its prompt, [EOS] included, may fill
-the whole context.
+the whole context. So may a prompt with `max_tokens: 1` and `temperature: 0` (the
+harness's request): the one token is the argmax of the last position's logits, which
+needs no position of its own, so the harness's `max_length` is the model's context.
 
 Stop sequences: the text is cut before the first occurrence of any of them, and
 `finish_reason` is "stop"; it is also "stop" when the model ended with [EOS], else
@@ -266,7 +268,10 @@ def _token_logprobs(server: ModelServer, ids: list[int], start: int, top: int,
     one vocabulary row, not [T, vocab]."""
     if start >= len(ids):
         return [], []
-    logits = _logits(server, ids)  # [T, V]
+    # The last token's own logits predict nothing scored here: a sequence one token past
+    # the context (a prompt that fills it, plus the token generated from its last
+    # position) is scored within the context.
+    logits = _logits(server, ids[:-1]) if len(ids) > 1 else None  # [T - 1, V]
     values: list[float | None] = []
     alternatives: list[list[tuple[int, float]] | None] = []
     for position in range(start, len(ids)):
@@ -348,13 +353,25 @@ def _completion(server: ModelServer, req: CompletionRequest) -> dict:
         prompts = list(req.prompt)
         prompt_ids = _tokenize(server, prompts)
     contexts = [[text.eos_id, *ids] for ids in prompt_ids]  # what generate prepends
+    # One greedy token after a prompt that fills the context is the argmax of the last
+    # position's logits, which needs no further position (lm-evaluation-harness's
+    # log-likelihood request: echo, max_tokens 1, temperature 0, up to max_length tokens).
+    full = [i for i, ids in enumerate(contexts) if max_tokens == 1 and req.temperature == 0
+            and server.context and len(ids) == server.context]
     for i, ids in enumerate(contexts):
-        _check_room(server, len(ids), max_tokens, "prompt",
-                    f" {i}" if len(contexts) > 1 else "")
-    if max_tokens:
-        completions, generated = _generate(server, signature, prompts, max_tokens, req)
-    else:
-        completions, generated = [""] * len(prompts), [0] * len(prompts)
+        if i not in full:
+            _check_room(server, len(ids), max_tokens, "prompt",
+                        f" {i}" if len(contexts) > 1 else "")
+    completions, generated = [""] * len(prompts), [0] * len(prompts)
+    rest = [i for i in range(len(prompts)) if i not in full]
+    if max_tokens and rest:
+        texts, counts = _generate(server, signature, [prompts[i] for i in rest], max_tokens, req)
+        for i, completion, n in zip(rest, texts, counts, strict=True):
+            completions[i], generated[i] = completion, n
+    for i in full:
+        token = int(np.argmax(_logits(server, contexts[i])[-1]))
+        if token != text.eos_id:  # as generate: [EOS] ends the completion, uncounted
+            completions[i], generated[i] = _decode(text, [token]), 1
     choices = []
     for i, (prompt, completion, n) in enumerate(zip(prompts, completions, generated,
                                                      strict=True)):

