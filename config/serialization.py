@@ -33,7 +33,8 @@ def to_dict(config: Any) -> dict[str, Any]:
         if hasattr(value, "to_dict"):
             value = value.to_dict()
         elif dataclasses.is_dataclass(value):
-            value = dataclasses.asdict(value)
+            # JSON's forms (a tuple field as a list), as `from_json(to_json(...))` reads it
+            value = json.loads(json.dumps(dataclasses.asdict(value)))
         out[field.name] = value
     return out
 
