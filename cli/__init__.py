@@ -13,6 +13,9 @@ the logic lives in the modules it calls.
   deepseek-tfx chat      --model DIR [--max-new-tokens N] [--temperature T] [--top-k K]
                          [--top-p P] [--seed S]
   deepseek-tfx evaluate  --model DIR --data PATH [--seq-len N]
+  deepseek-tfx compare   DIR_A DIR_B [--data PATH] [--tasks FILE ...] [--json OUT]
+                         [--requests N] [--concurrency N] [--max-tokens N] [--label-a A]
+                         [--label-b B]  (cli/compare.py)
   deepseek-tfx serve     --model SERVING_DIR [--port P] [--host H] [--model-name NAME]
                          [--max-batch-size ROWS] [--batch-timeout-micros US]
                          [--max-enqueued-batches N] [--num-batch-threads N]
@@ -43,7 +46,7 @@ import os
 import shlex
 import sys
 
-from cli import console, hf, kubeflow, metadata, plan, run, serve
+from cli import compare, console, hf, kubeflow, metadata, plan, run, serve
 from cli.console import failure_message
 from cli.data import DEFAULT_CORPUS_NAME, DEFAULT_CORPUS_URL, default_corpus, split_data_path
 from cli.model_dir import resolve_model_dir
@@ -68,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `deepseek-tfx` parser; each subcommand's `fn` is its handler (args -> exit code)."""
     parser = argparse.ArgumentParser(prog="deepseek-tfx", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (run, kubeflow, serve, metadata, hf, plan):  # the order of `--help`
+    for group in (run, kubeflow, serve, compare, metadata, hf, plan):  # the order of `--help`
         group.add_parsers(sub)
     return parser
 
@@ -86,8 +89,10 @@ def log_dir(args: argparse.Namespace) -> str:
 
 # Arguments that name files (the rest is text): their refusal says how to get around it.
 _PATH_ARGUMENTS = frozenset({"data", "model", "output", "log_dir", "teacher", "base_model",
-                             "config", "checkpoint_dir", "out_dir", "model_dir"})
-_POSITIONAL_ARGUMENTS = frozenset({"checkpoint_dir", "out_dir", "model_dir", "what"})
+                             "config", "checkpoint_dir", "out_dir", "model_dir", "dir_a",
+                             "dir_b", "tasks", "json"})
+_POSITIONAL_ARGUMENTS = frozenset({"checkpoint_dir", "out_dir", "model_dir", "what", "dir_a",
+                                   "dir_b"})
 
 
 def check_argument_bytes(args: argparse.Namespace) -> None:
