@@ -39,6 +39,9 @@ class Row:
     lower_is_better: the metric's direction.
     chance: the task's chance level (task rows), else None.
     a_stderr, b_stderr: standard errors of a and b (task rows), else None.
+    significant: whether |delta| exceeds two standard errors of the difference,
+      2 sqrt(a_stderr^2 + b_stderr^2) (None without both standard errors); a difference
+      within them is noise at this n (e.g. 100 examples: about +-0.06 near 0.25).
     decimals: how many decimals the table shows.
     group: "quality" or "latency".
     """
@@ -51,6 +54,7 @@ class Row:
     chance: float | None = None
     a_stderr: float | None = None
     b_stderr: float | None = None
+    significant: bool | None = None
     decimals: int = 4
     group: str = "quality"
 
@@ -63,16 +67,19 @@ def _number(value) -> float | None:
 
 def _row(name: str, a, b, lower_is_better: bool, **kw) -> Row:
     a, b = _number(a), _number(b)
-    delta = better = None
+    delta = better = significant = None
     if a is not None and b is not None:
         delta = b - a
+        se_a, se_b = kw.get("a_stderr"), kw.get("b_stderr")
+        if se_a is not None and se_b is not None and math.isfinite(se_a + se_b):
+            significant = abs(delta) > 2 * math.sqrt(se_a ** 2 + se_b ** 2)
         if math.isnan(delta):
             better = ""
         elif delta == 0:
             better = "="
         else:
             better = "b" if (delta < 0) == lower_is_better else "a"
-    return Row(name, a, b, delta, better or "", lower_is_better, **kw)
+    return Row(name, a, b, delta, better or "", lower_is_better, significant=significant, **kw)
 
 
 def task_type(metrics: dict) -> str:
@@ -133,14 +140,22 @@ def format_value(value: float | None, decimals: int, stderr: float | None = None
     return text + (f" ±{stderr:.{decimals}f}" if stderr is not None else "")
 
 
+NOT_SIGNIFICANT_NOTE = ("(label): better by less than two standard errors of the "
+                        "difference, i.e. within noise at this number of examples")
+
+
 def table_cells(rows: list[Row], labels: tuple[str, str]) -> tuple[list[str], list[list[str]]]:
-    """(header, cells) of the table: metric, label A, label B, delta (B - A), better
-    (the label of the better model, "=" or "—"), chance."""
+    """(header, cells) of the table: metric, label A, label B, delta (label B - label A;
+    "B - A" when the labels are long), better (the label of the better model, in
+    parentheses when the difference is not significant, "=" or "—"), chance."""
     la, lb = labels
-    header = ["metric", la, lb, f"delta ({lb} - {la})", "better", "chance"]
+    delta = f"{lb} - {la}" if display_width(la + lb) <= 20 else "B - A"
+    header = ["metric", la, lb, f"delta ({delta})", "better", "chance"]
     cells = []
     for r in rows:
         better = {"a": la, "b": lb, "=": "="}.get(r.better, "—")
+        if r.significant is False and r.better in ("a", "b"):
+            better = f"({better})"
         cells.append([r.name, format_value(r.a, r.decimals, r.a_stderr),
                       format_value(r.b, r.decimals, r.b_stderr),
                       format_value(r.delta, r.decimals, signed=True), better,
@@ -151,7 +166,8 @@ def table_cells(rows: list[Row], labels: tuple[str, str]) -> tuple[list[str], li
 def format_table(rows: list[Row], labels: tuple[str, str]) -> str:
     """The rows as an aligned plain-text table (columns as `table_cells`; names left,
     numbers right, widths in terminal columns so Chinese names align too), a rule under
-    the header; no trailing spaces."""
+    the header, and `NOT_SIGNIFICANT_NOTE` under it when a row needs it; no trailing
+    spaces."""
     header, cells = table_cells(rows, labels)
     widths = [max(display_width(line[i]) for line in [header, *cells])
               for i in range(len(header))]
@@ -161,4 +177,6 @@ def format_table(rows: list[Row], labels: tuple[str, str]) -> str:
                          for i, (v, w) in enumerate(zip(values, widths, strict=True))).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(header), rule, *(line(c) for c in cells)])
+    note = [NOT_SIGNIFICANT_NOTE] if any(r.significant is False and r.better in ("a", "b")
+                                         for r in rows) else []
+    return "\n".join([line(header), rule, *(line(c) for c in cells), *note])

@@ -255,12 +255,14 @@ def comparison_html(baseline: dict, candidate: dict) -> str:
     """The quality rows of `deepseek-tfx compare`'s table, baseline (A) vs candidate (B):
     bits per byte, perplexity and each task's primary scores, delta = candidate -
     baseline, which is better, and each task's chance level."""
-    from reporting.comparison import comparison_rows, table_cells
+    from reporting.comparison import NOT_SIGNIFICANT_NOTE, comparison_rows, table_cells
 
     rows = [r for r in comparison_rows(baseline, candidate) if r.group == "quality"]
     header, cells = table_cells(rows, ("baseline", "candidate"))
+    note = (f"<p>{_e(NOT_SIGNIFICANT_NOTE)}; ± is the standard error.</p>"
+            if any(r.significant is False for r in rows) else "")
     return ("<h3>Candidate vs baseline (the quality rows of <code>deepseek-tfx compare</code>)"
-            "</h3>" + _table(header, cells))
+            "</h3>" + _table(header, cells) + note)
 
 
 def section_tasks(run: RunData) -> str:

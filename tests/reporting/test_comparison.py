@@ -9,6 +9,7 @@ import math
 import pytest
 
 from reporting.comparison import (
+    NOT_SIGNIFICANT_NOTE,
     comparison_rows,
     display_width,
     format_table,
@@ -52,6 +53,24 @@ def test_rows_have_deltas_b_minus_a_and_the_better_side_by_direction():
         "latency"}
 
 
+def test_a_difference_within_two_standard_errors_is_not_significant():
+    rows = _by_name(comparison_rows(A, B))
+    # |0.35 - 0.25| = 0.10 <= 2 sqrt(0.04^2 + 0.05^2) = 0.128
+    assert rows["arc_easy acc"].significant is False
+    assert rows["bits per byte"].significant is None  # no standard errors
+    sure = {"tasks": {"t": {"acc": 0.30, "acc_stderr": 0.01, "chance": 0.25}}}
+    rows = comparison_rows({"tasks": {"t": {"acc": 0.25, "acc_stderr": 0.01}}}, sure)
+    # 0.05 > 2 sqrt(2) 0.01 = 0.028
+    assert rows[2].significant is True and rows[2].better == "b"
+    table = format_table(rows, ("a", "b"))
+    assert NOT_SIGNIFICANT_NOTE not in table and "(b)" not in table
+
+
+def test_long_labels_shorten_the_delta_header():
+    header, _ = table_cells(comparison_rows(A, B), ("v1795657906", "v1795658103"))
+    assert header[3] == "delta (B - A)"
+
+
 def test_rows_are_in_order_with_each_tasks_primary_metrics_only():
     names = [r.name for r in comparison_rows(A, B)]
     assert names == ["bits per byte", "perplexity", "arc_easy acc", "arc_easy acc_norm",
@@ -91,6 +110,8 @@ def test_the_table_aligns_columns_with_chinese_names_and_labels():
     assert set(lines[1]) == {"-", " "}
     # every line is as wide as the rule (the last column left-aligned: not padded)
     width = display_width(lines[1])
+    assert lines[-1] == NOT_SIGNIFICANT_NOTE  # arc_easy acc: +0.10 within 2 x 0.064
+    lines = lines[:-1]
     assert all(display_width(line) <= width for line in lines)
     # the "better" column starts at the same terminal column on every line
     column = display_width(lines[1].rsplit("  ", 2)[0]) + 2
@@ -101,6 +122,7 @@ def test_the_table_aligns_columns_with_chinese_names_and_labels():
         cut = next(i for i in range(len(text)) if display_width(text[:i]) == column)
         assert text[cut - 2:cut] == "  " and text[cut] != " "
     assert bpb.split()[3:7] == ["2.5000", "2.2500", "-0.2500", "v2"]
+    assert "(v2)" in next(line for line in lines if line.startswith("arc_easy acc "))
     assert "0.2500 ±0.0400" in table and "—" in zh  # A has no 诗句_zh: a dash
 
 
@@ -109,7 +131,7 @@ def test_table_cells_name_the_better_model_by_its_label():
     assert header == ["metric", "baseline", "candidate", "delta (candidate - baseline)",
                       "better", "chance"]
     assert cells[0][4] == "candidate" and cells[1][4] == "baseline"
-    assert cells[3][4] == "="
+    assert cells[2][4] == "(candidate)" and cells[3][4] == "="
 
 
 def test_display_width_counts_wide_characters_twice():

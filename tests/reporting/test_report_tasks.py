@@ -120,7 +120,10 @@ def test_the_eval_section_with_a_baseline_shows_the_comparisons_quality_rows(tmp
     assert ("<td>bits per byte</td><td>3.9006</td><td>3.7560</td><td>-0.1446</td>"
             "<td>candidate</td>") in html
     assert ("<td>arc_easy acc_norm</td><td>0.3300 ±0.0465</td><td>0.3100 ±0.0465</td>"
-            "<td>-0.0200</td><td>baseline</td><td>0.2500</td>") in html
+            "<td>-0.0200</td><td>(baseline)</td><td>0.2500</td>") in html
+    # 0.62 vs 0.25 with stderr 0.05: significant, no parentheses
+    assert "<td>+0.3700</td><td>candidate</td>" in html
+    assert "within noise at this number of examples" in html
     assert "<td>诗_next_line_zh acc</td>" in html and "<td>gen exact_match</td>" in html
     assert "latency" not in html  # quality rows only
 
