@@ -25,13 +25,14 @@ the logic lives in the modules it calls.
                          [--dtype auto|bfloat16|float32]
   deepseek-tfx plan      [--tables] | --preset NAME | --config CONFIG_JSON [--mode ...] (cli/plan.py)
 
-run, validate, generate, evaluate, serve, hf-import and hf-export show the project's own
-lines only; the libraries' logs and warnings go to a log file (`cli/console.py`):
+run, validate, generate, evaluate, compare, serve, hf-import and hf-export show the
+project's own lines only; the libraries' logs and warnings go to a log file (`cli/console.py`):
   [-v|--verbose]  show them on the console too     [--log-dir DIR]  where the log goes
 
 One module per group of commands, each with its handlers and `add_parsers(sub)`:
   run.py (run, validate)   kubeflow.py (compile-kfp)   serve.py (generate, chat, evaluate,
-  serve)   metadata.py (mlmd, report)   hf.py (hf-import, hf-export)   plan.py (plan)
+  serve)   compare.py (compare)   metadata.py (mlmd, report)   hf.py (hf-import,
+  hf-export)   plan.py (plan)
 and what they share: data.py (default corpus, --data), settings.py (config, warm start,
 teacher, output directory, --until choices), progress.py (component progress lines),
 model_dir.py (--model: a SavedModel or a serving dir's newest version), console.py.

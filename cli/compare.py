@@ -68,6 +68,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
           f"/v1/completions, {latency['concurrency']} at a time, greedy, max_tokens "
           f"{latency['max_tokens']}; {m['cpu_count']} CPUs ({m['cpu']}), TensorFlow "
           f"{m['tensorflow']}")
+    for label, model in models.items():
+        if model["latency"]["errors"]:
+            print(f"warning: {label}: {model['latency']['errors']} of "
+                  f"{model['latency']['requests']} requests failed (HTTP status counts "
+                  f"{model['latency']['status_counts']}; 0 = timeout or no connection): its "
+                  "latency figures include them", file=err)
     print()
     print(format_table(comparison_rows(models[labels[0]], models[labels[1]]), labels))
     with open(out, "w", encoding="utf-8") as f:

@@ -161,7 +161,8 @@ def completion_load(url: str, bodies: list[dict], requests: int, concurrency: in
       {"p50_ms", "p99_ms" (client-side request latency, every request), "tokens_per_second"
        (sum of usage.completion_tokens of the 200s / wall seconds), "completion_tokens",
        "requests", "concurrency", "errors" (answers other than 200, timeouts and
-       connection errors), "wall_s"}.
+       connection errors), "status_counts" ({"200": n, "0": timeouts and connection
+       errors, ...}), "wall_s"}.
 
     Raises:
       ValueError: `url` is not on the loopback interface.
@@ -186,12 +187,16 @@ def completion_load(url: str, bodies: list[dict], requests: int, concurrency: in
     wall = time.perf_counter() - start
     latencies = np.array([s for _, s, _ in results]) * 1000  # ms
     tokens = sum(t for _, _, t in results)
+    statuses: dict[str, int] = {}
+    for status, _, _ in results:
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
     return {"p50_ms": round(float(np.percentile(latencies, 50)), 2),
             "p99_ms": round(float(np.percentile(latencies, 99)), 2),
             "tokens_per_second": round(tokens / wall, 2),
             "completion_tokens": int(tokens),
             "requests": requests, "concurrency": concurrency,
             "errors": sum(1 for s, _, _ in results if s != 200),
+            "status_counts": statuses,
             "wall_s": round(wall, 3)}
 
 
@@ -210,6 +215,7 @@ def _measure(model_dir: str, files: list[str] | None, data_pattern: str | None,
         metrics = evaluate_text_files(model_dir, data_pattern)
         result.update(bits_per_byte=metrics["bits_per_byte"], perplexity=metrics["perplexity"],
                       eval_tokens=metrics["tokens"], eval_bytes=metrics["bytes"])
+        gc.collect()  # the SavedModel `evaluate` loaded goes before the server loads its own
     serve = ServeConfig()
     server = ModelServer(model_dir, MODEL_NAME, serve, warm=False)
     try:

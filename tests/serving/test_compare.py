@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from tiny_text_model import save_tiny_text_model
 
-from reporting.comparison import comparison_rows, format_table
+from reporting.comparison import NOT_SIGNIFICANT_NOTE, comparison_rows, format_table
 
 pytestmark = pytest.mark.slow  # two models traced, scored and served: ~40 s
 
@@ -122,7 +122,7 @@ def test_both_models_are_measured_and_differ(result):
 def test_the_load_run_reports_positive_latency_and_tokens_per_second(result):
     for model in result["models"].values():
         latency = model["latency"]
-        assert latency["errors"] == 0
+        assert latency["errors"] == 0 and latency["status_counts"] == {"200": REQUESTS}
         assert latency["requests"] == REQUESTS and latency["concurrency"] == CONCURRENCY
         assert latency["max_tokens"] == MAX_TOKENS
         assert 0 < latency["p50_ms"] <= latency["p99_ms"]
@@ -139,10 +139,11 @@ def test_the_table_names_both_models_every_task_and_the_latency(result):
     table = format_table(comparison_rows(v1, v2), ("v1", "v2"))
     lines = table.splitlines()
     assert lines[0].split()[:3] == ["metric", "v1", "v2"]
-    names = [line.split("  ")[0].strip() for line in lines[2:]]
+    names = [line.split("  ")[0].strip() for line in lines[2:12]]
     assert names == ["bits per byte", "perplexity", "tiny_en acc", "tiny_en acc_norm",
                      "诗句_zh acc", "诗句_zh acc_norm", "tiny_gen exact_match",
                      "p50 latency (ms)", "p99 latency (ms)", "tokens/s"]
+    assert lines[12:] in ([], [NOT_SIGNIFICANT_NOTE])  # 2 examples per task: all noise
     bpb = lines[2].split()
     assert float(bpb[3]) == pytest.approx(v1["bits_per_byte"], abs=1e-4)
     assert float(bpb[4]) == pytest.approx(v2["bits_per_byte"], abs=1e-4)
@@ -250,3 +251,14 @@ def test_the_cli_refuses_bad_input_in_one_line_without_a_traceback(inputs, tmp_p
     expected = {"not_a_model": str(tmp_path), "bad_task": f"{bad}:1:",
                 "no_data": "none.txt"}[case]
     assert expected in lines[0]
+
+
+def test_the_cli_refuses_a_directory_name_that_is_not_utf8_in_one_line(tmp_path):
+    env = dict(os.environ, DEEPSEEK_TFX_LOG_DIR=str(tmp_path / "logs"), PYTHONUTF8="0")
+    proc = subprocess.run([sys.executable.encode(), b"-m", b"cli", b"compare", b"/tmp/mod\xe9l",
+                           b"B"], cwd=PROJECT_ROOT, env=env, capture_output=True, timeout=120)
+    err = proc.stderr.decode("utf-8")
+    assert proc.returncode != 0 and "Traceback" not in err, err
+    assert err.splitlines() == ["error: DIR_A '/tmp/mod\\xe9l': not UTF-8 (byte 0xe9 at offset "
+                                "8); rename the file, or reach it through a link with a UTF-8 "
+                                "name"]
