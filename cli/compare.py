@@ -1,6 +1,7 @@
 """`deepseek-tfx compare DIR_A DIR_B`: two models (e.g. two pushed versions) measured in one
 run on this machine (`serving/compare.py`), shown side by side (`reporting/comparison.py`)
-and written as JSON."""
+and written as JSON: `compare_models`' result plus "table" ({"a", "b": the labels,
+"rows": each `Row` as a dict})."""
 
 from __future__ import annotations
 
@@ -36,8 +37,10 @@ def default_labels(dir_a: str, dir_b: str) -> tuple[str, str]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Measures both models, prints the table, writes the JSON; 0 on success."""
+    import dataclasses
+
     from reporting.comparison import comparison_rows, format_table
-    from serving.compare import CompareError, compare_models
+    from serving.compare import CompareError, compare_models, json_safe
 
     labels = default_labels(args.dir_a, args.dir_b)
     labels = (args.label_a or labels[0], args.label_b or labels[1])
@@ -74,10 +77,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
                   f"{model['latency']['requests']} requests failed (HTTP status counts "
                   f"{model['latency']['status_counts']}; 0 = timeout or no connection): its "
                   "latency figures include them", file=err)
+    rows = comparison_rows(models[labels[0]], models[labels[1]])
     print()
-    print(format_table(comparison_rows(models[labels[0]], models[labels[1]]), labels))
+    print(format_table(rows, labels))
+    # the table too: {"a": label A, "b": label B, "rows": [Row as a dict]}
+    result["table"] = json_safe({"a": labels[0], "b": labels[1],
+                                 "rows": [dataclasses.asdict(r) for r in rows]})
     with open(out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2, ensure_ascii=False)
+        json.dump(result, f, indent=2, ensure_ascii=False, allow_nan=False)
         f.write("\n")
     print(f"\njson: {os.path.abspath(out)}")
     return 0

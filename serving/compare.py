@@ -11,6 +11,9 @@ For each model, in order:
      through fixed prompts (`load_prompts`). Latency is per request, client side (ms);
      tokens/s is the sum of the responses' `usage.completion_tokens` over the wall
      seconds of the timed run. Before it, `concurrency` untimed requests warm the path.
+     The client threads run in the server's process (sharing its CPUs and GIL), as for
+     both models alike: compare the two models' figures with each other, not with a
+     server measured from another machine or process.
 
 Everything is checked before a model is loaded: each directory is a SavedModel (or a
 serving directory, whose newest version is used) with a tokenizer and a model config,

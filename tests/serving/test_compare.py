@@ -176,7 +176,13 @@ def test_the_cli_prints_the_table_and_writes_the_json(result, inputs, tmp_path, 
     printed = capsys.readouterr().out
     assert "metric" in printed and "诗句_zh acc" in printed and "tokens/s" in printed
     assert f"json: {out}" in printed
-    assert json.loads(out.read_text(encoding="utf-8"))["tasks"] == result["tasks"]
+    written = json.loads(out.read_text(encoding="utf-8"))
+    assert written["tasks"] == result["tasks"] and written["models"] == result["models"]
+    assert (written["table"]["a"], written["table"]["b"]) == ("v1", "v2")
+    rows = {r["name"]: r for r in written["table"]["rows"]}
+    assert rows["bits per byte"]["a"] == result["models"]["v1"]["bits_per_byte"]
+    assert rows["诗句_zh acc"]["chance"] == pytest.approx(0.375)
+    assert set(rows["tokens/s"]) >= {"a", "b", "delta", "better", "lower_is_better"}
 
 
 # ----------------------------------------------------------------------------- bad input
