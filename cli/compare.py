@@ -49,6 +49,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          "labels must differ")
     pattern = os.path.join(*split_data_path(args.data)) if args.data else None
     out = args.json or f"compare-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    where = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(where) or not os.access(where, os.W_OK):
+        raise SystemExit(f"error: compare: --json {out}: {where} is not a writable directory "
+                         "(checked before measuring)")
     err = console.stderr()
 
     def progress(line: str) -> None:
@@ -97,23 +101,23 @@ def add_parsers(sub) -> None:
         "scores, p50/p99 latency and tokens/s of a load run against the served model")
     cmp.add_argument("dir_a", metavar="DIR_A", help="serving dir (newest version) or SavedModel")
     cmp.add_argument("dir_b", metavar="DIR_B", help="serving dir (newest version) or SavedModel")
-    cmp.add_argument("--data", help="text/JSONL file, directory or glob: bits per byte and the "
+    cmp.add_argument("--data", metavar="PATH", help="text/JSONL file, directory or glob: bits per byte and the "
                      "load run's prompts (default: no bits per byte, built-in English and "
                      "Chinese prompts)")
     cmp.add_argument("--tasks", nargs="+", metavar="FILE", help="task files (JSONL, "
                      "savedmodel/tasks.py)")
     cmp.add_argument("--json", metavar="OUT", help="where the JSON goes (default "
                      "./compare-YYYYmmdd-HHMMSS.json)")
-    cmp.add_argument("--requests", type=int, default=DEFAULT_REQUESTS,
+    cmp.add_argument("--requests", type=int, metavar="N", default=DEFAULT_REQUESTS,
                      help=f"timed requests per model (default {DEFAULT_REQUESTS})")
-    cmp.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+    cmp.add_argument("--concurrency", type=int, metavar="N", default=DEFAULT_CONCURRENCY,
                      help=f"requests at a time (default {DEFAULT_CONCURRENCY})")
-    cmp.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+    cmp.add_argument("--max-tokens", type=int, metavar="N", default=DEFAULT_MAX_TOKENS,
                      help=f"completion tokens per request (default {DEFAULT_MAX_TOKENS})")
-    cmp.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+    cmp.add_argument("--batch-size", type=int, metavar="N", default=DEFAULT_BATCH_SIZE,
                      help=f"rows per forward pass when scoring tasks (default "
                      f"{DEFAULT_BATCH_SIZE})")
-    cmp.add_argument("--label-a", help="DIR_A's name in the table (default v<version>)")
-    cmp.add_argument("--label-b", help="DIR_B's name in the table (default v<version>)")
+    cmp.add_argument("--label-a", metavar="A", help="DIR_A's name in the table (default v<version>)")
+    cmp.add_argument("--label-b", metavar="B", help="DIR_B's name in the table (default v<version>)")
     console.add_arguments(cmp, "compare")
     cmp.set_defaults(fn=cmd_compare)

@@ -237,7 +237,7 @@ def test_bad_input_is_refused_in_one_line_naming_it(inputs, tmp_path, no_measuri
     assert _refusal(inputs, concurrency=0) == "concurrency 0: must be an integer >= 1"
 
 
-@pytest.mark.parametrize("case", ["not_a_model", "bad_task", "no_data"])
+@pytest.mark.parametrize("case", ["not_a_model", "bad_task", "no_data", "json_dir"])
 def test_the_cli_refuses_bad_input_in_one_line_without_a_traceback(inputs, tmp_path, case):
     serving, data, tasks = inputs
     bad = tmp_path / "bad.jsonl"
@@ -245,17 +245,20 @@ def test_the_cli_refuses_bad_input_in_one_line_without_a_traceback(inputs, tmp_p
     args = {"not_a_model": [str(tmp_path), str(serving), "--tasks", *tasks],
             "bad_task": [str(serving / "1"), str(serving), "--tasks", str(bad)],
             "no_data": [str(serving / "1"), str(serving), "--data", str(tmp_path / "none.txt")],
+            "json_dir": [str(serving / "1"), str(serving), "--json",
+                         str(tmp_path / "no" / "out.json")],
             }[case]
     env = dict(os.environ, DEEPSEEK_TFX_LOG_DIR=str(tmp_path / "logs"))
-    proc = subprocess.run([sys.executable, "-m", "cli", "compare", *args,
-                           "--json", str(tmp_path / "out.json")], cwd=PROJECT_ROOT, env=env,
+    json_out = [] if case == "json_dir" else ["--json", str(tmp_path / "out.json")]
+    proc = subprocess.run([sys.executable, "-m", "cli", "compare", *args, *json_out],
+                          cwd=PROJECT_ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     lines = [line for line in proc.stderr.splitlines() if not line.startswith("log: ")]
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert not (tmp_path / "out.json").exists()
     expected = {"not_a_model": str(tmp_path), "bad_task": f"{bad}:1:",
-                "no_data": "none.txt"}[case]
+                "no_data": "none.txt", "json_dir": "is not a writable directory"}[case]
     assert expected in lines[0]
 
 
