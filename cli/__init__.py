@@ -13,6 +13,9 @@ the logic lives in the modules it calls.
   deepseek-tfx chat      --model DIR [--max-new-tokens N] [--temperature T] [--top-k K]
                          [--top-p P] [--seed S]
   deepseek-tfx evaluate  --model DIR [--data PATH] [--tasks FILE ...] [--seq-len N]
+  deepseek-tfx compare   DIR_A DIR_B [--data PATH] [--tasks FILE ...] [--json OUT]
+                         [--requests N] [--concurrency N] [--max-tokens N] [--label-a A]
+                         [--label-b B]  (cli/compare.py)
   deepseek-tfx serve     --model SERVING_DIR [--port P] [--host H] [--model-name NAME]
                          [--max-batch-size ROWS] [--batch-timeout-micros US]
                          [--max-enqueued-batches N] [--num-batch-threads N]
@@ -22,13 +25,14 @@ the logic lives in the modules it calls.
                          [--dtype auto|bfloat16|float32]
   deepseek-tfx plan      [--tables] | --preset NAME | --config CONFIG_JSON [--mode ...] (cli/plan.py)
 
-run, validate, generate, evaluate, serve, hf-import and hf-export show the project's own
-lines only; the libraries' logs and warnings go to a log file (`cli/console.py`):
+run, validate, generate, evaluate, compare, serve, hf-import and hf-export show the
+project's own lines only; the libraries' logs and warnings go to a log file (`cli/console.py`):
   [-v|--verbose]  show them on the console too     [--log-dir DIR]  where the log goes
 
 One module per group of commands, each with its handlers and `add_parsers(sub)`:
   run.py (run, validate)   kubeflow.py (compile-kfp)   serve.py (generate, chat, evaluate,
-  serve)   metadata.py (mlmd, report)   hf.py (hf-import, hf-export)   plan.py (plan)
+  serve)   compare.py (compare)   metadata.py (mlmd, report)   hf.py (hf-import,
+  hf-export)   plan.py (plan)
 and what they share: data.py (default corpus, --data), settings.py (config, warm start,
 teacher, output directory, --until choices), progress.py (component progress lines),
 model_dir.py (--model: a SavedModel or a serving dir's newest version), console.py.
@@ -43,7 +47,7 @@ import os
 import shlex
 import sys
 
-from cli import console, hf, kubeflow, metadata, plan, run, serve
+from cli import compare, console, hf, kubeflow, metadata, plan, run, serve
 from cli.console import failure_message
 from cli.data import DEFAULT_CORPUS_NAME, DEFAULT_CORPUS_URL, default_corpus, split_data_path
 from cli.model_dir import resolve_model_dir
@@ -68,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `deepseek-tfx` parser; each subcommand's `fn` is its handler (args -> exit code)."""
     parser = argparse.ArgumentParser(prog="deepseek-tfx", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (run, kubeflow, serve, metadata, hf, plan):  # the order of `--help`
+    for group in (run, kubeflow, serve, compare, metadata, hf, plan):  # the order of `--help`
         group.add_parsers(sub)
     return parser
 
@@ -86,8 +90,10 @@ def log_dir(args: argparse.Namespace) -> str:
 
 # Arguments that name files (the rest is text): their refusal says how to get around it.
 _PATH_ARGUMENTS = frozenset({"data", "model", "output", "log_dir", "teacher", "base_model",
-                             "config", "checkpoint_dir", "out_dir", "model_dir"})
-_POSITIONAL_ARGUMENTS = frozenset({"checkpoint_dir", "out_dir", "model_dir", "what"})
+                             "config", "checkpoint_dir", "out_dir", "model_dir", "dir_a",
+                             "dir_b", "tasks", "json"})
+_POSITIONAL_ARGUMENTS = frozenset({"checkpoint_dir", "out_dir", "model_dir", "what", "dir_a",
+                                   "dir_b"})
 
 
 def check_argument_bytes(args: argparse.Namespace) -> None:

@@ -64,6 +64,7 @@ QUIET_COMMANDS: dict[str, Quiet] = {
     "validate": Quiet(logs_under_output=True, announce=True),
     "serve": Quiet(announce=True),
     "evaluate": Quiet(),
+    "compare": Quiet(),
     "generate": Quiet(),
     "hf-import": Quiet(),
     "hf-export": Quiet(),

@@ -13,7 +13,12 @@ rebuilds it. Everything comes from ML Metadata (`run_summary.latest_run`,
   moe        the `moe/<layer>/expert_load` tensor summaries (a heatmap per MoE
              layer) and the `router_bias/<layer>/*` scalars
   eval       LmEvaluator's metrics.json against `eval.max_bits_per_byte` and the
-             baseline, and the blessing
+             baseline, and the blessing; with a baseline, the quality rows of
+             `deepseek-tfx compare`'s table (`reporting/comparison.py`): bits per
+             byte, perplexity and each task's scores, baseline vs candidate
+  tasks      the benchmark tasks of metrics.json: each task's primary scores (acc,
+             acc_norm; exact_match) with their standard error, the chance level and how
+             far above it, and the baseline's
   samples    greedy generations of the pushed SavedModel, made now
   lineage    from the pushed model back to the input files
 
@@ -34,7 +39,7 @@ from reporting import report_data
 from reporting.report_data import SAMPLE_NEW_TOKENS, RunData, Unavailable
 
 REPORT_FILE = "report.html"
-SECTIONS = ("pipeline", "data", "training", "moe", "eval", "samples", "lineage")
+SECTIONS = ("pipeline", "data", "training", "moe", "eval", "tasks", "samples", "lineage")
 
 
 # ----------------------------------------------------------------------------- html
@@ -241,6 +246,74 @@ def section_eval(run: RunData) -> str:
             bars["baseline"] = baseline["bits_per_byte"]
         if ev.get("max_bits_per_byte") is not None:
             out += report_plots.bits_per_byte(bars, float(ev["max_bits_per_byte"]))
+    if baseline:
+        out += comparison_html(baseline, candidate)
+    return out
+
+
+def comparison_html(baseline: dict, candidate: dict) -> str:
+    """The quality rows of `deepseek-tfx compare`'s table, baseline (A) vs candidate (B):
+    bits per byte, perplexity and each task's primary scores, delta = candidate -
+    baseline, which is better, and each task's chance level."""
+    from reporting.comparison import NOT_SIGNIFICANT_NOTE, comparison_rows, table_cells
+
+    rows = [r for r in comparison_rows(baseline, candidate) if r.group == "quality"]
+    header, cells = table_cells(rows, ("baseline", "candidate"))
+    note = (f"<p>{_e(NOT_SIGNIFICANT_NOTE)}; ± is the standard error.</p>"
+            if any(r.significant is False for r in rows) else "")
+    return ("<h3>Candidate vs baseline (the quality rows of <code>deepseek-tfx compare</code>)"
+            "</h3>" + _table(header, cells) + note)
+
+
+def section_tasks(run: RunData) -> str:
+    """The benchmark tasks of metrics.json (`tasks_html`).
+
+    Raises:
+      Unavailable: the LmEvaluator did not run, or wrote no metrics.json.
+    """
+    tasks, baseline = report_data.eval_tasks(run)
+    if not tasks:
+        return ("<p>none: the LmEvaluator scored no benchmark tasks (eval.tasks is empty, or "
+                "the run is from before tasks). <code>deepseek-tfx evaluate --tasks FILE</code> "
+                "scores a pushed model.</p>")
+    config = report_data.execution_config(run, "LmEvaluator").get("eval", {})
+    return tasks_html(tasks, baseline, config.get("min_scores"))
+
+
+def tasks_html(tasks: dict, baseline: dict | None, min_scores=None) -> str:
+    """One row per task and primary metric (multiple choice: acc, acc_norm; generation:
+    exact_match): the candidate's score ± its standard error, the chance level, the score
+    minus chance ("near chance" when within two standard errors), the baseline's score,
+    n, few-shot k and the examples whose context was cut to fit the model."""
+    from reporting.comparison import format_value, primary_metrics
+    from reporting.run_summary import near_chance
+
+    rows = []
+    for name, m in tasks.items():
+        chance = m.get("chance")
+        for metric in primary_metrics(m):
+            value, stderr = m[metric], m.get(f"{metric}_stderr")
+            stderr = stderr if isinstance(stderr, float) and stderr == stderr else None
+            above = "—"
+            if isinstance(chance, float | int):
+                above = format_value(value - chance, 4, signed=True)
+                if near_chance(value, stderr, chance):
+                    above += " (near chance)"
+            base = (baseline or {}).get(name, {}).get(metric)
+            rows.append([name, metric, format_value(value, 4, stderr),
+                         format_value(chance, 4) if chance is not None else "—", above,
+                         format_value(base, 4) if base is not None else "—",
+                         m.get("n", "—"), m.get("num_fewshot", "—"), m.get("truncated", "—")])
+    out = ("<p>scored as lm-evaluation-harness scores them: a multiple-choice example by the "
+           "log-likelihood of each choice after the context (acc: the likeliest choice; "
+           "acc_norm: per character), a generation example by exact match after the stop "
+           "strings. ± is the standard error; near chance = within two standard errors of "
+           "the chance level.</p>"
+           + _table(["task", "metric", "candidate", "chance", "minus chance",
+                     "baseline" if baseline is not None else "baseline (none)", "n",
+                     "few-shot", "truncated"], rows))
+    if min_scores:
+        out += f"<p>thresholds: eval.min_scores = {_e(min_scores)}</p>"
     return out
 
 
@@ -296,7 +369,8 @@ def lineage_html(destination: str, data: dict) -> str:
 
 _TITLES = {"pipeline": "Pipeline", "data": "Data: records, anomalies, drift",
            "training": "Training curves", "moe": "MoE: expert load and router bias",
-           "eval": "Evaluation and blessing", "samples": "Sample generations",
+           "eval": "Evaluation and blessing", "tasks": "Benchmark tasks",
+           "samples": "Sample generations",
            "lineage": "Lineage of the pushed model"}
 
 _CSS = """
@@ -355,6 +429,7 @@ def build_html(output_dir: str) -> str:
         "training": lambda: section_training(run, trainer_events()),
         "moe": lambda: section_moe(run, trainer_events()),
         "eval": lambda: section_eval(run),
+        "tasks": lambda: section_tasks(run),
         "samples": lambda: section_samples(run),
         "lineage": lambda: section_lineage(run),
     }

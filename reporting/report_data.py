@@ -271,6 +271,20 @@ def eval_metrics(run: RunData) -> dict:
                      "the LmEvaluator's metrics")
 
 
+def eval_tasks(run: RunData) -> tuple[dict, dict | None]:
+    """(the candidate's task metrics, the baseline's or None) from metrics.json:
+    {task: metrics (savedmodel/task_scoring.py)}; the first is {} when the LmEvaluator
+    scored no tasks (eval.tasks empty, or a run from before tasks).
+
+    Raises:
+      Unavailable: the LmEvaluator did not run, or wrote no metrics.json.
+    """
+    metrics = eval_metrics(run)
+    tasks = (metrics.get("candidate") or {}).get("tasks") or {}
+    baseline = metrics.get("baseline")
+    return tasks, (baseline.get("tasks") or {}) if baseline else None
+
+
 # ----------------------------------------------------------------------------- pushed model
 
 

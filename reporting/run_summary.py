@@ -13,6 +13,7 @@ from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
 from common.json_file import read_json
+from reporting.comparison import display_width, primary_metrics
 
 _STATES = {v: k for k, v in metadata_store_pb2.Execution.State.items()}
 
@@ -121,6 +122,8 @@ def print_summary(metadata_path: str, wall_s: float) -> list[str]:
         print(f"eval: bits_per_byte {ev.get('bits_per_byte', float('nan')):.4f}, "
               f"perplexity {ev.get('perplexity', float('nan')):.2f}, "
               f"tokens {ev.get('eval_tokens')}, bytes {ev.get('eval_bytes')}")
+        for line in task_lines(_evaluation_metrics(ev.get("uri"))):
+            print(line)
         print(f"blessed: {bool(bl.get('blessed'))} ({bl.get('blessing_message', '')})")
     pusher = by_name.get("Pusher")
     pushed = pusher.outputs.get("PushedModel", {}) if pusher else {}
@@ -130,6 +133,60 @@ def print_summary(metadata_path: str, wall_s: float) -> list[str]:
         print("pushed model: none (not blessed)")
     print(f"ML Metadata: {metadata_path}")
     return [r.component for r in runs if r.state not in ("COMPLETE", "CACHED")]
+
+
+def _evaluation_metrics(uri: str | None) -> dict:
+    """The LmEvaluator's metrics.json under `uri`, or {} when it cannot be read (the run
+    summary never fails on it)."""
+    path = os.path.join(uri, "metrics.json") if uri else ""
+    try:
+        return read_json(path, "the LmEvaluator's metrics") if os.path.isfile(path) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def near_chance(value: float, stderr: float | None, chance: float) -> bool:
+    """Whether a score is within two standard errors of the chance level (a random model's
+    score: no evidence the model does better). Without a stderr (one example), whether
+    it is at most the chance level."""
+    if stderr is None or stderr != stderr:  # None or NaN
+        return value <= chance
+    return abs(value - chance) <= 2 * stderr
+
+
+def _score(metrics: dict, metric: str) -> str:
+    stderr = metrics.get(f"{metric}_stderr")
+    spread = f" ±{stderr:.4f}" if isinstance(stderr, float) and stderr == stderr else ""
+    return f"{metric} {metrics[metric]:.4f}{spread}"
+
+
+def task_lines(metrics: dict) -> list[str]:
+    """The run summary's lines for the benchmark tasks of metrics.json ({"candidate":
+    {..., "tasks": {task: metrics}}, "baseline": ... or None}): per task the candidate's
+    primary scores (multiple choice: acc, acc_norm; generation: exact_match) with their
+    standard error, the chance level beside them (and "near chance" when every score is
+    within two standard errors of it), n, and the baseline's scores when it has the task.
+    [] when the candidate has no tasks (eval.tasks empty, or a run from before tasks)."""
+    tasks = (metrics.get("candidate") or {}).get("tasks") or {}
+    if not tasks:
+        return []
+    baseline = (metrics.get("baseline") or {}).get("tasks") or {}
+    width = max(display_width(name) for name in tasks)
+    lines = ["tasks:"]
+    for name, m in tasks.items():
+        names = primary_metrics(m)
+        chance = m.get("chance")
+        line = (f"  {name}{' ' * (width - display_width(name))}  "
+                + ", ".join(_score(m, metric) for metric in names))
+        if isinstance(chance, float | int):
+            near = names and all(near_chance(m[k], m.get(f"{k}_stderr"), chance) for k in names)
+            line += f"; chance {chance:.4f}{' (near chance)' if near else ''}"
+        line += f"; n {m.get('n')}"
+        b = baseline.get(name)
+        if b and all(k in b for k in names):
+            line += "; baseline " + ", ".join(f"{k} {b[k]:.4f}" for k in names)
+        lines.append(line)
+    return lines
 
 
 def print_data_report(metadata_path: str) -> None:
