@@ -20,6 +20,7 @@ the logic lives in the modules it calls.
   deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer] [--dtype auto|bfloat16|float32]
   deepseek-tfx hf-export MODEL_DIR OUT_DIR [--max-shard-size BYTES] [--config-form 4.x|5.x]
                          [--dtype auto|bfloat16|float32]
+  deepseek-tfx harness-task TASK.jsonl... --output DIR [--tokenizer HF_EXPORT_DIR] (cli/harness.py)
   deepseek-tfx plan      [--tables] | --preset NAME | --config CONFIG_JSON [--mode ...] (cli/plan.py)
 
 run, validate, generate, evaluate, serve, hf-import and hf-export show the project's own
@@ -28,7 +29,8 @@ lines only; the libraries' logs and warnings go to a log file (`cli/console.py`)
 
 One module per group of commands, each with its handlers and `add_parsers(sub)`:
   run.py (run, validate)   kubeflow.py (compile-kfp)   serve.py (generate, chat, evaluate,
-  serve)   metadata.py (mlmd, report)   hf.py (hf-import, hf-export)   plan.py (plan)
+  serve)   metadata.py (mlmd, report)   hf.py (hf-import, hf-export)   harness.py (harness-task)
+  plan.py (plan)
 and what they share: data.py (default corpus, --data), settings.py (config, warm start,
 teacher, output directory, --until choices), progress.py (component progress lines),
 model_dir.py (--model: a SavedModel or a serving dir's newest version), console.py.
@@ -43,7 +45,7 @@ import os
 import shlex
 import sys
 
-from cli import console, hf, kubeflow, metadata, plan, run, serve
+from cli import console, harness, hf, kubeflow, metadata, plan, run, serve
 from cli.console import failure_message
 from cli.data import DEFAULT_CORPUS_NAME, DEFAULT_CORPUS_URL, default_corpus, split_data_path
 from cli.model_dir import resolve_model_dir
@@ -68,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `deepseek-tfx` parser; each subcommand's `fn` is its handler (args -> exit code)."""
     parser = argparse.ArgumentParser(prog="deepseek-tfx", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (run, kubeflow, serve, metadata, hf, plan):  # the order of `--help`
+    for group in (run, kubeflow, serve, metadata, hf, harness, plan):  # the order of `--help`
         group.add_parsers(sub)
     return parser
 
