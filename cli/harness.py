@@ -11,6 +11,8 @@ import os
 import shlex
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8501/v1/completions"
+# The harness reads local files only: no Hugging Face Hub look-ups.
+HARNESS_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 HARNESS_PROJECT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "harness")
 
@@ -43,20 +45,21 @@ def max_length_of(hf_dir: str) -> int:
 def lm_eval_command(task_names: list[str], include_path: str, *, tokenizer: str,
                     max_length: int | str, base_url: str = DEFAULT_BASE_URL,
                     model: str = "deepseek", output_path: str | None = None,
-                    batch_size: int = 1, harness_project: str = HARNESS_PROJECT) -> list[str]:
-    """The argv (environment assignments first) that runs `task_names` with the harness's
-    `local-completions` model against `base_url` (greedy, token ids sent as prompts,
-    the hf-export `tokenizer` directory's tokenizer.json), writing results and
-    per-example samples under `output_path` when given."""
+                    batch_size: int = 32, harness_project: str = HARNESS_PROJECT,
+                    uv: tuple[str, ...] = ("python3", "-m", "uv")) -> list[str]:
+    """The argv (to run with `HARNESS_ENV` in the environment) that runs `task_names` with
+    the harness's `local-completions` model against `base_url` (log-likelihoods of token-id
+    prompts; the hf-export `tokenizer` directory's tokenizer.json), `batch_size` prompts per
+    request (at most serve's max_batch_size, default 32), writing results and per-example
+    samples under `output_path` when given."""
     model_args = ",".join([
         f"model={model}", f"base_url={base_url}", "tokenizer_backend=huggingface",
         f"tokenizer={os.path.abspath(tokenizer) if os.path.isdir(tokenizer) else tokenizer}",
-        f"max_length={max_length}", "num_concurrent=1", "max_retries=3",
-        f"batch_size={batch_size}"])
-    argv = ["HF_DATASETS_OFFLINE=1", "HF_HUB_OFFLINE=1",
-            "python3", "-m", "uv", "run", "--project", harness_project, "lm_eval", "run",
+        f"max_length={max_length}", "num_concurrent=1", "max_retries=3"])
+    argv = [*uv, "run", "--project", harness_project, "lm_eval", "run",
             "--model", "local-completions", "--model_args", model_args,
-            "--include_path", os.path.abspath(include_path), "--tasks", ",".join(task_names)]
+            "--include_path", os.path.abspath(include_path), "--tasks", ",".join(task_names),
+            "--batch_size", str(batch_size)]
     if output_path:
         argv += ["--output_path", output_path, "--log_samples"]
     return argv
@@ -89,12 +92,12 @@ def cmd_harness_task(args: argparse.Namespace) -> int:
         print(f"{names[-1]}: {len(task.examples)} {task.type} examples from {task.path}")
     argv = lm_eval_command(names, args.output, tokenizer=args.tokenizer or "<HF_EXPORT_DIR>",
                            max_length=max_length, base_url=args.base_url,
-                           model=args.model_name,
+                           model=args.model_name, batch_size=args.batch_size,
                            output_path=os.path.join(os.path.abspath(args.output), "results"))
     print(f"harness tasks in {os.path.abspath(args.output)}; with `deepseek-tfx serve` running "
           f"and the harness installed (python3 -m uv sync --project {HARNESS_PROJECT} "
           "--locked), run:")
-    print(shlex.join(argv))
+    print(" ".join(f"{k}={v}" for k, v in HARNESS_ENV.items()), shlex.join(argv))
     return 0
 
 
@@ -113,4 +116,6 @@ def add_parsers(sub) -> None:
                    help=f"serve's /v1/completions (default {DEFAULT_BASE_URL})")
     p.add_argument("--model-name", default="deepseek",
                    help="the model name serve answers to (default deepseek, serve's default)")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="prompts per request (at most serve's --max-batch-size; default 32)")
     p.set_defaults(fn=cmd_harness_task)
