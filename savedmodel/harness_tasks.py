@@ -142,10 +142,10 @@ def write_harness_task(task: Task, out_dir: str) -> str:
     if not task.examples:
         raise ValueError(f"task {task.name!r} ({task.path}): no examples")
     name = harness_task_name(task.name)
-    rows = harness_rows(task)
-    os.makedirs(out_dir, exist_ok=True)
     data_path = os.path.join(out_dir, name + ".jsonl")
     config = harness_task_config(task, data_path)
+    rows = harness_rows(task)
+    os.makedirs(out_dir, exist_ok=True)
     with open(data_path, "w", encoding="utf-8", newline="\n") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
