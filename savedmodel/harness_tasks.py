@@ -5,7 +5,7 @@ dataset; it cannot read our task files (`savedmodel/tasks.py`). For each task th
 
   <out_dir>/<name>.jsonl   one row per example, UTF-8 (Chinese as is, not \\u-escaped):
                            multiple_choice  {"query", "choices", "label"}
-                           generation       {"query", "answer"}
+                           generation       {"query", "answer"} (answer stripped)
                            `query` is our `fewshot_prompt(task, example)`: the description,
                            the task's k few-shot examples and the context, rendered here.
   <out_dir>/<name>.yaml    `task: <name>`, `dataset_path: json`,
@@ -16,7 +16,10 @@ dataset; it cannot read our task files (`savedmodel/tasks.py`). For each task th
                              the task's `target_delimiter`, metrics acc, acc_norm, acc_bytes;
                            generation: `output_type: generate_until`, `doc_to_target:
                              answer`, `generation_kwargs: {until: <stop strings>,
-                             do_sample: false, temperature: 0, max_gen_toks}`, exact_match.
+                             do_sample: false, temperature: 0, max_gen_toks}`, the filter
+                             `strip` (remove_whitespace, take_first) and exact_match: the
+                             stripped output equals the stripped answer, as ours
+                             (results key `exact_match,strip`).
 
 With `num_fewshot 0` (the YAML's, so leave `--num_fewshot` unset) the harness's prompt
 for an example is `query` byte for byte, and a choice is scored as `target_delimiter +
@@ -103,6 +106,8 @@ def harness_task_config(task: Task, data_path: str) -> dict:
             "doc_to_target": "answer",
             "generation_kwargs": {"until": _generation_stops(task), "do_sample": False,
                                   "temperature": 0.0, "max_gen_toks": task.max_gen_toks},
+            "filter_list": [{"name": "strip", "filter": [{"function": "remove_whitespace"},
+                                                         {"function": "take_first"}]}],
             "metric_list": [{"metric": "exact_match", "aggregation": "mean",
                              "higher_is_better": True}],
         })
@@ -123,7 +128,8 @@ def harness_rows(task: Task) -> list[dict]:
     if task.type == MULTIPLE_CHOICE:
         return [{"query": fewshot_prompt(task, ex), "choices": list(ex.choices),
                  "label": ex.label} for ex in task.examples]
-    return [{"query": fewshot_prompt(task, ex), "answer": ex.answer} for ex in task.examples]
+    return [{"query": fewshot_prompt(task, ex), "answer": ex.answer.strip()}
+            for ex in task.examples]
 
 
 def write_harness_task(task: Task, out_dir: str) -> str:

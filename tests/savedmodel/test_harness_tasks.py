@@ -93,7 +93,7 @@ def test_names_are_distinct_and_plain():
 
 def test_generation_task(tmp_path):
     header = {"task": "sums", "type": "generation", "max_gen_toks": 8}
-    path = _write(tmp_path, [header, {"context": "2+2=", "answer": "4", "stop": ["\n", "。"]},
+    path = _write(tmp_path, [header, {"context": "2+2=", "answer": " 4", "stop": ["\n", "。"]},
                              {"context": "三加三等于", "answer": "六", "stop": ["\n", "。"]}])
     name = write_harness_task(load_task(path), str(tmp_path / "out"))
     config, _, rows = _read(tmp_path / "out", name)
@@ -102,6 +102,10 @@ def test_generation_task(tmp_path):
     assert config["generation_kwargs"] == {"until": ["\n", "。"], "do_sample": False,
                                            "temperature": 0.0, "max_gen_toks": 8}
     assert [m["metric"] for m in config["metric_list"]] == ["exact_match"]
+    # Ours compares stripped output and answer: the harness strips the output, the row's
+    # answer is stored stripped.
+    assert config["filter_list"] == [{"name": "strip", "filter": [
+        {"function": "remove_whitespace"}, {"function": "take_first"}]}]
     assert rows == [{"query": "2+2=", "answer": "4"}, {"query": "三加三等于", "answer": "六"}]
 
 
