@@ -17,6 +17,8 @@ example the harness does not truncate. The tiny preset's C is 64, so most ARC-Ea
     so do acc and acc_norm over those examples, exactly;
   - on all 100, they equal ours at context C - 1 (the harness's own truncation), and the
     harness's task-level acc and acc_norm equal ours exactly.
+A small generation task (greedy, Chinese too) checks that the harness's completions are
+ours.
 """
 
 from __future__ import annotations
@@ -92,33 +94,17 @@ def served(run, tmp_path_factory):
             proc.wait()
 
 
-@pytest.fixture(scope="module")
-def harness(served, tmp_path_factory):
-    """`lm_eval run --model local-completions` on the ARC-Easy fixture against `served`:
-    {"samples": {doc_id: per-choice log-likelihoods}, "per_doc": {doc_id: sample row},
-     "results": the task's results, "hf_dir", "install_seconds"}."""
-    from cli.harness import HARNESS_ENV, HARNESS_PROJECT, lm_eval_command, max_length_of
+def _lm_eval(task_path: str, work, hf_dir, base_url: str) -> dict:
+    """Runs `lm_eval` on one task file: {"name", "rows": samples by doc_id, "results",
+    "stderr"}."""
+    from cli.harness import HARNESS_ENV, lm_eval_command, max_length_of
     from savedmodel.harness_tasks import write_harness_task
     from savedmodel.tasks import load_task
 
-    work = tmp_path_factory.mktemp("harness")
-    hf_dir = work / "hf"
-    done = subprocess.run([sys.executable, "-m", "cli", "hf-export", served["model_dir"],
-                           str(hf_dir)], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    start = time.perf_counter()
-    done = subprocess.run([*_uv(), "sync", "--project", HARNESS_PROJECT, "--locked"],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900,
-                          env=_child_env())
-    assert done.returncode == 0, done.stderr[-3000:]
-    install_seconds = time.perf_counter() - start
-
-    name = write_harness_task(load_task(ARC_EASY), str(work / "tasks"))
+    name = write_harness_task(load_task(task_path), str(work / "tasks"))
     command = lm_eval_command([name], str(work / "tasks"), tokenizer=str(hf_dir),
-                              max_length=max_length_of(str(hf_dir)),
-                              base_url=served["base_url"], output_path=str(work / "out"),
-                              uv=tuple(_uv()))
+                              max_length=max_length_of(str(hf_dir)), base_url=base_url,
+                              output_path=str(work / "out"), uv=tuple(_uv()))
     done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True,
                           timeout=900, env=_child_env(HF_HOME=str(work / "hf_home"),
                                                       **HARNESS_ENV))
@@ -128,9 +114,39 @@ def harness(served, tmp_path_factory):
     rows = [json.loads(line) for line in open(samples_file, encoding="utf-8")]
     with open(results_file, encoding="utf-8") as f:
         results = json.load(f)["results"][name]
-    return {"samples": {r["doc_id"]: [float(ll) for ll, _ in r["filtered_resps"]] for r in rows},
-            "per_doc": {r["doc_id"]: r for r in rows}, "results": results, "hf_dir": hf_dir,
-            "install_seconds": install_seconds, "stderr": done.stderr}
+    return {"name": name, "rows": {r["doc_id"]: r for r in rows}, "results": results,
+            "stderr": done.stderr}
+
+
+@pytest.fixture(scope="module")
+def harness_env(served, tmp_path_factory):
+    """The hf-export directory of the served model, and the harness environment installed."""
+    from cli.harness import HARNESS_PROJECT
+
+    hf_dir = tmp_path_factory.mktemp("hf") / "hf"
+    done = subprocess.run([sys.executable, "-m", "cli", "hf-export", served["model_dir"],
+                           str(hf_dir)], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    start = time.perf_counter()
+    done = subprocess.run([*_uv(), "sync", "--project", HARNESS_PROJECT, "--locked"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900,
+                          env=_child_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {"hf_dir": hf_dir, "install_seconds": time.perf_counter() - start}
+
+
+@pytest.fixture(scope="module")
+def harness(served, harness_env, tmp_path_factory):
+    """`lm_eval run --model local-completions` on the ARC-Easy fixture against `served`:
+    {"samples": {doc_id: per-choice log-likelihoods}, "per_doc": {doc_id: sample row},
+     "results": the task's results, "install_seconds"}."""
+    out = _lm_eval(ARC_EASY, tmp_path_factory.mktemp("harness"), harness_env["hf_dir"],
+                   served["base_url"])
+    return {"samples": {e: [float(ll) for ll, _ in r["filtered_resps"]]
+                        for e, r in out["rows"].items()},
+            "per_doc": out["rows"], "results": out["results"],
+            "install_seconds": harness_env["install_seconds"]}
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +178,7 @@ def test_harness_scored_every_example(harness, ours):
     for e, example in enumerate(ours["task"].examples):
         assert len(harness["samples"][e]) == len(example.choices)
         assert harness["per_doc"][e]["doc"]["label"] == example.label
-    print(f"harness environment synced in {harness['install_seconds']:.1f} s; "
+    print(f"harness environment synced in {harness['install_seconds']:.2f} s; "
           f"context C={ours['context']}: {len(ours['untruncated'])} of 100 ARC-Easy examples "
           "fit untruncated")
 
@@ -216,3 +232,25 @@ def test_matches_the_lm_evaluator_artifact_when_it_has_the_task(run, harness, ou
     lls = candidate["arc_easy"]["loglikelihoods"]
     worst = max(_max_difference(harness["samples"][e], lls[e]) for e in ours["untruncated"])
     assert worst <= TOLERANCE, worst
+
+
+GENERATION_EXAMPLES = [("ROMEO:\n", "I"), ("JULIET:\nO ", "Romeo"), ("春眠不觉晓，", "处处闻啼鸟。"),
+                       ("First Citizen:\n", "Before")]
+
+
+def test_generation_completions_match(served, harness_env, tmp_path):
+    """A generation task (greedy, stop at a newline, Chinese too): the harness's
+    completions, stripped, are ours (`score_tasks`), and so is exact_match."""
+    from savedmodel.task_models import from_saved_model, score_tasks
+    from savedmodel.tasks import load_task
+
+    path = tmp_path / "gen.jsonl"
+    lines = [{"task": "gen", "type": "generation", "max_gen_toks": 8}] + \
+        [{"context": c, "answer": a, "stop": ["\n"]} for c, a in GENERATION_EXAMPLES]
+    path.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines),
+                    encoding="utf-8")
+    out = _lm_eval(str(path), tmp_path, harness_env["hf_dir"], served["base_url"])
+    ours = score_tasks(from_saved_model(served["model_dir"]), [load_task(str(path))], 8)
+    theirs = [out["rows"][e]["filtered_resps"][0] for e in range(len(GENERATION_EXAMPLES))]
+    assert theirs == [c.strip() for c in ours["samples"]["gen"]["completions"]]
+    assert out["results"]["exact_match,strip"] == ours["tasks"]["gen"]["exact_match"]
