@@ -153,6 +153,7 @@ def test_cli_prints_the_lm_eval_command(tmp_path, capsys):
     assert model_args["tokenizer_backend"] == "huggingface"
     assert model_args["base_url"] == "http://127.0.0.1:9000/v1/completions"
     assert argv[argv.index("--include_path") + 1] == str(out)
+    assert argv[argv.index("--batch_size") + 1] == "32"  # serve's default max_batch_size
     assert argv[argv.index("--tasks") + 1] == "deepseek_tfx_arc_easy,deepseek_tfx_poem_next_line_zh"
     assert sorted(os.listdir(out)) == sorted(f"deepseek_tfx_{t}.{e}" for t in
                                              ("arc_easy", "poem_next_line_zh")
