@@ -155,7 +155,7 @@ def start_serve(model_dir: str, log_dir: str):
 
 def harness_run(task, name: str, tasks_dir: str, hf_dir: str, base_url: str, context: int,
                 batch_size: int, out: str) -> dict:
-    command = lm_eval_command([name], tasks_dir, tokenizer=hf_dir, max_length=context - 1,
+    command = lm_eval_command([name], tasks_dir, tokenizer=hf_dir, max_length=context,
                               base_url=base_url, output_path=out, batch_size=batch_size,
                               uv=tuple(_uv()))
     start = time.perf_counter()

@@ -23,6 +23,8 @@ the logic lives in the modules it calls.
   deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer] [--dtype auto|bfloat16|float32]
   deepseek-tfx hf-export MODEL_DIR OUT_DIR [--max-shard-size BYTES] [--config-form 4.x|5.x]
                          [--dtype auto|bfloat16|float32]
+  deepseek-tfx harness-task TASK.jsonl ... --output DIR [--tokenizer HF_EXPORT_DIR]
+                         (lm-evaluation-harness tasks and the lm_eval command, cli/harness.py)
   deepseek-tfx harness-task TASK.jsonl... --output DIR [--tokenizer HF_EXPORT_DIR] (cli/harness.py)
   deepseek-tfx plan      [--tables] | --preset NAME | --config CONFIG_JSON [--mode ...] (cli/plan.py)
 

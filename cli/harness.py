@@ -18,9 +18,11 @@ HARNESS_PROJECT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(_
 
 
 def max_length_of(hf_dir: str) -> int:
-    """The harness's `max_length` for a model: max_position_embeddings - 1 from the hf-export
-    directory's config.json (serve puts [EOS] before a prompt, so [EOS] + max_length - 1
-    prompt tokens + the 1 token the harness asks for fill the context).
+    """The harness's `max_length` for a model: max_position_embeddings from the hf-export
+    directory's config.json. The harness sends at most max_length - 1 prompt tokens (it
+    keeps one for the token it asks for); serve puts [EOS] before them, which fills the
+    context, and takes the one greedy token from the last position's logits. Our scorer's
+    rows are [EOS] + the last C - 1 tokens too, so truncated examples agree as well.
 
     Raises:
       ValueError: no tokenizer.json or config.json in `hf_dir`, or no integer
@@ -39,7 +41,7 @@ def max_length_of(hf_dir: str) -> int:
     if not isinstance(context, int) or isinstance(context, bool) or context < 3:
         raise ValueError(f"{path}: key 'max_position_embeddings': expected an integer >= 3, "
                          f"got {context!r}")
-    return context - 1
+    return context
 
 
 def lm_eval_command(task_names: list[str], include_path: str, *, tokenizer: str,
@@ -73,7 +75,7 @@ def cmd_harness_task(args: argparse.Namespace) -> int:
     try:
         tasks = [load_task(path) for path in args.tasks]
         max_length: int | str = (max_length_of(args.tokenizer) if args.tokenizer
-                                 else "<max_position_embeddings - 1>")
+                                 else "<max_position_embeddings>")
     except (TaskFileError, ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None
     seen: dict[str, str] = {}

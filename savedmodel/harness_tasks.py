@@ -25,9 +25,9 @@ With `num_fewshot 0` (the YAML's, so leave `--num_fewshot` unset) the harness's 
 for an example is `query` byte for byte, and a choice is scored as `target_delimiter +
 choice` after it, exactly as `savedmodel/task_scoring.py` scores it; `--num_fewshot N` would
 add N shots of the harness's own choosing on top. The harness's `acc_norm` divides by the
-choice's characters (the delimiter excluded), as ours. Scores agree on every example the
-harness does not truncate; run it with `max_length = max_position_embeddings - 1`
-(`cli/harness.py`, harness/README.md).
+choice's characters (the delimiter excluded), as ours. Scores agree on every example when
+the harness runs with `max_length = max_position_embeddings` (`cli/harness.py`,
+harness/README.md): both then read [EOS] + the last C - 1 tokens.
 
 Names: `deepseek_tfx_<task name>` (so `arc_easy` never shadows the harness's own), with
 characters other than ASCII letters, digits and `_` replaced by `_` and, when any was, 8

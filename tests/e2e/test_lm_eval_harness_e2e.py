@@ -1,29 +1,20 @@
 """End to end: lm-evaluation-harness (`local-completions`, its own environment, harness/)
-against `deepseek-tfx serve` on the shared run's pushed model gives the per-choice
-log-likelihoods and the acc/acc_norm of our in-graph scorer (savedmodel/task_models.py).
+against `deepseek-tfx serve` on the shared run's pushed model gives the LmEvaluator's
+per-choice log-likelihoods (within 1e-4) and its acc, acc_norm and acc_bytes (exactly).
 
 The model is hf-exported (the harness loads its tokenizer.json), the harness environment is
 installed with `uv sync --project harness --locked`, serve runs in a subprocess on a free
 loopback port, and `lm_eval run` scores the ARC-Easy fixture (100 examples) converted by
-`savedmodel.harness_tasks`.
-
-Truncation, honestly: the harness sends at most `max_length - 1` tokens after serve's
-[EOS] (max_length = C - 1, C = max_position_embeddings, so that the token it asks for fits),
-while our scorer keeps [EOS] + the last C - 1 tokens. The two agree exactly on every
-example the harness does not truncate. The tiny preset's C is 64, so most ARC-Easy examples
-(~68 of 100 with the shared run's tokenizer) are truncated; so:
-  - on the examples that fit (neither side truncates; at least 20 asserted), the harness's
-    log-likelihoods equal ours at context C (what the LmEvaluator computes) within 1e-4, and
-    so do acc and acc_norm over those examples, exactly;
-  - on all 100, they equal ours at context C - 1 (the harness's own truncation), and the
-    harness's task-level acc and acc_norm equal ours exactly.
+`savedmodel.harness_tasks`, with `max_length` = the model's context C. The harness then
+sends at most C - 1 prompt tokens, serve puts [EOS] first, and the LmEvaluator's rows are
+[EOS] + the last C - 1 tokens as well: the tiny preset's C is 64, so most ARC-Easy
+examples are truncated, and they must agree too.
 A small generation task (greedy, Chinese too) checks that the harness's completions are
 ours.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import os
@@ -35,13 +26,11 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARC_EASY = os.path.join(PROJECT_ROOT, "tests", "fixtures", "tasks", "arc_easy.jsonl")
 TOLERANCE = 1e-4
-MIN_UNTRUNCATED = 20
 
 
 def _uv() -> list[str]:
@@ -150,21 +139,18 @@ def harness(served, harness_env, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ours(served):
-    """Our scores of the same task at context C (the LmEvaluator's) and C - 1 (the
-    harness's truncation), and which examples neither side truncates."""
-    from savedmodel import task_scoring
-    from savedmodel.task_models import from_saved_model, score_tasks
-    from savedmodel.tasks import load_task
+def evaluator(run):
+    """The LmEvaluator's ARC-Easy scores in the shared run: metrics.json's and
+    task_samples.json's."""
+    from reporting.run_summary import latest_run
 
-    task = load_task(ARC_EASY)
-    model = from_saved_model(served["model_dir"])
-    short = dataclasses.replace(model, context_len=model.context_len - 1)
-    rows = task_scoring.choice_rows(model.tokenizer, task, short.context_len, model.eos_id)
-    truncated = {r.example for r in rows if r.truncated}
-    return {"task": task, "context": model.context_len,
-            "full": score_tasks(model, [task], 32), "short": score_tasks(short, [task], 32),
-            "untruncated": [e for e in range(len(task.examples)) if e not in truncated]}
+    uri = {r.component: r for r in latest_run(run["metadata_path"])}[
+        "LmEvaluator"].outputs["ModelEvaluation"]["uri"]
+    with open(os.path.join(uri, "metrics.json"), encoding="utf-8") as f:
+        metrics = json.load(f)["candidate"]["tasks"]["arc_easy"]
+    with open(os.path.join(uri, "task_samples.json"), encoding="utf-8") as f:
+        samples = json.load(f)["candidate"]["arc_easy"]
+    return {"metrics": metrics, "loglikelihoods": samples["loglikelihoods"]}
 
 
 def _max_difference(a, b) -> float:
@@ -172,66 +158,34 @@ def _max_difference(a, b) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def test_harness_scored_every_example(harness, ours):
-    assert sorted(harness["samples"]) == list(range(len(ours["task"].examples))) == \
-        list(range(100))
-    for e, example in enumerate(ours["task"].examples):
+def test_harness_scored_every_example(harness, evaluator):
+    from savedmodel.tasks import load_task
+
+    task = load_task(ARC_EASY)
+    assert sorted(harness["samples"]) == list(range(len(task.examples))) == list(range(100))
+    for e, example in enumerate(task.examples):
         assert len(harness["samples"][e]) == len(example.choices)
         assert harness["per_doc"][e]["doc"]["label"] == example.label
     print(f"harness environment synced in {harness['install_seconds']:.2f} s; "
-          f"context C={ours['context']}: {len(ours['untruncated'])} of 100 ARC-Easy examples "
-          "fit untruncated")
+          f"{evaluator['metrics']['truncated']} of 100 ARC-Easy examples truncated to the "
+          "context")
 
 
-def test_untruncated_examples_match_the_lm_evaluator_scorer(harness, ours):
-    """Where nothing is truncated, the harness's numbers are the LmEvaluator's."""
-    untruncated = ours["untruncated"]
-    assert len(untruncated) >= MIN_UNTRUNCATED, untruncated
-    lls = ours["full"]["samples"]["arc_easy"]["loglikelihoods"]
-    worst = max(_max_difference(harness["samples"][e], lls[e]) for e in untruncated)
-    assert worst <= TOLERANCE, worst
-    choices = [ours["task"].examples[e].choices for e in untruncated]
-    labels = [ours["task"].examples[e].label for e in untruncated]
-    ours_acc = [float(np.argmax(lls[e]) == y) for e, y in zip(untruncated, labels, strict=True)]
-    ours_norm = [float(np.argmax(np.array(lls[e]) / [len(c) for c in cs]) == y)
-                 for e, cs, y in zip(untruncated, choices, labels, strict=True)]
-    assert [harness["per_doc"][e]["acc"] for e in untruncated] == ours_acc
-    assert [harness["per_doc"][e]["acc_norm"] for e in untruncated] == ours_norm
-
-
-def test_every_example_matches_at_the_harness_truncation(harness, ours):
-    """All 100 examples (truncated ones too) at the harness's context, C - 1 after [EOS]:
-    per-choice log-likelihoods within 1e-4, task acc and acc_norm exactly."""
-    lls = ours["short"]["samples"]["arc_easy"]["loglikelihoods"]
+def test_per_choice_loglikelihoods_equal_the_lm_evaluators(harness, evaluator):
+    """Every choice of every example, truncated ones included (most, at C = 64)."""
+    lls = evaluator["loglikelihoods"]
     worst = max(_max_difference(harness["samples"][e], lls[e]) for e in range(len(lls)))
     assert worst <= TOLERANCE, worst
-    metrics = ours["short"]["tasks"]["arc_easy"]
+    assert evaluator["metrics"]["truncated"] > 0  # the truncated rows are compared too
+
+
+def test_acc_equals_the_lm_evaluators(harness, evaluator):
+    metrics = evaluator["metrics"]
     assert harness["results"]["acc,none"] == metrics["acc"]
     assert harness["results"]["acc_norm,none"] == metrics["acc_norm"]
     assert harness["results"]["acc_bytes,none"] == metrics["acc_bytes"]
-    # Our count of truncated examples is the harness's.
-    truncated = 100 - len(ours["untruncated"])
-    assert metrics["truncated"] == truncated
-    assert ours["full"]["tasks"]["arc_easy"]["truncated"] <= truncated
-
-
-def test_matches_the_lm_evaluator_artifact_when_it_has_the_task(run, harness, ours):
-    """The LmEvaluator's own task_samples.json (when the shared run scores arc_easy)."""
-    from reporting.run_summary import latest_run
-
-    runs = {r.component: r for r in latest_run(run["metadata_path"])}
-    evaluation = runs.get("LmEvaluator")
-    path = evaluation and os.path.join(evaluation.outputs["ModelEvaluation"]["uri"],
-                                       "task_samples.json")
-    if not path or not os.path.isfile(path):
-        return  # the shared run scores no tasks (yet)
-    with open(path, encoding="utf-8") as f:
-        candidate = json.load(f)["candidate"]
-    if "arc_easy" not in (candidate or {}):
-        return
-    lls = candidate["arc_easy"]["loglikelihoods"]
-    worst = max(_max_difference(harness["samples"][e], lls[e]) for e in ours["untruncated"])
-    assert worst <= TOLERANCE, worst
+    per_doc = [harness["per_doc"][e]["acc"] for e in range(100)]
+    assert sum(per_doc) / 100 == metrics["acc"]
 
 
 GENERATION_EXAMPLES = [("ROMEO:\n", "I"), ("JULIET:\nO ", "Romeo"), ("春眠不觉晓，", "处处闻啼鸟。"),

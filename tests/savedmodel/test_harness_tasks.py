@@ -148,7 +148,7 @@ def test_cli_prints_the_lm_eval_command(tmp_path, capsys):
     assert argv[:2] == ["HF_DATASETS_OFFLINE=1", "HF_HUB_OFFLINE=1"]
     assert argv[argv.index("--model") + 1] == "local-completions"
     model_args = dict(kv.split("=", 1) for kv in argv[argv.index("--model_args") + 1].split(","))
-    assert model_args["max_length"] == "255"  # [EOS] + 254 prompt tokens + 1 generated
+    assert model_args["max_length"] == "256"  # [EOS] + 255 prompt tokens; +1 from the last logits
     assert model_args["tokenizer"] == str(hf_dir)
     assert model_args["tokenizer_backend"] == "huggingface"
     assert model_args["base_url"] == "http://127.0.0.1:9000/v1/completions"
@@ -164,7 +164,7 @@ def test_cli_without_tokenizer_prints_placeholders(tmp_path, capsys):
     assert main(["harness-task", os.path.join(FIXTURES, "arc_easy.jsonl"),
                  "--output", str(tmp_path)]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    assert "tokenizer=<HF_EXPORT_DIR>" in last and "max_length=<max_position_embeddings - 1>" in last
+    assert "tokenizer=<HF_EXPORT_DIR>" in last and "max_length=<max_position_embeddings>" in last
 
 
 @pytest.mark.parametrize("case, message", [
