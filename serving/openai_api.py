@@ -39,22 +39,26 @@ sequence cut it), which is how the signature tokenized the prompt too. Where the
 not as many as the tokens generated (a character cut between byte tokens by
 max_tokens decodes to U+FFFD), a greedy completion (temperature 0) not cut by a stop
 sequence is decoded again by argmax over `logits` (up to 64 tokens), which gives the
-ids generated (lm-evaluation-harness's `max_tokens: 1` request relies on exactly one
-completion token); a sampled one keeps the `tokenize` ids. The sequence
-[EOS or template] + prompt ids + completion ids (at most the context) goes through the
-`logits` signature once per prompt (so the reply is bounded: at most context
-tokens, each with at most 5 or 20 alternatives); each token's logprob is
+ids generated; a sampled one keeps the `tokenize` ids. The sequence
+[EOS or template] + prompt ids + completion ids (at most the context, plus the last
+token, whose own logits are not needed) goes through the `logits` signature, the
+prompts of a completions request together in batched calls (rows right-padded, at most
+max_batch_size rows and 256 MiB of logits a call), so the reply is bounded: at most
+context tokens, each with at most 5 or 20 alternatives; each token's logprob is
 `log_softmax(logits[t - 1])[id_t]` in float64 numpy, one row at a time. The first prompt token's logprob
 and alternatives are null, as OpenAI's. `tokens` are each token's UTF-8 text, or
 `bytes:\\xe4\\xbd` for a token that is part of a character (OpenAI's form);
 `text_offset` is the character offset in prompt + completion where the token's first
 character starts. A completion the model ended with [EOS] has it as its last token
 (its text, e.g. `<｜end▁of▁sentence｜>`, is not in `text`), as OpenAI lists
-`<|endoftext|>`. With `echo`, `max_tokens: 0` scores the prompt without generating
-(lm-evaluation-harness's log-likelihood request); its prompt, [EOS] included, may fill
-the whole context. So may a prompt with `max_tokens: 1` and `temperature: 0` (the
-harness's request): the one token is the argmax of the last position's logits, which
-needs no position of its own, so the harness's `max_length` is the model's context.
+`<|endoftext|>`. With `echo`, `max_tokens: 0` scores the prompt without generating; its
+prompt, [EOS] included, may fill the whole context.
+
+One greedy token (`max_tokens: 1`, `temperature: 0`; lm-evaluation-harness's
+log-likelihood request, which reads exactly one completion token) is the argmax of the
+last position's logits, computed with the logprobs in the same batched calls, with no
+`generate` call; it needs no position of its own, so its prompt may fill the context too,
+and the harness's `max_length` is the model's context.
 
 Stop sequences: the text is cut before the first occurrence of any of them, and
 `finish_reason` is "stop"; it is also "stop" when the model ended with [EOS], else
@@ -252,6 +256,36 @@ def _logits(server: ModelServer, ids: list[int]) -> np.ndarray:
     return _run(server, "logits", {"input_ids": np.array([ids], np.int32)}, 1)["logits"][0]
 
 
+LOGITS_BUDGET_BYTES = 256 * 1024**2  # float32 logits of one batched `logits` call
+
+
+def _logits_many(server: ModelServer, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """The logits signature on each of `seqs` in as few calls as allowed: rows sorted by
+    length, right-padded (causal attention and dropless routing: a row's logits do not
+    depend on what follows it or on the other rows), at most `serve.max_batch_size` rows
+    and LOGITS_BUDGET_BYTES of logits per call. Returns float32 [len(seq), V] each; 400
+    for a sequence longer than the context."""
+    for ids in seqs:
+        if server.context and len(ids) > server.context:
+            _logits(server, list(ids))  # raises the 400 naming the prompt
+    serve = getattr(server, "serve", None)
+    most_rows = serve.max_batch_size if serve is not None else 1
+    vocab = server.vocab_size or len(_text_of(server).surfaces)
+    order = sorted((i for i in range(len(seqs)) if seqs[i]), key=lambda i: -len(seqs[i]))
+    out: list[np.ndarray] = [np.zeros([0, vocab], np.float32)] * len(seqs)
+    while order:
+        width = len(seqs[order[0]])  # the longest row of this call
+        rows = max(1, min(len(order), most_rows, LOGITS_BUDGET_BYTES // (width * vocab * 4)))
+        chunk, order = order[:rows], order[rows:]
+        batch = np.full([rows, width], _text_of(server).eos_id, np.int32)  # [B, T]
+        for r, i in enumerate(chunk):
+            batch[r, :len(seqs[i])] = seqs[i]
+        logits = _run(server, "logits", {"input_ids": batch}, rows)["logits"]  # [B, T, V]
+        for r, i in enumerate(chunk):
+            out[i] = logits[r, :len(seqs[i])]
+    return out
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """log_softmax of one position's logits [vocab], in float64."""
     x = logits.astype(np.float64)
@@ -260,9 +294,10 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _token_logprobs(server: ModelServer, ids: list[int], start: int, top: int,
-                    null_first: bool = False
+                    null_first: bool = False, logits: np.ndarray | None = None
                     ) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
-    """Logprobs of ids[start:] given the ids before each (one `logits` call on `ids`),
+    """Logprobs of ids[start:] given the ids before each (one `logits` call on ids[:-1],
+    unless `logits` [len(ids) - 1, V] of it are given),
     and each one's `top` most likely (id, logprob), most likely first; ids[start]'s are
     None when `null_first` (OpenAI's first prompt token). Row by row: float64 memory is
     one vocabulary row, not [T, vocab]."""
@@ -271,7 +306,8 @@ def _token_logprobs(server: ModelServer, ids: list[int], start: int, top: int,
     # The last token's own logits predict nothing scored here: a sequence one token past
     # the context (a prompt that fills it, plus the token generated from its last
     # position) is scored within the context.
-    logits = _logits(server, ids[:-1]) if len(ids) > 1 else None  # [T - 1, V]
+    if logits is None and len(ids) > 1:  # else given: the logits of ids[:-1]
+        logits = _logits(server, ids[:-1])  # [T - 1, V]
     values: list[float | None] = []
     alternatives: list[list[tuple[int, float]] | None] = []
     for position in range(start, len(ids)):
@@ -353,37 +389,49 @@ def _completion(server: ModelServer, req: CompletionRequest) -> dict:
         prompts = list(req.prompt)
         prompt_ids = _tokenize(server, prompts)
     contexts = [[text.eos_id, *ids] for ids in prompt_ids]  # what generate prepends
-    # One greedy token after a prompt that fills the context is the argmax of the last
-    # position's logits, which needs no further position (lm-evaluation-harness's
-    # log-likelihood request: echo, max_tokens 1, temperature 0, up to max_length tokens).
-    full = [i for i, ids in enumerate(contexts) if max_tokens == 1 and req.temperature == 0
-            and server.context and len(ids) == server.context]
+    # One greedy token is the argmax of the last position's logits: no `generate` call,
+    # and no position of its own, so the prompt may fill the context (lm-evaluation-
+    # harness's log-likelihood request: echo, logprobs, max_tokens 1, temperature 0).
+    greedy_one = max_tokens == 1 and req.temperature == 0
     for i, ids in enumerate(contexts):
-        if i not in full:
+        if not (greedy_one and server.context and len(ids) <= server.context):
             _check_room(server, len(ids), max_tokens, "prompt",
                         f" {i}" if len(contexts) > 1 else "")
     completions, generated = [""] * len(prompts), [0] * len(prompts)
-    rest = [i for i in range(len(prompts)) if i not in full]
-    if max_tokens and rest:
-        texts, counts = _generate(server, signature, [prompts[i] for i in rest], max_tokens, req)
-        for i, completion, n in zip(rest, texts, counts, strict=True):
-            completions[i], generated[i] = completion, n
-    for i in full:
-        token = int(np.argmax(_logits(server, contexts[i])[-1]))
-        if token != text.eos_id:  # as generate: [EOS] ends the completion, uncounted
-            completions[i], generated[i] = _decode(text, [token]), 1
-    choices = []
-    for i, (prompt, completion, n) in enumerate(zip(prompts, completions, generated,
-                                                     strict=True)):
+    known_ids: list[list[int] | None] = [None] * len(prompts)  # completion ids, when known
+    memo: dict[tuple[int, ...], np.ndarray] = {}  # logits of a sequence, computed once
+    if greedy_one:
+        for i, logits in enumerate(_logits_many(server, contexts)):
+            memo[tuple(contexts[i])] = logits
+            token = int(np.argmax(logits[-1]))
+            known_ids[i] = [] if token == text.eos_id else [token]
+            if token != text.eos_id:  # as generate: [EOS] ends the completion, uncounted
+                completions[i], generated[i] = _decode(text, [token]), 1
+    elif max_tokens:
+        completions, generated = _generate(server, signature, prompts, max_tokens, req)
+    finished, scored = [], []
+    for i, (completion, n) in enumerate(zip(completions, generated, strict=True)):
         completion, stopped = _cut(completion, req.stop)
         ended = not stopped and n < max_tokens  # the model ended it with [EOS]
-        finish = "stop" if stopped or ended else "length"
+        finished.append((completion, "stop" if stopped or ended else "length"))
+        if req.logprobs is not None:
+            if known_ids[i] is not None and not stopped:
+                ids = list(known_ids[i])
+            else:
+                ids = _completion_ids(server, text, contexts[i], completion, n,
+                                      exact=not stopped and req.temperature == 0)
+            scored.append(ids + ([text.eos_id] if ended else []))
+    if req.logprobs is not None:  # every choice's logits in batched calls
+        wanted = {tuple((c + ids)[:-1]) for c, ids in zip(contexts, scored, strict=True)}
+        wanted = [w for w in wanted if w and w not in memo]
+        memo.update(zip(wanted, _logits_many(server, wanted), strict=True))
+    choices = []
+    for i, (prompt, (completion, finish)) in enumerate(zip(prompts, finished, strict=True)):
         logprobs = None
         if req.logprobs is not None:
-            ids = _completion_ids(server, text, contexts[i], completion, n,
-                                  exact=not stopped and req.temperature == 0)
-            ids += [text.eos_id] if ended else []
-            logprobs = _completion_logprobs(server, text, contexts[i], ids, req)
+            sequence = tuple((contexts[i] + scored[i])[:-1])
+            logprobs = _completion_logprobs(server, text, contexts[i], scored[i], req,
+                                            memo.get(sequence))
         choices.append({"text": (prompt if req.echo else "") + completion, "index": i,
                         "logprobs": logprobs, "finish_reason": finish})
     prompt_tokens = sum(len(c) for c in contexts)
@@ -416,13 +464,16 @@ def _completion_ids(server: ModelServer, text: _Text, context: list[int], comple
 
 
 def _completion_logprobs(server: ModelServer, text: _Text, context: list[int],
-                         completion_ids: list[int], req: CompletionRequest) -> dict:
-    """OpenAI's legacy logprobs object of one choice (see the module docstring)."""
+                         completion_ids: list[int], req: CompletionRequest,
+                         logits: np.ndarray | None = None) -> dict:
+    """OpenAI's legacy logprobs object of one choice (see the module docstring); `logits`:
+    those of (context + completion_ids)[:-1], when already computed."""
     # context = [EOS] + prompt ids: every token is scored after [EOS], as generated
     start = 1 if req.echo else len(context)
     ids = context + completion_ids
     values, alternatives = _token_logprobs(server, ids, start, req.logprobs,
-                                           null_first=req.echo and len(context) > 1)
+                                           null_first=req.echo and len(context) > 1,
+                                           logits=logits)
     scored = ids[start:]
     prompt_chars = len(_decode(text, context[1:]))
     surfaces = [text.surface(t) for t in scored]

@@ -355,6 +355,34 @@ def test_the_harness_request_may_fill_the_context(client, served):
     assert _post(served, "/completions", body).status_code == 400
 
 
+def test_prompts_scored_together_equal_prompts_scored_alone(client, served):
+    """The prompts of one request go through `logits` in batched calls, right-padded: each
+    choice's logprobs and greedy token are those of the prompt sent alone, and the greedy
+    token is what `generate` picks."""
+    server = served[1]
+    prompts = [_tokenize(server, t) for t in ("the quick brown fox", "床前明月光，疑是",
+                                              "ROMEO:", "the")]
+    together = client.completions.create(model=NAME, prompt=prompts, max_tokens=1,
+                                         temperature=0, echo=True, logprobs=2).choices
+    for prompt, choice in zip(prompts, together, strict=True):
+        alone = client.completions.create(model=NAME, prompt=prompt, max_tokens=1,
+                                          temperature=0, echo=True, logprobs=2).choices[0]
+        assert choice.text == alone.text and choice.logprobs.tokens == alone.logprobs.tokens
+        assert choice.logprobs.token_logprobs[1:] == pytest.approx(
+            alone.logprobs.token_logprobs[1:], abs=1e-5)
+        generated = client.completions.create(model=NAME, prompt=prompt, max_tokens=2,
+                                              temperature=0).choices[0].text
+        first = choice.text[len(_decode_ids(server, prompt)):]  # echo: prompt + token
+        if "\ufffd" not in first:  # a byte token of a character is U+FFFD as text
+            assert generated.startswith(first), (first, generated)
+
+
+def _decode_ids(server, ids) -> str:
+    from serving.openai_api import _decode, _text_of
+
+    return _decode(_text_of(server), ids)
+
+
 class _Stub:
     """A ModelServer's surface over the real one, with `run` of generate signatures or of
     every signature replaced (`generate`, `everything`: functions of (name, inputs, rows))."""
