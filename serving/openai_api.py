@@ -43,7 +43,8 @@ ids generated; a sampled one keeps the `tokenize` ids. The sequence
 [EOS or template] + prompt ids + completion ids (at most the context, plus the last
 token, whose own logits are not needed) goes through the `logits` signature, the
 prompts of a completions request together in batched calls (rows right-padded, at most
-max_batch_size rows and 256 MiB of logits a call), so the reply is bounded: at most
+max_batch_size rows, 256 MiB of logits and what max_response_bytes allows a `logits`
+request a call), so the reply is bounded: at most
 context tokens, each with at most 5 or 20 alternatives; each token's logprob is
 `log_softmax(logits[t - 1])[id_t]` in float64 numpy, one row at a time. The first prompt token's logprob
 and alternatives are null, as OpenAI's. `tokens` are each token's UTF-8 text, or
@@ -105,7 +106,7 @@ from serving.openai_schema import (
     RequestError,
     parse,
 )
-from serving.server import BadRequest, ModelServer
+from serving.server import JSON_BYTES_PER_FLOAT, BadRequest, ModelServer
 from tokenization import chat_template
 
 # A/B splits are sticky per OpenAI's `user` field, or per this header on any route.
@@ -269,13 +270,16 @@ def _logits_many(server: ModelServer, seqs: Sequence[Sequence[int]]) -> list[np.
         if server.context and len(ids) > server.context:
             _logits(server, list(ids))  # raises the 400 naming the prompt
     serve = getattr(server, "serve", None)
-    most_rows = serve.max_batch_size if serve is not None else 1
     vocab = server.vocab_size or len(_text_of(server).surfaces)
     order = sorted((i for i in range(len(seqs)) if seqs[i]), key=lambda i: -len(seqs[i]))
     out: list[np.ndarray] = [np.zeros([0, vocab], np.float32)] * len(seqs)
     while order:
         width = len(seqs[order[0]])  # the longest row of this call
-        rows = max(1, min(len(order), most_rows, LOGITS_BUDGET_BYTES // (width * vocab * 4)))
+        most = LOGITS_BUDGET_BYTES // (width * vocab * 4)
+        if serve is not None:  # and what `run` allows a logits call (as if sent as JSON)
+            most = min(most, serve.max_batch_size,
+                       serve.max_response_bytes // (width * vocab * JSON_BYTES_PER_FLOAT))
+        rows = max(1, min(len(order), most))
         chunk, order = order[:rows], order[rows:]
         batch = np.full([rows, width], _text_of(server).eos_id, np.int32)  # [B, T]
         for r, i in enumerate(chunk):
