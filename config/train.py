@@ -170,7 +170,8 @@ class EvalConfig:
     its threshold, and, when a previously blessed model exists, its bits per byte (on
     the same eval data) is at most that model's times `1 + baseline_tolerance` and each
     task's primary score (acc, or exact_match for generation tasks, and every metric
-    named in `min_scores`) is at least that model's minus `task_tolerance`.
+    named in `min_scores`) is not lower than that model's by more than `task_tolerance`
+    and two standard errors of the difference.
 
     Attributes:
       max_bits_per_byte: absolute threshold (bits per UTF-8 byte).
@@ -183,8 +184,10 @@ class EvalConfig:
       min_scores: {"TASK": minimum acc (exact_match for a generation task), or
         "TASK/METRIC": minimum METRIC (acc, acc_norm, acc_bytes, exact_match)}, each in
         [0, 1]; TASK is the task file's `task` name.
-      task_tolerance: absolute slack of a task score against the last blessed model's
-        (accuracy points as a fraction: 0.02 = 2 points).
+      task_tolerance: the least drop of a task score below the last blessed model's that
+        fails the blessing (a fraction: 0.02 = 2 accuracy points); a drop within two
+        standard errors of the difference (sampling noise) never fails
+        (`components/lm_evaluator/blessing.py`).
     """
 
     max_bits_per_byte: float = 3.0

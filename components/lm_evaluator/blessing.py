@@ -6,15 +6,31 @@ that it is tested without importing TFX.
 
 from __future__ import annotations
 
+import math
+
 from config import PipelineConfig
 from savedmodel.tasks import PRIMARY_METRIC
 
+NOISE_STDERRS = 2.0  # a drop within this many standard errors of the difference is noise
+
+
+def _stderr(values: dict, metric: str) -> float:
+    """The metric's standard error (0 when absent or NaN: one example)."""
+    se = values.get(f"{metric}_stderr")
+    return se if isinstance(se, (int, float)) and math.isfinite(se) else 0.0
+
 
 def task_checks(metrics: dict, baseline: dict | None, config: PipelineConfig) -> list[str]:
-    """The task-score conditions of the blessing that fail, one sentence each: a score
-    below its `eval.min_scores` threshold, or, against the baseline, a gated score
-    (each task's primary metric and every metric named in min_scores) more than
-    `eval.task_tolerance` below the baseline's."""
+    """The task-score conditions of the blessing that fail, one sentence each.
+
+    - A score below its `eval.min_scores` threshold.
+    - Against the baseline, a gated score (each task's primary metric and every metric
+      named in min_scores) lower than the baseline's by more than the allowed drop,
+      max(`eval.task_tolerance`, NOISE_STDERRS x sqrt(se_candidate^2 + se_baseline^2)):
+      on 100 examples an accuracy's standard error is about 0.045, so two models of the
+      same quality often differ by several points, and such a difference is not a
+      regression (the harness's `acc_stderr`; the two-sample z-test at ~95%).
+    """
     scores = metrics.get("tasks", {})
     failures = []
     gated: dict[str, set[str]] = {name: {PRIMARY_METRIC[m["type"]]} for name, m in scores.items()}
@@ -32,11 +48,15 @@ def task_checks(metrics: dict, baseline: dict | None, config: PipelineConfig) ->
         for metric in sorted(gated[name]):
             if name in base and metric in base[name]:
                 value, previous = scores[name][metric], base[name][metric]
-                if not value >= previous - tolerance:
+                noise = NOISE_STDERRS * math.hypot(_stderr(scores[name], metric),
+                                                   _stderr(base[name], metric))
+                allowed = previous - max(tolerance, noise)
+                if not value >= allowed:
                     failures.append(
                         f"task {name} {metric} {value:.4f} is worse than the last blessed "
-                        f"model's {previous:.4f} (allowed down to {previous - tolerance:.4f}, "
-                        f"eval.task_tolerance {tolerance})")
+                        f"model's {previous:.4f} (allowed down to {allowed:.4f}: the larger "
+                        f"of eval.task_tolerance {tolerance} and {NOISE_STDERRS:g} standard "
+                        f"errors of the difference, {noise:.4f})")
     return failures
 
 

@@ -56,6 +56,25 @@ def test_task_scores_must_not_be_worse_than_the_baseline_beyond_the_tolerance():
     assert "bits_per_byte 9.0000 > eval.max_bits_per_byte" in message and "task arc_easy" in message
 
 
+def test_a_drop_within_two_standard_errors_is_noise_not_a_regression():
+    """100 examples: acc's standard error is about 0.045, so 5 points down is noise and
+    20 points down is a regression; the message gives the allowed drop and its source."""
+    def with_stderr(acc):
+        m = _metrics(arc_easy=(acc, acc))
+        m["tasks"]["arc_easy"]["acc_stderr"] = 0.045
+        return m
+
+    config = _config(task_tolerance=0.02)
+    assert decide_blessing(with_stderr(0.35), with_stderr(0.40), config)[0]
+    blessed, message = decide_blessing(with_stderr(0.20), with_stderr(0.40), config)
+    assert not blessed
+    assert "task arc_easy acc 0.2000 is worse than the last blessed model's 0.4000" in message
+    assert "allowed down to 0.2727" in message and "2 standard errors" in message
+    nan = with_stderr(0.30)
+    nan["tasks"]["arc_easy"]["acc_stderr"] = float("nan")  # one example: no stderr
+    assert not decide_blessing(nan, _metrics(arc_easy=(0.40, 0.40)), config)[0]
+
+
 def test_a_baseline_without_task_scores_gates_bits_per_byte_only():
     blessed, message = decide_blessing(_metrics(arc_easy=(0.2, 0.2)), {"bits_per_byte": 2.5},
                                        _config())
