@@ -28,8 +28,7 @@ class TaskModel:
     logits_fn: int32 [B, T] -> logits [B, T, V].
     generate_fn: (prompts, max_new_tokens) -> greedy completions (str), or None (the model
       cannot generate: generation tasks are then refused by name).
-    tokenizer: a `tokenizers.Tokenizer` of `tokenizer_json`.
-    tokenizer_json: the tokenizer.json as parsed JSON (to check that two models share it).
+    tokenizer: a `tokenizers.Tokenizer` of the model's tokenizer.json.
     context_len: max_position_embeddings, the most positions one row may hold.
     eos_id, pad_id: the tokenizer's [EOS] and padding ids.
     owner: what the functions belong to (the loaded SavedModel), kept alive with them.
@@ -37,7 +36,6 @@ class TaskModel:
     logits_fn: task_scoring.LogitsFn
     generate_fn: task_scoring.GenerateFn | None
     tokenizer: object
-    tokenizer_json: dict
     context_len: int
     eos_id: int
     pad_id: int
@@ -76,7 +74,7 @@ def from_saved_model(model_dir: str, loaded=None) -> TaskModel:
 
     return TaskModel(lambda x: logits(input_ids=x)["logits"],
                      generate_fn if generate is not None else None,
-                     task_scoring.hf_tokenizer(json.dumps(bpe.json)), bpe.json,
+                     task_scoring.hf_tokenizer(json.dumps(bpe.json)),
                      read_model_config(model_dir).max_position_embeddings,
                      bpe.eos_id, bpe.pad_id, owner=loaded)
 
@@ -107,8 +105,8 @@ def from_keras_model(model, bpe: ByteLevelBpe) -> TaskModel:
             out.append(tokenizer.decode(new, skip_special_tokens=False))
         return out
 
-    return TaskModel(lambda x: model(x, training=False), generate_fn, tokenizer, bpe.json,
-                     context, bpe.eos_id, bpe.pad_id, owner=model)
+    return TaskModel(lambda x: model(x, training=False), generate_fn, tokenizer, context,
+                     bpe.eos_id, bpe.pad_id, owner=model)
 
 
 def score_tasks(model: TaskModel, tasks: Sequence[Task], batch_size: int) -> dict:

@@ -98,6 +98,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from savedmodel.layout import read_tokenizer
+from savedmodel.task_scoring import cut_at_stop
 from serving.batcher import Unavailable
 from serving.http_body import HTTPError
 from serving.openai_schema import (
@@ -330,8 +331,8 @@ def _token_logprobs(server: ModelServer, ids: list[int], start: int, top: int,
 
 def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
     """(text before the first stop sequence, whether one was found)."""
-    at = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-    return (text[:at], True) if at >= 0 else (text, False)
+    cut = cut_at_stop(text, stops)
+    return cut, len(cut) < len(text)
 
 
 def _generate(server: ModelServer, signature: str, prompts: list[str], max_tokens: int,
