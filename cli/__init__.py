@@ -150,15 +150,34 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> int:
     """The `deepseek-tfx` command: `main`, with an error already shown on the console (its
-    messages and the log's path; the traceback is in the log) ending in exit code 1, and
-    Ctrl-C (KeyboardInterrupt) in exit code 130 with one line."""
+    messages and the log's path; the traceback is in the log) ending in exit code 1,
+    Ctrl-C (KeyboardInterrupt) in exit code 130 with one line, and a preempted Trainer
+    (SIGTERM; its checkpoint saved) in exit code 143 ("preempted, resumable")."""
     try:
         return main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130
     except Exception as e:
+        preempted = _preempted(e)
+        if preempted is not None:
+            print(f"{preempted}; re-run the same command to resume from that step",
+                  file=sys.stderr, flush=True)
+            return preempted.EXIT_CODE
         if console.reported(e):
             return 1
         raise
+
+
+def _preempted(error: BaseException):
+    """The `Preempted` (SIGTERM to the Trainer, checkpoint saved) in `error`'s chain, or None."""
+    from components.trainer.preemption import Preempted
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Preempted):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 

@@ -94,6 +94,19 @@ class TrainConfig:
       max_skipped_steps: a step whose gradients are not finite changes nothing
         and is skipped (counted); after this many consecutive skips training
         stops with FloatingPointError (the last good checkpoint is kept).
+      max_restarts: with several workers (`--num-workers`), how many times the
+        launcher restarts the group from its last checkpoint after a worker dies,
+        hangs or is preempted, within one Trainer run (0: fail at once).
+      min_workers: the fewest workers a restart may continue on; a worker that was
+        killed or hung is a lost slot, and with min_workers below the group's size
+        the restart continues on the slots left (never fewer than min_workers),
+        with the same global batch (more micro-batches per replica). 0: the
+        group's own size (a lost slot is replaced).
+      heartbeat_timeout_s: a worker that has finished no step for this long (5x
+        as long before its first step: TensorFlow start-up, the cluster's
+        rendezvous, tracing) is hung; the launcher stops the group and restarts it.
+      preemption_grace_s: after SIGTERM, how long the launcher waits for the
+        workers to save their checkpoint and exit before it kills them.
     """
 
     seq_len: int = 128
@@ -123,6 +136,10 @@ class TrainConfig:
     jit_compile: str = "auto"
     moe_capacity_factor: float = 1.25
     max_skipped_steps: int = 10
+    max_restarts: int = 2
+    min_workers: int = 0
+    heartbeat_timeout_s: float = 300.0
+    preemption_grace_s: float = 120.0
 
     def __post_init__(self) -> None:
         check_choice("train.jit_compile", self.jit_compile, JIT_COMPILE)
@@ -153,6 +170,11 @@ class TrainConfig:
                 f"(0, learning_rate={self.learning_rate}]"
             )
         check_positive("train.grad_clip_norm", self.grad_clip_norm)
+        for name in ("max_restarts", "min_workers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
+        check_positive("train.heartbeat_timeout_s", self.heartbeat_timeout_s)
+        check_positive("train.preemption_grace_s", self.preemption_grace_s)
         check_choice("train.distribution_strategy", self.distribution_strategy, STRATEGIES)
         check_choice("train.precision", self.precision, PRECISIONS)
         if not isinstance(self.recompute_activations, bool):

@@ -35,7 +35,9 @@ import tensorflow as tf
 from config import PipelineConfig
 
 RUNTIME_ONLY_TRAIN_FIELDS = ("distribution_strategy", "grad_accum_steps", "recompute_activations",
-                             "checkpoint_every", "log_every", "eval_batches", "max_skipped_steps")
+                             "checkpoint_every", "log_every", "eval_batches", "max_skipped_steps",
+                             "max_restarts", "min_workers", "heartbeat_timeout_s",
+                             "preemption_grace_s")
 _CHUNK = 1 << 20
 
 

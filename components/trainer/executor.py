@@ -5,9 +5,9 @@ executor copies its scalar figures onto the output Model artifact as custom
 properties (`MODEL_PROPERTIES`), so ML Metadata answers "how was this model
 trained" without opening files: steps, resume point, tokens, wall time,
 tokens/s, MFU, strategy, replicas, workers, precision, batch layout, XLA
-(`jit_compile`), the MoE dropped fraction, the skipped (not finite) steps and the
-precision of each part (frozen weights, trained weights, optimizer states, compute,
-the exported model).
+(`jit_compile`), the MoE dropped fraction, the skipped (not finite) steps, the
+restarts of the worker group and their reasons, and the precision of each part
+(frozen weights, trained weights, optimizer states, compute, the exported model).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ MODEL_PROPERTIES = {
     # which precision each part is in (`train_loop.precision_parts`, run_fn)
     "frozen_weights_dtype": str, "trainable_weights_dtype": str,
     "optimizer_states_dtype": str, "compute_dtype": str, "exported_weights_dtype": str,
+    # elastic restarts of the worker group (`launcher.py`)
+    "restarts": int, "restart_reasons": str,
 }
 
 

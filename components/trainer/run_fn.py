@@ -11,6 +11,7 @@ run's figures (which the Trainer's executor also records in ML Metadata).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -112,6 +113,8 @@ def run_fn(fn_args) -> None:
         "trainer_eval_loss": eval_loss,
         "parameters": int(model.count_params()),
         "exported_weights_dtype": model_io.export_weight_dtype(model),
+        "restarts": figures.get("restarts", 0),
+        "restart_reasons": "; ".join(r["reason"] for r in figures.get("restart_log", [])),
         **sft,
         "history": figures["history"],
     }
@@ -145,8 +148,14 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
     adapters merged).
 
     One worker: in this process. N workers: N local processes
-    (`launcher.run_workers`); the model is then read back from the final
-    checkpoint. Either way the chief writes the run's figures to `job.result_path`.
+    (`launcher.run_workers`, which restarts the group after a lost, hung or preempted
+    worker; the restarts are added to the figures as `restarts` and `restart_log`); the
+    model is then read back from the final checkpoint. Either way the chief writes the
+    run's figures to `job.result_path`.
+
+    Raises:
+      Preempted: SIGTERM; the step reached was checkpointed (`preemption.py`).
+      RuntimeError: a worker failed and was not (or no longer) restarted.
     """
     measure_cpu_peak(job)  # once per run, before training, on an otherwise idle CPU
     if job.num_workers <= 1:
@@ -158,8 +167,12 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
 
     from components.trainer import launcher
 
-    launcher.run_workers(job, job.num_workers, job_dir=job.log_dir)
+    restarts = launcher.run_workers(job, job.num_workers, job_dir=job.log_dir)
     figures = read_json(job.result_path, "the training job's result")
+    figures["restarts"] = len(restarts)
+    figures["restart_log"] = [dataclasses.asdict(r) for r in restarts]
+    with open(job.result_path, "w") as f:
+        json.dump(figures, f, indent=2)
     model = model_io.build_trained_model(config, dtype=figures.get("precision", "float32"))
     last = figures["last_checkpoint"]
     tf.train.Checkpoint(model=model).read(last).expect_partial().assert_existing_objects_matched()

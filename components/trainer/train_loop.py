@@ -22,6 +22,8 @@ The loop (`train`), as nanoGPT's train.py and torchtitan's `Trainer.train`:
             check the losses; log line; TensorBoard     progress.py, summaries.py
         every checkpoint_every steps (and at the end):
             check losses and weights; checkpoint        finite_guard.py, checkpointer.py
+    before each step: heartbeat; on SIGTERM (any worker)  heartbeat.py, preemption.py
+        checkpoint this step, raise Preempted
 
 Checkpoints (model, optimizer, step, skipped steps) are written every
 `checkpoint_every` steps and at the end, by the chief only (`checkpointer.py`),
@@ -57,7 +59,9 @@ from components.trainer import precision as precision_lib
 from components.trainer import strategy as strategy_lib
 from components.trainer.checkpointer import Checkpointer
 from components.trainer.finite_guard import FiniteGuard
+from components.trainer.heartbeat import Heartbeat
 from components.trainer.model_io import build_model
+from components.trainer.preemption import Preempted, PreemptionWatcher
 from components.trainer.progress import Progress, progress_enabled
 from components.trainer.schedule import make_learning_rate_schedule, make_optimizer
 from components.trainer.summaries import TrainSummaries
@@ -269,6 +273,8 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
         a base model or teacher that does not fit (see `setup`).
       FloatingPointError: the loss or a weight became NaN or Inf, or too many steps
         in a row were skipped (checkpoints written before are kept).
+      Preempted: SIGTERM reached this process or another worker; the step reached
+        was checkpointed first (`preemption.py`).
     """
     tc = config.train
     strategy = strategy or tf.distribute.get_strategy()
@@ -292,11 +298,18 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
                                   plan.flops_per_token, peak_flops)
     tensorboard = TrainSummaries(log_dir if checkpoints.chief else None, state.model)
     clock = metrics.RunClock()
+    heartbeat = Heartbeat.from_env()
     with Progress(tc.train_steps, step, window.tokens_per_step, logger=log,
-                  enabled=checkpoints.chief and progress_enabled()) as progress:
+                  enabled=checkpoints.chief and progress_enabled()) as progress, \
+            PreemptionWatcher(strategy, plan.num_workers) as preemption:
         guard = FiniteGuard(state.model, state.skipped, tc.max_skipped_steps, progress.log,
                             checkpoints.last_good)
+        saved = step if checkpoints.latest else -1
         while step < tc.train_steps:
+            heartbeat.beat(step)
+            if preemption.agreed():  # every worker, after the same steps
+                with progress.suspended():
+                    _save_and_stop(step, saved, guard, checkpoints)
             out = train_step(batches)
             if bool(out["skipped"]):
                 guard.skip(step + 1, out)
@@ -318,6 +331,7 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
                 guard.check_weights(step)
                 with clock.saving(), progress.suspended():  # TensorFlow logs while it saves
                     checkpoints.save(step)
+                saved = step
             if is_log:
                 window.restart()  # after the log line and any saving: tokens/s of steps only
     clock.stop()
@@ -325,6 +339,18 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
     checkpoints.close()
     return _result(config, plan, state, resumed_from, window, clock, checkpoints, base_model,
                    teacher_model)
+
+
+def _save_and_stop(step: int, saved: int, guard: FiniteGuard, checkpoints: Checkpointer) -> None:
+    """On preemption: checkpoints `step` (unless it is saved already) and raises `Preempted`."""
+    if saved != step:
+        guard.check_weights(step)
+        checkpoints.save(step)
+    path = f"{checkpoints.checkpoint_dir.rstrip('/')}/ckpt-{step}"
+    checkpoints.close()
+    log.warning("preempted (SIGTERM): checkpoint %s written at step %d; the next run "
+                "resumes from it", path, step)
+    raise Preempted(f"preempted (SIGTERM) at step {step}; checkpoint {path}", step, path)
 
 
 def _result(config: PipelineConfig, plan: RunPlan, state: TrainingState, resumed_from: int,

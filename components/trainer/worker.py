@@ -2,8 +2,15 @@
 
   TF_CONFIG=... python -m components.trainer.worker TRAINING_JOB.json
 
-Runs `job.run` under the TF_CONFIG it was given, exits 0 on success and 1 with
-the traceback on stderr otherwise. Exits at once if its parent dies.
+Runs `job.run` under the TF_CONFIG it was given. Exit status:
+
+  0    trained to `train.train_steps`
+  143  preempted (`preemption.PREEMPTED_EXIT_CODE`): SIGTERM, checkpoint saved first
+  75   a peer went away (`preemption.PEER_LOST_EXIT_CODE`): the collectives failed
+       with UnavailableError, AbortedError, DeadlineExceededError or CancelledError
+  1    any other error (traceback on stderr): not worth a restart
+
+Exits at once if its parent dies (when started by the local launcher).
 """
 
 from __future__ import annotations
@@ -47,11 +54,32 @@ def main(argv: list[str]) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+    from components.trainer import heartbeat
     from components.trainer import job as job_lib
 
+    heartbeat.Heartbeat.from_env().beat(0)
     with open(argv[1]) as f:
         job = job_lib.TrainingJob.from_json(f.read())
-    job_lib.run(job)
+    return run_job(job)
+
+
+def run_job(job) -> int:
+    """Runs `job` (`job.run`) and returns the worker's exit status (module docstring)."""
+    import tensorflow as tf
+
+    from components.trainer import job as job_lib
+    from components.trainer.preemption import PEER_LOST_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
+
+    try:
+        job_lib.run(job)
+    except Preempted as e:
+        logging.getLogger(__name__).warning("%s", e)
+        return PREEMPTED_EXIT_CODE
+    except (tf.errors.UnavailableError, tf.errors.AbortedError,
+            tf.errors.DeadlineExceededError, tf.errors.CancelledError) as e:
+        logging.getLogger(__name__).error("a peer went away: %s: %s", type(e).__name__,
+                                          str(e).splitlines()[0] if str(e) else "")
+        return PEER_LOST_EXIT_CODE
     return 0
 
 
