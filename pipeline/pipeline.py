@@ -324,7 +324,7 @@ def create_pipeline(
         eval_args=tfx.proto.EvalArgs(num_steps=config.train.eval_batches),
         custom_config={"pipeline_config": config_json, "num_workers": num_workers,
                        "code_fingerprint": source_fingerprint(TRAINER_MODULES), **trainer_extra},
-    )
+    ).with_id("Trainer")  # VertexTrainer's too
     evaluator = LmEvaluator(
         examples=transform.outputs["transformed_examples"],
         model=trainer.outputs["model"],
