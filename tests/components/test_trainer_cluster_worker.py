@@ -49,6 +49,74 @@ def test_run_platform_worker_needs_a_cluster(monkeypatch):
         cluster_worker.run_platform_worker(object())
 
 
+# A stand-in for `components.trainer.worker`: the chief writes its result; SIGTERM makes
+# it exit 143 (preempted), as the real worker does.
+FAKE_WORKER = textwrap.dedent("""
+    import json, os, signal, sys, time
+    signal.signal(signal.SIGTERM, lambda *a: (print("checkpoint saved, preempted"), sys.exit(143)))
+    with open(sys.argv[1]) as f:
+        job = json.load(f)
+    print("worker sees", os.environ["TF_CONFIG"], job["num_workers"], flush=True)
+    if os.environ.get("FAKE_WORKER_WAIT"):
+        time.sleep(60)
+    with open(job["result_path"], "w") as f:
+        json.dump({"num_workers": job["num_workers"]}, f)
+""")
+
+
+def fake_worker(tmp_path, monkeypatch, kind: str, index: int):
+    from components.trainer import job as job_lib
+
+    (tmp_path / "fake_worker.py").write_text(FAKE_WORKER)
+    monkeypatch.setattr(cluster_worker, "WORKER_MODULE", "fake_worker")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    cluster = {"chief": ["c:1"], "worker": ["w:1", "w:2"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config(cluster, kind, index)))
+    return job_lib.TrainingJob(pipeline_config="{}", train_files=[], checkpoint_dir="",
+                               log_dir="", result_path=str(tmp_path / "run" / "result.json"))
+
+
+def test_the_chief_copies_its_local_result_to_the_job_s_result_path(tmp_path, monkeypatch):
+    job = fake_worker(tmp_path, monkeypatch, "chief", 0)
+    cluster_worker.run_platform_worker(job, str(tmp_path / "local"))
+    # The worker wrote to the replica's local job dir; the chief copied it.
+    assert json.loads((tmp_path / "local" / "train_result.json").read_text()) == {
+        "num_workers": 3}
+    assert json.loads((tmp_path / "run" / "result.json").read_text()) == {"num_workers": 3}
+    assert "worker sees" in (tmp_path / "local" / "chief-0.log").read_text()
+    assert job.result_path == str(tmp_path / "run" / "result.json")  # not modified
+
+    (tmp_path / "other").mkdir()
+    other = fake_worker(tmp_path / "other", monkeypatch, "worker", 1)
+    cluster_worker.run_platform_worker(other, str(tmp_path / "other" / "local"))
+    assert not (tmp_path / "other" / "run").exists()  # only the chief's result goes there
+
+
+def test_sigterm_reaches_the_worker_and_its_143_is_raised(tmp_path, monkeypatch):
+    import signal
+    import threading
+
+    job = fake_worker(tmp_path, monkeypatch, "worker", 1)
+    monkeypatch.setenv("FAKE_WORKER_WAIT", "1")
+    log = tmp_path / "local" / "worker-1.log"
+
+    def preempt():  # once the worker runs, SIGTERM to this process (the replica)
+        for _ in range(300):
+            if log.exists() and "worker sees" in log.read_text():
+                break
+            threading.Event().wait(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=preempt, daemon=True).start()
+    with pytest.raises(cluster_worker.WorkerExitError,
+                       match=r"worker-1 exited with code 143 \(preempted, resumable\)") as e:
+        cluster_worker.run_platform_worker(job, str(tmp_path / "local"))
+    assert e.value.exit_code == 143
+    assert "checkpoint saved, preempted" in str(e.value)  # the log's tail
+    assert signal.getsignal(signal.SIGTERM) is before  # the forwarding handler is gone
+
+
 # One replica as Vertex AI runs it: TF_CONFIG in the environment, then the Trainer's
 # `run_fn.train_model` (the hook that sends a platform replica to `cluster_worker`).
 REPLICA = textwrap.dedent("""
