@@ -46,6 +46,14 @@ def check_options(args: argparse.Namespace) -> None:
     if args.trainer_workers > 1 and not args.vertex_project:
         raise SystemExit(f"error: --trainer-workers {args.trainer_workers}: give "
                          f"--vertex-project (the Trainer runs as a Vertex AI CustomJob)")
+    if args.trainer_workers == 1:
+        given = [option for option, value in (("--vertex-project", args.vertex_project),
+                                              ("--accelerator-type", args.accelerator_type),
+                                              ("--accelerator-count", args.accelerator_count))
+                 if value]
+        if given:
+            raise SystemExit(f"error: {given[0]}: only with --trainer-workers N > 1 (one "
+                             f"worker trains in the pipeline's own task)")
     if args.retries < 0:
         raise SystemExit(f"error: --retries {args.retries}: must be >= 0")
     if args.retry_backoff < 0:

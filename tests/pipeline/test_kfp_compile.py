@@ -242,6 +242,8 @@ def test_compile_kfp_refuses_latest_and_bad_worker_options(tmp_path):
         cli.main([*out, "--trainer-workers", "2"])
     with pytest.raises(SystemExit, match="--trainer-workers 0: must be >= 1"):
         cli.main([*out, "--trainer-workers", "0"])
+    with pytest.raises(SystemExit, match="--accelerator-type: only with --trainer-workers N > 1"):
+        cli.main([*out, "--accelerator-type", "NVIDIA_TESLA_T4", "--accelerator-count", "1"])
     with pytest.raises(SystemExit, match="--retries -1: must be >= 0"):
         cli.main([*out, "--retries", "-1"])
 
