@@ -69,6 +69,11 @@ def _sections(config: PipelineConfig, component: str) -> tuple[str, ...]:
 _SECTIONS = ("model", "data", "tokenizer", "train", "eval", "validation", "generation")
 
 
+def _abspath(path: str) -> str:
+    """A local path made absolute; a URL (`gs://...`, anything with `://`) as it is."""
+    return path if "://" in path else os.path.abspath(path)
+
+
 def check_given_tokenizer(config: PipelineConfig) -> tuple[PipelineConfig, str]:
     """(config with an absolute `tokenizer.path`, SHA-256 of its tokenizer.json) when a
     tokenizer is given; (config, "") when Transform learns one.
@@ -81,14 +86,16 @@ def check_given_tokenizer(config: PipelineConfig) -> tuple[PipelineConfig, str]:
         return config, ""
     from tokenization.byte_level_bpe import ByteLevelBpe
 
-    path = os.path.abspath(config.tokenizer.path)
+    path = _abspath(config.tokenizer.path)
     given = ByteLevelBpe.from_file(path)
     if given.vocab_size > config.model.vocab_size:
         raise ValueError(
             f"tokenizer.path={path} has ids up to {given.vocab_size - 1} (vocabulary size "
             f"{given.vocab_size}), but model.vocab_size={config.model.vocab_size}: set "
             f"--set model.vocab_size={given.vocab_size} (or more)")
-    with open(given.source, "rb") as f:
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(given.source, "rb") as f:  # a local path or a URL (gs://...)
         fingerprint = hashlib.sha256(f.read()).hexdigest()
     tokenizer = dataclasses.replace(config.tokenizer, path=path)
     return dataclasses.replace(config, tokenizer=tokenizer), fingerprint
@@ -161,6 +168,8 @@ def create_pipeline(
     drift_baseline: bool = True,
     base_model: str | None = None,
     teacher_model: str | None = None,
+    checkpoint_root: str | None = None,
+    vertex_training: dict | None = None,
 ) -> tfx.dsl.Pipeline:
     """Builds the TFX pipeline.
 
@@ -205,6 +214,11 @@ def create_pipeline(
         with the latest blessed model.
       teacher_model: a directory holding a distillation teacher (same tokenizer),
         passed to the Trainer in its custom_config (with its fingerprint).
+      checkpoint_root: the parent of the Trainer's stable checkpoint directories
+        (default `<Trainer's output dir>/checkpoints`, `checkpointing.py`).
+      vertex_training: the Trainer trains on N workers as a Vertex AI CustomJob
+        (`components.trainer.vertex.VertexTrainer`); these are the custom_config keys
+        of `vertex.custom_config(...)`. None: the Trainer trains in its own task.
 
     Raises:
       ValueError: `until` is not a component id; `tokenizer.path` is given and the
@@ -279,7 +293,7 @@ def create_pipeline(
     from savedmodel import base_model as base_model_lib
 
     if base_model and base_model != "latest":
-        path = os.path.abspath(base_model)
+        path = _abspath(base_model)
         importer = tfx.dsl.Importer(
             source_uri=path, artifact_type=tfx.types.standard_artifacts.Model,
         ).with_id(BASE_MODEL_IMPORTER)
@@ -290,10 +304,17 @@ def create_pipeline(
     else:
         baseline = model_resolver.outputs["model"]
     if teacher_model:
-        teacher_path = os.path.abspath(teacher_model)
+        teacher_path = _abspath(teacher_model)
         trainer_extra["teacher_model"] = teacher_path
         trainer_extra["teacher_fingerprint"] = base_model_lib.fingerprint(teacher_path)
-    trainer = Trainer(
+    if checkpoint_root:
+        trainer_extra["checkpoint_root"] = checkpoint_root
+    trainer_class = Trainer
+    if vertex_training:
+        from components.trainer.vertex import VertexTrainer
+
+        trainer_class, trainer_extra = VertexTrainer, {**trainer_extra, **vertex_training}
+    trainer = trainer_class(
         run_fn=RUN_FN,
         base_model=baseline if base_model else None,
         examples=transform.outputs["transformed_examples"],
@@ -303,7 +324,7 @@ def create_pipeline(
         eval_args=tfx.proto.EvalArgs(num_steps=config.train.eval_batches),
         custom_config={"pipeline_config": config_json, "num_workers": num_workers,
                        "code_fingerprint": source_fingerprint(TRAINER_MODULES), **trainer_extra},
-    )
+    ).with_id("Trainer")  # VertexTrainer's too
     evaluator = LmEvaluator(
         examples=transform.outputs["transformed_examples"],
         model=trainer.outputs["model"],

@@ -21,6 +21,7 @@ import tensorflow as tf
 from common.json_file import read_json
 from components.trainer import checkpointing, data, hardware, model_io, precision, train_loop
 from components.trainer import job as job_lib
+from components.trainer.cluster_worker import platform_cluster, run_platform_worker, trained_model
 from config import PipelineConfig
 from savedmodel import base_model
 from savedmodel.export import export_serving_model
@@ -92,6 +93,8 @@ def run_fn(fn_args) -> None:
                "sft_rejected_too_long": counts["rejected"]["too_long"],
                "sft_response_tokens": counts["response_tokens"]}
     model = train_model(job, config)
+    if model is None:  # a platform cluster's replica other than the chief: it only trains
+        return
     figures = read_json(job.result_path, "the training job's result")
 
     if config.data.task == "sft":
@@ -158,6 +161,9 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
       RuntimeError: a worker failed and was not (or no longer) restarted.
     """
     measure_cpu_peak(job)  # once per run, before training, on an otherwise idle CPU
+    if platform_cluster() is not None:  # TF_CONFIG from Vertex AI / a TFJob
+        run_platform_worker(job)
+        return trained_model(job, config)  # None unless the chief
     if job.num_workers <= 1:
         result = job_lib.run(job)
         if (result.precision == "float32" and result.strategy == "OneDevice"
