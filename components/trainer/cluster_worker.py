@@ -15,9 +15,10 @@ chief copies its result to `job.result_path` (which may be on `gs://`) for `run_
 Checkpoints go to `job.checkpoint_dir`, storage every replica reads (under the pipeline
 root on Vertex AI).
 
-A worker that exits 143 (SIGTERM: preempted, resumable) is reported like any other failure,
-with its exit code in `WorkerExitError.exit_code`, so the replica fails and the platform's
-restart (or the task's retry policy) resumes from the last checkpoint.
+A worker that exits 143 (SIGTERM: it saved a checkpoint, `preemption.py`) raises
+`Preempted`; any other failure raises `WorkerExitError` with the exit code. Either way the
+replica fails and the platform's restart (or the task's retry policy) resumes from the
+last checkpoint.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ import sys
 import tempfile
 import threading
 
-log = logging.getLogger(__name__)
+from components.trainer.launcher import WORKER_MODULE, log_tail, tee_output
+from components.trainer.preemption import PREEMPTED_EXIT_CODE, Preempted
 
-WORKER_MODULE = "components.trainer.worker"
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: "preempted, resumable"
+log = logging.getLogger(__name__)
 
 
 class WorkerExitError(RuntimeError):
@@ -84,23 +85,6 @@ def num_tasks(config: dict) -> int:
     return sum(len(config["cluster"].get(kind, [])) for kind in ("chief", "worker"))
 
 
-def _tee(stream, path: str) -> None:
-    with open(path, "w") as f:
-        for line in iter(stream.readline, ""):
-            f.write(line)
-            f.flush()
-            sys.stderr.write(line)  # the platform's log (Cloud Logging on Vertex AI)
-    stream.close()
-
-
-def _tail(path: str, lines: int = 40) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 def run_platform_worker(job, job_dir: str | None = None) -> None:
     """Runs this replica's part of `job` in one child worker process under the platform's
     TF_CONFIG; returns when it succeeded. On the chief, the result is then at
@@ -116,8 +100,9 @@ def run_platform_worker(job, job_dir: str | None = None) -> None:
 
     Raises:
       ValueError: no multi-task TF_CONFIG in the environment (`platform_cluster`).
-      WorkerExitError (a RuntimeError): the worker exited non-zero; the message names the
-        exit code and holds the tail of its log.
+      Preempted: the worker exited 143 (SIGTERM) after saving a checkpoint.
+      WorkerExitError (a RuntimeError): the worker exited non-zero otherwise; the message
+        names the exit code and holds the tail of its log.
     """
     config = platform_cluster()
     if config is None:
@@ -137,7 +122,7 @@ def run_platform_worker(job, job_dir: str | None = None) -> None:
     env = {**os.environ, "DEEPSEEK_TFX_PARENT_PID": str(os.getpid())}
     proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, job_path], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    tee = threading.Thread(target=_tee, args=(proc.stdout, log_path), daemon=True)
+    tee = threading.Thread(target=tee_output, args=(proc.stdout, log_path), daemon=True)
     tee.start()
     with _forward_sigterm(proc):
         try:
@@ -147,10 +132,12 @@ def run_platform_worker(job, job_dir: str | None = None) -> None:
             proc.wait()
             raise
     tee.join(timeout=10)
+    if code == PREEMPTED_EXIT_CODE:
+        raise Preempted(f"training worker {task} preempted (SIGTERM; exit {code}): it saved "
+                        f"a checkpoint in {job.checkpoint_dir}; log {log_path}")
     if code != 0:
-        what = " (preempted, resumable)" if code == PREEMPTED_EXIT_CODE else ""
-        raise WorkerExitError(f"training worker {task} exited with code {code}{what}; "
-                              f"log {log_path}:\n{_tail(log_path)}", code)
+        raise WorkerExitError(f"training worker {task} exited with code {code}; "
+                              f"log {log_path}:\n{log_tail(log_path)}", code)
     if is_chief(config):
         if os.path.abspath(local.result_path) != os.path.abspath(job.result_path):
             import tensorflow as tf
@@ -177,27 +164,3 @@ def _forward_sigterm(proc: subprocess.Popen):
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def trained_model(job, config):
-    """After `run_platform_worker`: on the chief, the plain copy of the trained model read
-    from the final checkpoint (as `run_fn.train_model` does after N local workers); None
-    on the other replicas, which neither evaluate nor export.
-
-    Raises:
-      FileNotFoundError: the chief finds no result at `job.result_path`.
-    """
-    if not is_chief(platform_cluster()):
-        return None
-    import tensorflow as tf
-
-    from common.json_file import read_json
-    from components.trainer import model_io
-
-    figures = read_json(job.result_path, "the training job's result")
-    model = model_io.build_trained_model(config, dtype=figures.get("precision", "float32"))
-    tf.train.Checkpoint(model=model).read(figures["last_checkpoint"]).expect_partial() \
-        .assert_existing_objects_matched()
-    if config.train.lora_rank or model.dtype_policy.name != "float32":
-        return model_io.copy_for_export(config, model)
-    return model

@@ -126,7 +126,7 @@ def run(job: TrainingJob):
                    "peak_flops_source": f"{source} x {devices}",
                    "peak_probe": job.peak_probe,
                    "accelerator": f"{accelerator.kind}: {accelerator.name}"}
-        os.makedirs(os.path.dirname(os.path.abspath(job.result_path)), exist_ok=True)
-        with open(job.result_path, "w") as f:
+        tf.io.gfile.makedirs(os.path.dirname(job.result_path) or ".")  # local or gs://
+        with tf.io.gfile.GFile(job.result_path, "w") as f:
             json.dump(figures, f, indent=2)
     return result

@@ -297,7 +297,7 @@ def _classify(group: _Group, codes: list[int | None], beats: list[str]) -> _Fail
         return _Failure("peer_lost", i, codes[i],
                         f"worker {i} of {n} lost its peer (exit {PEER_LOST_EXIT_CODE})", set())
     return _Failure("error", i, codes[i], f"training worker {i} of {n} exited with code "
-                    f"{codes[i]}; log {group.logs[i]}:\n{_tail(group.logs[i])}", set())
+                    f"{codes[i]}; log {group.logs[i]}:\n{log_tail(group.logs[i])}", set())
 
 
 def _hung_worker(group: _Group, beats: list[str], candidates: list[int]) -> int:
@@ -367,7 +367,7 @@ class _Group:
         if i == 0:
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
-            t = threading.Thread(target=_tee, args=(p.stdout, log_path), daemon=True)
+            t = threading.Thread(target=tee_output, args=(p.stdout, log_path), daemon=True)
             t.start()
             self.threads.append(t)
         else:
@@ -429,7 +429,8 @@ class _SigtermToWorkers:
             group.signal(signum)
 
 
-def _tee(stream, path: str) -> None:
+def tee_output(stream, path: str) -> None:
+    """Copies a worker's output lines to `path` and to this process's stderr."""
     with open(path, "w") as f:
         for line in iter(stream.readline, ""):
             f.write(line)
@@ -438,7 +439,8 @@ def _tee(stream, path: str) -> None:
     stream.close()
 
 
-def _tail(path: str, lines: int = 40) -> str:
+def log_tail(path: str, lines: int = 40) -> str:
+    """The last `lines` lines of a worker's log, or "(no log)"."""
     try:
         with open(path, errors="replace") as f:
             return "".join(f.readlines()[-lines:])

@@ -21,7 +21,7 @@ import tensorflow as tf
 from common.json_file import read_json
 from components.trainer import checkpointing, data, hardware, model_io, precision, train_loop
 from components.trainer import job as job_lib
-from components.trainer.cluster_worker import platform_cluster, run_platform_worker, trained_model
+from components.trainer.cluster_worker import is_chief, platform_cluster, run_platform_worker
 from config import PipelineConfig
 from savedmodel import base_model
 from savedmodel.export import export_serving_model
@@ -150,7 +150,9 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
     (`model_io.copy_for_export`: float32, or bfloat16 for LoRA on a bf16 base, with the
     adapters merged).
 
-    One worker: in this process. N workers: N local processes
+    One worker: in this process. A platform's cluster (a multi-task TF_CONFIG in the
+    environment: Vertex AI worker pools): one worker process per replica
+    (`cluster_worker.py`); None on replicas other than the chief. N workers: N local processes
     (`launcher.run_workers`, which restarts the group after a lost, hung or preempted
     worker; the restarts are added to the figures as `restarts` and `restart_log`); the
     model is then read back from the final checkpoint. Either way the chief writes the
@@ -158,12 +160,16 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
 
     Raises:
       Preempted: SIGTERM; the step reached was checkpointed (`preemption.py`).
-      RuntimeError: a worker failed and was not (or no longer) restarted.
+      RuntimeError: a worker failed and was not (or no longer) restarted
+        (`cluster_worker.WorkerExitError` on a platform's cluster).
     """
     measure_cpu_peak(job)  # once per run, before training, on an otherwise idle CPU
-    if platform_cluster() is not None:  # TF_CONFIG from Vertex AI / a TFJob
+    cluster = platform_cluster()
+    if cluster is not None:  # TF_CONFIG from the platform: Vertex AI worker pools, a TFJob
         run_platform_worker(job)
-        return trained_model(job, config)  # None unless the chief
+        if not is_chief(cluster):
+            return None
+        return read_back_model(job, config)
     if job.num_workers <= 1:
         result = job_lib.run(job)
         if (result.precision == "float32" and result.strategy == "OneDevice"
@@ -177,8 +183,15 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
     figures = read_json(job.result_path, "the training job's result")
     figures["restarts"] = len(restarts)
     figures["restart_log"] = [dataclasses.asdict(r) for r in restarts]
-    with open(job.result_path, "w") as f:
+    with tf.io.gfile.GFile(job.result_path, "w") as f:
         json.dump(figures, f, indent=2)
+    return read_back_model(job, config)
+
+
+def read_back_model(job: job_lib.TrainingJob, config: PipelineConfig):
+    """The plain copy of the model that worker processes trained, read from the final
+    checkpoint named in `job.result_path`."""
+    figures = read_json(job.result_path, "the training job's result")
     model = model_io.build_trained_model(config, dtype=figures.get("precision", "float32"))
     last = figures["last_checkpoint"]
     tf.train.Checkpoint(model=model).read(last).expect_partial().assert_existing_objects_matched()

@@ -33,14 +33,10 @@ from tfx.extensions.google_cloud_ai_platform.trainer import executor as vertex_e
 from tfx.types import artifact_utils, standard_component_specs
 
 from common.json_file import read_json
-from components.trainer.cluster_worker import (
-    PREEMPTED_EXIT_CODE,
-    WorkerExitError,
-    is_chief,
-    platform_cluster,
-)
+from components.trainer.cluster_worker import is_chief, platform_cluster
 from components.trainer.component import Trainer
 from components.trainer.executor import Executor, record_summary
+from components.trainer.preemption import PREEMPTED_EXIT_CODE, Preempted
 from components.trainer.run_fn import TRAINING_SUMMARY
 
 DEFAULT_REGION = "us-central1"
@@ -117,8 +113,8 @@ class ReplicaExecutor(Executor):
         """Runs `run_fn` as this replica of the platform's cluster.
 
         Raises:
-          SystemExit(143): the training worker was preempted (SIGTERM) and can resume,
-            so the replica exits with the same status.
+          SystemExit(143): the training worker was preempted (SIGTERM) and saved a
+            checkpoint, so the replica exits with the same status.
           WorkerExitError: the training worker failed otherwise; ValueError and others
             from `run_fn`, see `Executor.Do`.
         """
@@ -130,10 +126,8 @@ class ReplicaExecutor(Executor):
             self._log_startup(input_dict, output_dict, exec_properties)
             fn_args = self._GetFnArgs(input_dict, output_dict, exec_properties)
             udf_utils.get_fn(exec_properties, "run_fn")(fn_args)
-        except WorkerExitError as e:
-            if e.exit_code == PREEMPTED_EXIT_CODE:
-                raise SystemExit(PREEMPTED_EXIT_CODE) from e
-            raise
+        except Preempted as e:
+            raise SystemExit(PREEMPTED_EXIT_CODE) from e
 
 
 class VertexExecutor(vertex_executor.GenericExecutor):

@@ -92,7 +92,7 @@ def test_the_chief_copies_its_local_result_to_the_job_s_result_path(tmp_path, mo
     assert not (tmp_path / "other" / "run").exists()  # only the chief's result goes there
 
 
-def test_sigterm_reaches_the_worker_and_its_143_is_raised(tmp_path, monkeypatch):
+def test_sigterm_reaches_the_worker_and_its_143_is_raised_as_preempted(tmp_path, monkeypatch):
     import signal
     import threading
 
@@ -109,11 +109,12 @@ def test_sigterm_reaches_the_worker_and_its_143_is_raised(tmp_path, monkeypatch)
 
     before = signal.getsignal(signal.SIGTERM)
     threading.Thread(target=preempt, daemon=True).start()
-    with pytest.raises(cluster_worker.WorkerExitError,
-                       match=r"worker-1 exited with code 143 \(preempted, resumable\)") as e:
+    from components.trainer.preemption import Preempted
+
+    with pytest.raises(Preempted, match=r"worker-1 preempted \(SIGTERM; exit 143\)") as e:
         cluster_worker.run_platform_worker(job, str(tmp_path / "local"))
-    assert e.value.exit_code == 143
-    assert "checkpoint saved, preempted" in str(e.value)  # the log's tail
+    assert e.value.EXIT_CODE == 143
+    assert "checkpoint saved, preempted" in (tmp_path / "local" / "worker-1.log").read_text()
     assert signal.getsignal(signal.SIGTERM) is before  # the forwarding handler is gone
 
 

@@ -92,12 +92,13 @@ def test_a_replica_other_than_the_chief_only_calls_run_fn(tmp_path, monkeypatch)
 
 
 def test_a_preempted_worker_makes_the_replica_exit_143(tmp_path, monkeypatch):
+    from components.trainer.preemption import Preempted
+
     _as_replica(monkeypatch, "worker", 1)
     monkeypatch.setattr(vertex.ReplicaExecutor, "_GetFnArgs", lambda self, i, o, e: None)
 
     def preempted(fn_args):
-        raise cluster_worker.WorkerExitError("training worker worker-1 exited with code 143",
-                                             143)
+        raise Preempted("training worker worker-1 preempted (SIGTERM; exit 143)")
 
     monkeypatch.setattr(vertex.udf_utils, "get_fn", lambda props, name: preempted)
     with pytest.raises(SystemExit) as exit_info:
