@@ -18,8 +18,10 @@ fresh in its own directory. A finished run leaves its final checkpoint, so
 re-running it (e.g. with `--no-cache`) trains zero steps; delete the directory
 to train again from scratch.
 
-Each execution's `model_run/<id>/checkpoints` is a symbolic link to the
-directory it used (a `checkpoints.txt` naming it on filesystems without links).
+Each execution's `model_run/<id>/checkpoints.txt` names the directory it used.
+Not a symbolic link: when an execution fails (a preemption, a non-finite loss),
+TFX removes its output directories with `fileio.rmtree`, which follows a link
+into the directory and would delete the very checkpoints to resume from.
 What goes into the directory, and when, is the training loop's
 (`checkpointer.Checkpointer`).
 """
@@ -88,13 +90,13 @@ def stable_checkpoint_dir(model_run_dir: str, config: PipelineConfig, train_file
     return os.path.join(root, fingerprint(config, train_files, starts))
 
 
+CHECKPOINTS_FILE = "checkpoints.txt"
+
+
 def link_from_model_run(model_run_dir: str, checkpoint_dir: str) -> None:
-    """`model_run_dir/checkpoints` -> checkpoint_dir (or a checkpoints.txt naming it)."""
+    """Creates checkpoint_dir and writes `model_run_dir/checkpoints.txt` naming it (one
+    line; see the module docstring for why not a symbolic link)."""
     tf.io.gfile.makedirs(checkpoint_dir)
     tf.io.gfile.makedirs(model_run_dir)
-    link = os.path.join(model_run_dir, "checkpoints")
-    if os.path.isdir(model_run_dir) and not os.path.lexists(link):
-        os.symlink(os.path.abspath(checkpoint_dir), link, target_is_directory=True)
-    else:
-        with tf.io.gfile.GFile(os.path.join(model_run_dir, "checkpoints.txt"), "w") as f:
-            f.write(checkpoint_dir + "\n")
+    with tf.io.gfile.GFile(os.path.join(model_run_dir, CHECKPOINTS_FILE), "w") as f:
+        f.write(checkpoint_dir + "\n")

@@ -170,9 +170,9 @@ def run_workers(job: TrainingJob, num_workers: int, job_dir: str,
                 return restarts
             step = _checkpoint_step(job.checkpoint_dir)
             if sigterm.received.is_set():
-                raise Preempted(f"preempted (SIGTERM to the Trainer): {failure.reason}; "
-                                f"the workers saved step {step}", step,
-                                _checkpoint_path(job.checkpoint_dir, step))
+                path = _checkpoint_path(job.checkpoint_dir, step)
+                raise Preempted(f"preempted (SIGTERM to the Trainer) at step {step}; "
+                                f"checkpoint {path} ({failure.reason})", step, path)
             if failure.cause in ("error", "timeout"):
                 raise RuntimeError(failure.reason)
             if len(restarts) >= tc.max_restarts:

@@ -7,9 +7,13 @@ every 20, the Trainer as 2 MultiWorkerMirroredStrategy workers over loopback:
    complete (its `checkpoint` state file exists), then gets `kill -9`; its
    worker processes die with it;
 2. the same command again: upstream components come from the cache, the
-   Trainer finds the same checkpoint directory (same inputs and config),
-   resumes from the last checkpoint and ends at step 200; ML Metadata records
-   resumed_from_step > 0, the strategy, replicas and throughput figures.
+   Trainer finds the same checkpoint directory (same inputs and config) and
+   resumes from the last checkpoint; 5 steps later the command gets SIGTERM
+   (a preemption): the workers checkpoint the step they reached and the command
+   exits 143, "preempted";
+3. the same command again resumes from that step (not from the last
+   `checkpoint_every` boundary) and ends at step 200; ML Metadata records
+   resumed_from_step, the strategy, replicas and throughput figures.
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+
+from components.trainer import heartbeat
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLICE_BYTES = 60_000
@@ -50,6 +57,38 @@ def worker_processes(out) -> list[str]:
             if "components.trainer.worker" in line and str(out) in line]
 
 
+def preempt_after_resume(corpus, out, log_path, checkpoint_dir) -> int:
+    """Runs the command until the Trainer's chief is 5 steps past the step it resumed
+    from, sends SIGTERM; returns the step the preemption checkpointed."""
+    beats = os.path.join(out, "pipeline_root", "Trainer", "model_run", "*", "heartbeat-0")
+    earlier = set(glob.glob(beats))  # the killed run's
+    with open(log_path, "w") as log:
+        run = subprocess.Popen(command(corpus, out), cwd=PROJECT_ROOT, stdout=log,
+                               stderr=subprocess.STDOUT)
+    deadline, first = time.monotonic() + 600, None
+    while True:
+        assert run.poll() is None, f"run ended before SIGTERM:\n{log_path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "the resumed Trainer made no 5 steps in 10 minutes"
+        steps = [b.step for b in map(heartbeat.read, set(glob.glob(beats)) - earlier)
+                 if b and b.step > 0]
+        if steps:
+            first = first or min(steps)
+            if max(steps) >= first + 5:
+                break
+        time.sleep(0.05)
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=300) == 143, log_path.read_text()[-4000:]
+    text = log_path.read_text()
+    saved = re.search(r"preempted \(SIGTERM to the Trainer\) at step (\d+); checkpoint", text)
+    assert saved, text[-4000:]
+    step = int(saved.group(1))
+    assert "re-run the same command to resume from that step" in text
+    assert step >= first + 5 and step % 20, step  # the step reached, not a boundary
+    assert os.path.isfile(os.path.join(checkpoint_dir, f"ckpt-{step}.index"))
+    assert not worker_processes(out)
+    return step
+
+
 def test_killed_run_resumes_from_its_last_checkpoint(corpus, tmp_path):
     out = tmp_path / "run"
     log_path = tmp_path / "first.log"
@@ -73,10 +112,12 @@ def test_killed_run_resumes_from_its_last_checkpoint(corpus, tmp_path):
         time.sleep(0.2)
     assert not worker_processes(out), worker_processes(out)
 
-    second = subprocess.run(command(corpus, out), cwd=PROJECT_ROOT, capture_output=True,
-                            text=True, timeout=900)
-    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-4000:]
-    assert "resumed from" in second.stdout + second.stderr
+    preempted_at = preempt_after_resume(corpus, out, tmp_path / "second.log", checkpoint_dir)
+
+    third = subprocess.run(command(corpus, out), cwd=PROJECT_ROOT, capture_output=True,
+                           text=True, timeout=900)
+    assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-4000:]
+    assert "resumed from" in third.stdout + third.stderr
 
     from reporting.run_summary import latest_run
 
@@ -84,7 +125,8 @@ def test_killed_run_resumes_from_its_last_checkpoint(corpus, tmp_path):
     assert runs["Transform"].state == "CACHED"
     assert runs["Trainer"].state == "COMPLETE"
     model = runs["Trainer"].outputs["Model"]
-    assert model["resumed_from_step"] > 0
+    assert model["resumed_from_step"] == preempted_at
+    assert model["restarts"] == 0
     assert model["train_steps"] == STEPS
     assert model["steps_run"] == STEPS - model["resumed_from_step"]
     assert model["tokens_seen"] == STEPS * 8 * 32
