@@ -182,11 +182,25 @@ def section_training(run: RunData, events) -> str:
         keys = ("train_steps", "resumed_from_step", "tokens_seen", "train_wall_s",
                 "tokens_per_second", "steady_tokens_per_second", "mfu", "steady_mfu",
                 "final_loss", "strategy", "num_replicas", "precision", "global_batch_size",
-                "trainable_params", "total_params", "jit_compile", "skipped_steps")
+                "trainable_params", "total_params", "jit_compile", "skipped_steps", "restarts")
         cells = "".join(f"<div><span>{_e(k)}</span> {_e(_fmt(summary[k]))}</div>"
                         for k in keys if k in summary)
         out += f'<h3>training_summary.json</h3><div class="figures">{cells}</div>'
+        out += restarts_table(summary.get("restart_log") or [])
     return out
+
+
+def restarts_table(restarts: list[dict]) -> str:
+    """The worker group's restarts (`launcher.Restart` dicts) as a table; "" for none."""
+    if not restarts:
+        return ""
+    rows = "".join(
+        f"<tr><td>{r['restart']}</td><td>{_e(r['cause'])}</td><td>{_e(r['reason'])}</td>"
+        f"<td>{r['resumed_from_step']}</td><td>{r['workers_before']} → {r['workers_after']}"
+        f"</td><td>{r['grad_accum_steps']}</td></tr>" for r in restarts)
+    return ("<h3>restarts of the worker group</h3><table><tr><th>restart</th><th>cause</th>"
+            "<th>reason</th><th>resumed from step</th><th>workers</th>"
+            f"<th>micro-batches</th></tr>{rows}</table>")
 
 
 def section_moe(run: RunData, events) -> str:

@@ -111,6 +111,9 @@ def print_summary(metadata_path: str, wall_s: float) -> list[str]:
                   f"{model.get('optimizer_states_dtype')}, compute "
                   f"{model.get('compute_dtype')}, exported "
                   f"{model.get('exported_weights_dtype')}")
+        if model.get("restarts"):
+            print(f"         restarts of the worker group: {model['restarts']} "
+                  f"({model.get('restart_reasons', '')})")
         if model.get("moe_dropped_fraction") or model.get("skipped_steps"):
             print(f"         MoE pairs dropped by the capacity: "
                   f"{100 * model.get('moe_dropped_fraction', 0):.2f}%; steps skipped (not "
