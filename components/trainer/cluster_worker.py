@@ -23,7 +23,6 @@ last checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -35,7 +34,7 @@ import tempfile
 import threading
 
 from components.trainer.launcher import WORKER_MODULE, log_tail, tee_output
-from components.trainer.preemption import PREEMPTED_EXIT_CODE, Preempted
+from components.trainer.preemption import PREEMPTED_EXIT_CODE, Preempted, sigterm_handler
 
 log = logging.getLogger(__name__)
 
@@ -147,20 +146,12 @@ def run_platform_worker(job, job_dir: str | None = None) -> None:
             gfile.copy(local.result_path, job.result_path, overwrite=True)
 
 
-@contextlib.contextmanager
 def _forward_sigterm(proc: subprocess.Popen):
     """While waiting (main thread only), SIGTERM here becomes SIGTERM to the worker."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def forward(signum, frame):
         log.warning("SIGTERM: passing it on to the training worker (pid %d)", proc.pid)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
 
-    previous = signal.signal(signal.SIGTERM, forward)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return sigterm_handler(forward)

@@ -56,7 +56,12 @@ import time
 
 from components.trainer import heartbeat
 from components.trainer.job import TrainingJob
-from components.trainer.preemption import PEER_LOST_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
+from components.trainer.preemption import (
+    PEER_LOST_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    Preempted,
+    sigterm_handler,
+)
 from config import PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -400,25 +405,20 @@ class _Group:
 
 class _SigtermToWorkers:
     """While open (main thread only), SIGTERM to this process is recorded and passed on
-    to the running group's workers."""
+    to the running group's workers (`preemption.sigterm_handler`)."""
 
     def __init__(self):
         self.received = threading.Event()
         self.group: _Group | None = None
         self.forwarded_to: _Group | None = None
-        self._previous = None
-        self._installed = False
+        self._handler = sigterm_handler(self._on_sigterm)
 
     def __enter__(self) -> _SigtermToWorkers:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._installed = True
+        self._handler.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
-            self._installed = False
+        self._handler.__exit__(*exc)
 
     def _on_sigterm(self, signum, frame) -> None:
         del frame

@@ -25,6 +25,7 @@ every platform, for the price of one scalar all-reduce per step.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -53,13 +54,26 @@ class Preempted(RuntimeError):
         self.checkpoint = checkpoint
 
 
+@contextlib.contextmanager
+def sigterm_handler(handler):
+    """While open, SIGTERM calls `handler(signum, frame)` instead of its previous handler,
+    which is put back on exit. Handlers can only be installed from the main thread:
+    elsewhere nothing is installed. Yields whether the handler was installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield True
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 class PreemptionWatcher:
     """Catches SIGTERM while training runs; a context manager.
 
-    Inside the `with`, SIGTERM sets `requested` instead of killing the process (the
-    previous handler is put back on exit). Signal handlers can only be installed from
-    the main thread: elsewhere the watcher installs nothing (logged) and SIGTERM keeps
-    its previous meaning.
+    Inside the `with`, SIGTERM sets `requested` instead of killing the process
+    (`sigterm_handler`; outside the main thread it keeps its previous meaning, logged).
 
     Args:
       strategy: the run's tf.distribute strategy; with several workers (`num_workers`
@@ -71,26 +85,17 @@ class PreemptionWatcher:
         self.strategy = strategy
         self.num_workers = num_workers
         self.requested = threading.Event()
-        self._previous = None
-        self._installed = False
+        self._handler = None
         self._reduce = None
 
     def __enter__(self) -> PreemptionWatcher:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._installed = True
-        else:
+        self._handler = sigterm_handler(lambda signum, frame: self.requested.set())
+        if not self._handler.__enter__():
             log.info("not the main thread: SIGTERM is not watched for preemption here")
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
-            self._installed = False
-
-    def _on_sigterm(self, signum, frame) -> None:
-        del signum, frame
-        self.requested.set()
+        self._handler.__exit__(*exc)
 
     def agreed(self) -> bool:
         """Whether any worker has been asked to stop. Every worker must call it after the

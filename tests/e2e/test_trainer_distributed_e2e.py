@@ -12,8 +12,10 @@ every 20, the Trainer as 2 MultiWorkerMirroredStrategy workers over loopback:
    (a preemption): the workers checkpoint the step they reached and the command
    exits 143, "preempted";
 3. the same command again resumes from that step (not from the last
-   `checkpoint_every` boundary) and ends at step 200; ML Metadata records
-   resumed_from_step, the strategy, replicas and throughput figures.
+   `checkpoint_every` boundary); 3 steps later worker 1 gets `kill -9`, and the
+   Trainer restarts its 2 workers from the newest checkpoint within the same
+   pipeline run and ends at step 200; ML Metadata records the restart and its
+   reason, resumed_from_step, the strategy, replicas and throughput figures.
 """
 
 from __future__ import annotations
@@ -57,25 +59,31 @@ def worker_processes(out) -> list[str]:
             if "components.trainer.worker" in line and str(out) in line]
 
 
-def preempt_after_resume(corpus, out, log_path, checkpoint_dir) -> int:
-    """Runs the command until the Trainer's chief is 5 steps past the step it resumed
-    from, sends SIGTERM; returns the step the preemption checkpointed."""
-    beats = os.path.join(out, "pipeline_root", "Trainer", "model_run", "*", "heartbeat-0")
-    earlier = set(glob.glob(beats))  # the killed run's
+def start_until(corpus, out, log_path, worker: int, steps: int):
+    """Starts the command and waits until its Trainer's worker `worker` (of this run, not
+    an earlier one) is `steps` steps past the first step it reported. Returns (the process,
+    that first step, the worker's last heartbeat)."""
+    beats = os.path.join(out, "pipeline_root", "Trainer", "model_run", "*", f"heartbeat-{worker}")
+    earlier = set(glob.glob(beats))  # earlier runs'
     with open(log_path, "w") as log:
         run = subprocess.Popen(command(corpus, out), cwd=PROJECT_ROOT, stdout=log,
                                stderr=subprocess.STDOUT)
     deadline, first = time.monotonic() + 600, None
     while True:
-        assert run.poll() is None, f"run ended before SIGTERM:\n{log_path.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, "the resumed Trainer made no 5 steps in 10 minutes"
-        steps = [b.step for b in map(heartbeat.read, set(glob.glob(beats)) - earlier)
-                 if b and b.step > 0]
-        if steps:
-            first = first or min(steps)
-            if max(steps) >= first + 5:
-                break
+        assert run.poll() is None, f"run ended too soon:\n{log_path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"the Trainer made no {steps} steps in 10 minutes"
+        live = [b for b in map(heartbeat.read, set(glob.glob(beats)) - earlier) if b and b.step]
+        if live:
+            first = first or live[0].step
+            if live[0].step >= first + steps:
+                return run, first, live[0]
         time.sleep(0.05)
+
+
+def preempt_after_resume(corpus, out, log_path, checkpoint_dir) -> int:
+    """Runs the command until the Trainer's chief is 5 steps past the step it resumed
+    from, sends SIGTERM; returns the step the preemption checkpointed."""
+    run, first, _ = start_until(corpus, out, log_path, 0, 5)
     run.send_signal(signal.SIGTERM)
     assert run.wait(timeout=300) == 143, log_path.read_text()[-4000:]
     text = log_path.read_text()
@@ -114,10 +122,16 @@ def test_killed_run_resumes_from_its_last_checkpoint(corpus, tmp_path):
 
     preempted_at = preempt_after_resume(corpus, out, tmp_path / "second.log", checkpoint_dir)
 
-    third = subprocess.run(command(corpus, out), cwd=PROJECT_ROOT, capture_output=True,
-                           text=True, timeout=900)
-    assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-4000:]
-    assert "resumed from" in third.stdout + third.stderr
+    # The third run resumes from the preemption's step; kill -9 of its worker 1 makes the
+    # Trainer restart its group from the newest checkpoint within the same pipeline run.
+    third_log = tmp_path / "third.log"
+    third, _, victim = start_until(corpus, out, third_log, 1, 3)
+    os.kill(victim.pid, signal.SIGKILL)
+    assert third.wait(timeout=900) == 0, third_log.read_text()[-4000:]
+    (log_file,) = set(re.findall(r"^log: (\S+)$", third_log.read_text(), re.M))
+    text = open(log_file).read()  # the command's log: the Trainer's and workers' lines
+    assert f"resumed from {checkpoint_dir}/ckpt-{preempted_at} (step {preempted_at})" in text
+    assert "restart 1 of at most 2: worker 1 of 2 killed by SIGKILL" in text
 
     from reporting.run_summary import latest_run
 
@@ -125,8 +139,8 @@ def test_killed_run_resumes_from_its_last_checkpoint(corpus, tmp_path):
     assert runs["Transform"].state == "CACHED"
     assert runs["Trainer"].state == "COMPLETE"
     model = runs["Trainer"].outputs["Model"]
-    assert model["resumed_from_step"] == preempted_at
-    assert model["restarts"] == 0
+    assert model["restarts"] == 1 and "worker 1 of 2 killed by SIGKILL" in model["restart_reasons"]
+    assert model["resumed_from_step"] >= preempted_at  # the restarted group's start
     assert model["train_steps"] == STEPS
     assert model["steps_run"] == STEPS - model["resumed_from_step"]
     assert model["tokens_seen"] == STEPS * 8 * 32
@@ -138,6 +152,8 @@ def test_killed_run_resumes_from_its_last_checkpoint(corpus, tmp_path):
     assert model["train_wall_s"] > 0 and model["checkpoint_dir"] == checkpoint_dir
     summary = json.load(open(os.path.join(model["uri"], "training_summary.json")))
     assert summary["resumed_from_step"] == model["resumed_from_step"]
+    (restart,) = summary["restart_log"]
+    assert restart["cause"] == "lost" and restart["resumed_from_step"] == model["resumed_from_step"]
     assert summary["history"][0]["step"] > model["resumed_from_step"]
     assert summary["history"][-1]["step"] == STEPS
     assert os.path.isfile(os.path.join(checkpoint_dir, f"ckpt-{STEPS}.index"))
