@@ -23,6 +23,8 @@ the logic lives in the modules it calls.
   deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer] [--dtype auto|bfloat16|float32]
   deepseek-tfx hf-export MODEL_DIR OUT_DIR [--max-shard-size BYTES] [--config-form 4.x|5.x]
                          [--dtype auto|bfloat16|float32]
+  deepseek-tfx prune     --model DIR --keep-experts N --data PATH --output DIR
+                         [--seq-len N] [--max-tokens N]  (cli/prune.py)
   deepseek-tfx harness-task TASK.jsonl ... --output DIR [--tokenizer HF_EXPORT_DIR]
                          (lm-evaluation-harness tasks and the lm_eval command, cli/harness.py)
   deepseek-tfx harness-task TASK.jsonl... --output DIR [--tokenizer HF_EXPORT_DIR] (cli/harness.py)
@@ -35,7 +37,7 @@ project's own lines only; the libraries' logs and warnings go to a log file (`cl
 One module per group of commands, each with its handlers and `add_parsers(sub)`:
   run.py (run, validate)   kubeflow.py (compile-kfp)   serve.py (generate, chat, evaluate,
   serve)   compare.py (compare)   metadata.py (mlmd, report)   hf.py (hf-import,
-  hf-export)   harness.py (harness-task)   plan.py (plan)
+  hf-export)   prune.py (prune)   harness.py (harness-task)   plan.py (plan)
 and what they share: data.py (default corpus, --data), settings.py (config, warm start,
 teacher, output directory, --until choices), progress.py (component progress lines),
 model_dir.py (--model: a SavedModel or a serving dir's newest version), console.py.
@@ -50,7 +52,7 @@ import os
 import shlex
 import sys
 
-from cli import compare, console, harness, hf, kubeflow, metadata, plan, run, serve
+from cli import compare, console, harness, hf, kubeflow, metadata, plan, prune, run, serve
 from cli.console import failure_message
 from cli.data import DEFAULT_CORPUS_NAME, DEFAULT_CORPUS_URL, default_corpus, split_data_path
 from cli.model_dir import resolve_model_dir
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `deepseek-tfx` parser; each subcommand's `fn` is its handler (args -> exit code)."""
     parser = argparse.ArgumentParser(prog="deepseek-tfx", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (run, kubeflow, serve, compare, metadata, hf, harness, plan):  # `--help` order
+    for group in (run, kubeflow, serve, compare, metadata, hf, prune, harness, plan):  # `--help` order
         group.add_parsers(sub)
     return parser
 

@@ -68,6 +68,7 @@ QUIET_COMMANDS: dict[str, Quiet] = {
     "generate": Quiet(),
     "hf-import": Quiet(),
     "hf-export": Quiet(),
+    "prune": Quiet(),
     "chat": Quiet(),
     "report": Quiet(logs_under_output=True),
     "compile-kfp": Quiet(),

@@ -289,8 +289,12 @@ def restore_cast(model, checkpoint_prefix: str, source: str) -> None:
 
 def hf_export(model_dir: str, out_dir: str,
               max_shard_bytes: int = hf_checkpoint.DEFAULT_MAX_SHARD_BYTES,
-              config_form: str = "5.x", dtype: str = "auto") -> list[str]:
+              config_form: str = "5.x", dtype: str = "auto", model=None) -> list[str]:
     """Writes the model of a SavedModel as a HF checkpoint; returns the files written.
+
+    `model`, if given, is written instead of the SavedModel's own weights (e.g. the
+    SavedModel's model with experts pruned, `deepseek-tfx prune`); the tokenizer,
+    generation defaults and "auto" precision still come from `model_dir`.
 
     Always config.json and the safetensors (see `save_hf_checkpoint`, which writes one
     shard at a time), in `dtype`: "auto" = the SavedModel's own precision
@@ -317,7 +321,8 @@ def hf_export(model_dir: str, out_dir: str,
       ValueError: `dtype` is not "auto" or one of `layout.WEIGHT_DTYPES`.
     """
     weight_dtype = resolve_weight_dtype(dtype, read_weight_dtype(model_dir))
-    model = load_model_from_savedmodel(model_dir)
+    if model is None:
+        model = load_model_from_savedmodel(model_dir)
     files = hf_checkpoint.save_hf_checkpoint(model, out_dir, max_shard_bytes=max_shard_bytes,
                                              config_form=config_form, dtype=weight_dtype)
     tokenizer = read_tokenizer(model_dir)
