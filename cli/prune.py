@@ -79,12 +79,19 @@ def prune_model_dir(model: str, keep: int, data: str, out_dir: str, *,
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the tokenizer's regex_split)
 
+    from common.json_file import read_json, write_json
     from config import DataConfig
     from corpus.documents import read_documents
     from models.deepseek import hf_checkpoint
     from models.deepseek.expert_pruning import expert_load, prune_experts, select_experts
-    from savedmodel.hf_interop import hf_export, load_model_from_savedmodel
+    from savedmodel.hf_generation import token_ids
+    from savedmodel.hf_interop import (
+        checkpoint_weight_dtype,
+        hf_export,
+        load_model_from_savedmodel,
+    )
     from savedmodel.layout import read_pipeline_config, read_tokenizer
+    from savedmodel.precision import keras_policy
     from tokenization.byte_level_bpe import TOKENIZER_FILE, ByteLevelBpe
     from tokenization.byte_pair_encoder import BytePairEncoder
 
@@ -112,8 +119,11 @@ def prune_model_dir(model: str, keep: int, data: str, out_dir: str, *,
     docs = [row.tolist() for i in range(0, len(texts), 64)
             for row in encoder.encode(tf.constant(texts[i : i + 64])).numpy()]
 
-    lm = (hf_checkpoint.load_hf_checkpoint(model_dir) if hf
-          else load_model_from_savedmodel(model_dir))
+    if hf:  # in the checkpoint's own precision, as hf-import reads it
+        weight_dtype = checkpoint_weight_dtype(model_dir)
+        lm = hf_checkpoint.load_hf_checkpoint(model_dir, dtype=keras_policy(weight_dtype))
+    else:
+        lm = load_model_from_savedmodel(model_dir)
     c = lm.config
     if seq_len is None:
         seq_len = pipeline.train.seq_len if pipeline else DEFAULT_SEQ_LEN
@@ -132,10 +142,13 @@ def prune_model_dir(model: str, keep: int, data: str, out_dir: str, *,
     memory.release_free_memory()
 
     if hf:
-        hf_checkpoint.save_hf_checkpoint(pruned, out_dir)
+        hf_checkpoint.save_hf_checkpoint(pruned, out_dir, dtype=weight_dtype)
         for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
             if os.path.isfile(os.path.join(model_dir, name)):
                 shutil.copy(os.path.join(model_dir, name), out_dir)
+        config_path = os.path.join(out_dir, "config.json")  # the token ids, as hf-export
+        write_json(config_path, {**read_json(config_path, "the pruned config.json"),
+                                 **token_ids(tokenizer)})
     else:
         hf_export(model_dir, out_dir, model=pruned)
     summary = {

@@ -75,3 +75,24 @@ def test_prune_refuses_with_the_reason(moe_text_model, tmp_path):
                        "n_group=4"):
         cli.main(["prune", "--model", str(saved), "--keep-experts", "6", "--data",
                   str(tmp_path / "data.txt"), "--output", str(tmp_path / "out")])
+
+
+def test_prune_reads_a_hf_checkpoint(moe_text_model, tmp_path):
+    """hf-export's directory as --model: pruned (here to all 4 experts of a 4-expert
+    model, so every weight must come back unchanged), with its tokenizer and token ids."""
+    from models.deepseek.hf_checkpoint import load_hf_checkpoint
+
+    saved, _, _ = moe_text_model
+    (tmp_path / "data.txt").write_text(TEXT)
+    assert cli.main(["prune", "--model", str(saved), "--keep-experts", "4", "--data",
+                     str(tmp_path / "data.txt"), "--output", str(tmp_path / "a")]) == 0
+    assert cli.main(["prune", "--model", str(tmp_path / "a"), "--keep-experts", "4",
+                     "--data", str(tmp_path / "data.txt"), "--output", str(tmp_path / "b")]) == 0
+    first, second = (load_hf_checkpoint(str(tmp_path / d)) for d in "ab")
+    for w1, w2 in zip(first.weights, second.weights, strict=True):
+        np.testing.assert_array_equal(w1.numpy(), w2.numpy(), err_msg=w1.path)
+    config_a = json.loads((tmp_path / "a" / "config.json").read_text())
+    config_b = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert config_b == config_a and "eos_token_id" in config_b
+    assert (tmp_path / "b" / "tokenizer.json").read_text() == \
+        (tmp_path / "a" / "tokenizer.json").read_text()
