@@ -230,3 +230,28 @@ def test_pruned_logits_equal_the_masked_router(tiny_config, changes, keep):
     # doubled for the routed and residual paths adding in another order: ~150; allowed 256.
     # Measured here: 0 ulps for the sigmoid routers, about 1 for the softmax ones.
     assert_float32_close(actual, expected, ulps=256, err_msg="pruned vs masked logits")
+
+
+def test_keeping_every_expert_changes_nothing(tiny_config):
+    model = _model(tiny_config)
+    load = expert_load(model, _batches(tiny_config))
+    same = prune_experts(model, tiny_config.n_routed_experts, load)
+    assert same.config == tiny_config
+    for old, new in zip(model.weights, same.weights, strict=True):
+        np.testing.assert_array_equal(new.numpy(), old.numpy(), err_msg=old.path)
+    ids = tf.constant(_batches(tiny_config, n=1, seed=7)[0])
+    np.testing.assert_array_equal(same(ids).numpy(), model(ids).numpy())
+
+
+def test_pruning_keeps_the_dtype_policy(tiny_config):
+    keras.utils.set_random_seed(0)
+    model = DeepSeekCausalLM(tiny_config, dtype="bfloat16")
+    load = expert_load(model, _batches(tiny_config, n=1))
+    pruned = prune_experts(model, 4, load)
+    assert pruned.dtype_policy.name == "bfloat16"
+    kept = select_experts(tiny_config, 4, load)[0]
+    old, new = model.moe_layers[0], pruned.moe_layers[0]
+    assert new.experts[0].up_proj.kernel.dtype == "bfloat16"
+    np.testing.assert_array_equal(new.experts[1].up_proj.kernel.numpy(),
+                                  old.experts[kept[1]].up_proj.kernel.numpy())
+    np.testing.assert_array_equal(new.gate.weight.numpy(), old.gate.weight.numpy()[kept])
