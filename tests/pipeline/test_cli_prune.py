@@ -14,6 +14,11 @@ UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 
 TEXT = "the quick brown fox jumps over the the fox\n\nthe brown the quick over\n\n" * 20
 
 
+# Slow: the module's fixture builds, exports and imports a 2-block MoE model (~10 s), and
+# the first test prunes and re-imports it (~9 s).
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def moe_text_model(tmp_path_factory):
     """The `tiny` preset without MTP: block 0 dense, block 1 MoE (8 experts, 4 groups)."""
