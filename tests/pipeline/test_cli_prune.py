@@ -101,3 +101,25 @@ def test_prune_reads_a_hf_checkpoint(moe_text_model, tmp_path):
     assert config_b == config_a and "eos_token_id" in config_b
     assert (tmp_path / "b" / "tokenizer.json").read_text() == \
         (tmp_path / "a" / "tokenizer.json").read_text()
+
+
+def test_prune_measures_the_load_on_chinese_text(moe_text_model, chinese_poems, tmp_path, capsys):
+    """Tang and Song poems as the calibration text: every document is measured, tokenized
+    with the model's byte-level tokenizer (Chinese falls back to bytes, losslessly)."""
+    from tokenizers import Tokenizer
+
+    saved, _, _ = moe_text_model
+    poems = [p for p in chinese_poems if "\n\n" not in p][:40]
+    (tmp_path / "poems.txt").write_text("\n\n".join(poems) + "\n", encoding="utf-8")
+    out = tmp_path / "pruned_zh"
+    assert cli.main(["prune", "--model", str(saved), "--keep-experts", "4", "--data",
+                     str(tmp_path / "poems.txt"), "--output", str(out), "--seq-len", "32"]) == 0
+    summary = json.loads((out / "expert_pruning.json").read_text())
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+    documents = [p + "\n" for p in poems]  # a document keeps its line's end
+    encoded = [tokenizer.encode(d, add_special_tokens=False).ids for d in documents]
+    assert [tokenizer.decode(ids) for ids in encoded] == documents  # lossless on Chinese
+    stream = 1 + sum(len(ids) + 1 for ids in encoded) - 1  # [EOS] p1 [EOS] p2 ... pN
+    assert summary["tokens"] == (stream // 32) * 32 > 0  # every full window of the text
+    (layer,) = summary["layers"]
+    assert sum(layer["load"]) == 2 * summary["tokens"]
