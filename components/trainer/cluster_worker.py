@@ -35,6 +35,7 @@ import threading
 
 from components.trainer.launcher import WORKER_MODULE, log_tail, tee_output
 from components.trainer.preemption import PREEMPTED_EXIT_CODE, Preempted, sigterm_handler
+from components.trainer.strategy import cluster_size
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,7 @@ def platform_cluster(environ: dict | None = None) -> dict | None:
         config = json.loads(raw)
     except json.JSONDecodeError as e:
         raise ValueError(f"TF_CONFIG is not JSON ({e.msg}): {raw[:200]}") from None
-    cluster = config.get("cluster", {})
-    if sum(len(cluster.get(kind, [])) for kind in ("chief", "worker")) <= 1:
+    if cluster_size(config) <= 1:
         return None
     task = config.get("task", {})
     if task.get("type") not in ("chief", "worker"):
@@ -77,11 +77,6 @@ def is_chief(config: dict) -> bool:
     if task["type"] == "chief":
         return True
     return "chief" not in config["cluster"] and int(task.get("index", 0)) == 0
-
-
-def num_tasks(config: dict) -> int:
-    """The chief and worker tasks of the cluster (the training workers)."""
-    return sum(len(config["cluster"].get(kind, [])) for kind in ("chief", "worker"))
 
 
 def run_platform_worker(job, job_dir: str | None = None) -> None:
@@ -110,7 +105,7 @@ def run_platform_worker(job, job_dir: str | None = None) -> None:
     job_dir = job_dir or tempfile.mkdtemp(prefix="deepseek-tfx-worker-")
     os.makedirs(job_dir, exist_ok=True)
     task = f"{config['task']['type']}-{config['task'].get('index', 0)}"
-    local = dataclasses.replace(job, num_workers=num_tasks(config),
+    local = dataclasses.replace(job, num_workers=cluster_size(config),
                                 result_path=os.path.join(job_dir, "train_result.json"))
     job_path = os.path.join(job_dir, "training_job.json")
     with open(job_path, "w") as f:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from components.trainer import cluster_worker, launcher
+from components.trainer.strategy import cluster_size
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,7 +28,7 @@ def test_platform_cluster_reads_tf_config_from_the_environment():
               "worker": ["cmle-training-workerpool1-0:2222", "cmle-training-workerpool1-1:2222"]}
     chief = tf_config(vertex, "chief", 0)
     assert cluster_worker.platform_cluster({"TF_CONFIG": json.dumps(chief)}) == chief
-    assert cluster_worker.is_chief(chief) and cluster_worker.num_tasks(chief) == 3
+    assert cluster_worker.is_chief(chief) and cluster_size(chief) == 3
     # With a chief task, worker 0 is not the chief.
     assert not cluster_worker.is_chief(tf_config(vertex, "worker", 0))
     loopback = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
