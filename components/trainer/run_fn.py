@@ -169,7 +169,7 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
         run_platform_worker(job)
         if not is_chief(cluster):
             return None
-        return read_back_model(job, config)
+        return read_back_model(config, read_json(job.result_path, "the training job's result"))
     if job.num_workers <= 1:
         result = job_lib.run(job)
         if (result.precision == "float32" and result.strategy == "OneDevice"
@@ -185,13 +185,12 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
     figures["restart_log"] = [dataclasses.asdict(r) for r in restarts]
     with tf.io.gfile.GFile(job.result_path, "w") as f:
         json.dump(figures, f, indent=2)
-    return read_back_model(job, config)
+    return read_back_model(config, figures)
 
 
-def read_back_model(job: job_lib.TrainingJob, config: PipelineConfig):
+def read_back_model(config: PipelineConfig, figures: dict):
     """The plain copy of the model that worker processes trained, read from the final
-    checkpoint named in `job.result_path`."""
-    figures = read_json(job.result_path, "the training job's result")
+    checkpoint the run's figures name (`last_checkpoint`, in their `precision`)."""
     model = model_io.build_trained_model(config, dtype=figures.get("precision", "float32"))
     last = figures["last_checkpoint"]
     tf.train.Checkpoint(model=model).read(last).expect_partial().assert_existing_objects_matched()
