@@ -17,6 +17,9 @@ from components.transform import preprocessing
 from config import get_config
 from tokenization import tokenizer
 
+# Slow: each test runs tf.Transform's Beam pipeline (about 15 s a run on 2 cores).
+pytestmark = pytest.mark.slow
+
 
 def run_transform(config, docs, temp):
     # desired_batch_size well below the number of documents: many batches, so the

@@ -23,6 +23,9 @@ from corpus import documents as D
 from tokenization import tokenizer
 from tokenization.chat_template import DEFAULT_CHAT_TEMPLATE, ChatFormat
 
+# Slow: each test runs tf.Transform's Beam pipeline (about 15 s a run on 2 cores).
+pytestmark = pytest.mark.slow
+
 P, T = preprocessing.PROMPT_KEY, preprocessing.TEXT_KEY
 
 
