@@ -20,7 +20,7 @@ the logic lives in the modules it calls.
                          [--max-batch-size ROWS] [--batch-timeout-micros US]
                          [--max-enqueued-batches N] [--num-batch-threads N]
   deepseek-tfx mlmd      --output DIR {runs|artifacts|lineage MODEL_DIR} [--json]
-  deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer] [--dtype auto|bfloat16|float32]
+  deepseek-tfx hf-import CHECKPOINT_DIR OUT_DIR [--no-tokenizer] [--dtype auto|bfloat16|float32|int8]
   deepseek-tfx hf-export MODEL_DIR OUT_DIR [--max-shard-size BYTES] [--config-form 4.x|5.x]
                          [--dtype auto|bfloat16|float32]
   deepseek-tfx prune     --model DIR --keep-experts N --data PATH --output DIR

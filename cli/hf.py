@@ -10,7 +10,7 @@ import os
 from cli import console
 from cli.model_dir import resolve_model_dir
 from common import memory
-from savedmodel.precision import AUTO, WEIGHT_DTYPES
+from savedmodel.precision import AUTO, HF_DTYPES, WEIGHT_DTYPES
 
 
 def cmd_hf_import(args: argparse.Namespace) -> int:
@@ -72,7 +72,9 @@ def add_parsers(sub) -> None:
                        help="import the weights only (logits), ignoring tokenizer.json")
     hf_in.add_argument("--dtype", choices=(AUTO, *WEIGHT_DTYPES), default=AUTO,
                        help="the SavedModel's weights: auto = the checkpoint's own precision "
-                       "(bf16 and FP8 checkpoints -> bfloat16, float32 -> float32)")
+                       "(bf16 and FP8 checkpoints -> bfloat16, float32 -> float32); int8 = "
+                       "int8 projections with per-channel scales (embedding, norms and "
+                       "router float32)")
     console.add_arguments(hf_in, "hf-import")
     hf_in.set_defaults(fn=cmd_hf_import)
 
@@ -87,8 +89,9 @@ def add_parsers(sub) -> None:
     hf_out.add_argument("--config-form", choices=("4.x", "5.x"), default="5.x",
                         help="config.json as transformers 4.x (rope_scaling) or 5.x "
                         "(rope_parameters) writes it")
-    hf_out.add_argument("--dtype", choices=(AUTO, *WEIGHT_DTYPES), default=AUTO,
+    hf_out.add_argument("--dtype", choices=(AUTO, *HF_DTYPES), default=AUTO,
                         help="the safetensors' dtype: auto = the SavedModel's own precision "
-                        "(a bf16 import exports the tensors it was imported from)")
+                        "(a bf16 import exports the tensors it was imported from; an int8 "
+                        "model exports its dequantized kernels in float32)")
     console.add_arguments(hf_out, "hf-export")
     hf_out.set_defaults(fn=cmd_hf_export)

@@ -53,6 +53,7 @@ from savedmodel.hf_generation import (
     generation_config_to_hf,
     token_ids,
 )
+from models.deepseek.quantization import quantize_int8
 from savedmodel.layout import (
     GENERATION_CONFIG_NAME,
     MODEL_CONFIG_NAME,
@@ -68,6 +69,7 @@ from savedmodel.layout import (
     weight_dtype_of,
     write_weight_dtype,
 )
+from savedmodel.precision import HF_DTYPES, INT8
 from tokenization.byte_level_bpe import (
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
@@ -172,7 +174,7 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
     # Everything about the directory is checked before anything is allocated or written.
     config = hf_checkpoint.open_hf_checkpoint(checkpoint_dir).config
     weight_dtype = resolve_weight_dtype(dtype, checkpoint_weight_dtype(checkpoint_dir))
-    policy = keras_policy(weight_dtype)
+    policy = keras_policy(weight_dtype)  # "int8": float32, quantized once loaded
     tokenizer = None
     if use_tokenizer and tf.io.gfile.exists(os.path.join(checkpoint_dir, TOKENIZER_FILE)):
         tokenizer = ByteLevelBpe.from_file(checkpoint_dir)
@@ -183,7 +185,7 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
                 f"{config.vocab_size}: the model's vocabulary must cover the tokenizer's ids")
         _ = tokenizer.eos_id  # raises now, before the weights load, if it has none
     if tokenizer is None:
-        model = hf_checkpoint.load_hf_checkpoint(checkpoint_dir, dtype=policy)
+        model = _load_checkpoint(checkpoint_dir, policy, weight_dtype)
         module = LogitsModule(model)
         tf.saved_model.save(module, out_dir, options=SAVE_OPTIONS,
                             signatures={"serving_default": module.logits, "logits": module.logits})
@@ -202,13 +204,22 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
         generation, source = generation_config_from_hf(hf_generation), hf_generation_path
     else:
         generation, source = GenerationConfig(), "the pipeline's GenerationConfig() defaults"
-    model = hf_checkpoint.load_hf_checkpoint(checkpoint_dir, dtype=policy)
+    model = _load_checkpoint(checkpoint_dir, policy, weight_dtype)
     save_text_model(model, tokenizer, generation, out_dir)  # also config.json, precision.json
     if hf_generation is not None:  # keep the checkpoint's other keys for hf-export
         write_json(extra_path(out_dir, GENERATION_CONFIG_NAME),
                    {**hf_generation, **generation_config_to_hf(generation, tokenizer)})
     return ImportedModel(out_dir, TEXT_SIGNATURES, tokenizer.source, generation, source,
                          weight_dtype_of(model))
+
+
+def _load_checkpoint(checkpoint_dir: str, policy: str, weight_dtype: str):
+    """`load_hf_checkpoint` in `policy`, then quantized when `weight_dtype` is "int8"
+    (layer by layer: the peak is the float32 model plus one int8 kernel)."""
+    model = hf_checkpoint.load_hf_checkpoint(checkpoint_dir, dtype=policy)
+    if weight_dtype == INT8:
+        quantize_int8(model)
+    return model
 
 
 # ----------------------------------------------------------------------------- export
@@ -227,6 +238,8 @@ def load_model_from_savedmodel(model_dir: str, dtype: str | None = None):
         "mixed_bfloat16", ...), or None for `keras_policy(read_weight_dtype(model_dir))`.
         Each variable is read, cast if the policy's variable dtype differs from the
         stored one, and assigned one at a time (`restore_cast`): one model in memory.
+        An int8 SavedModel loads int8 whatever `dtype` (its projections' int8 kernels
+        and scales; the policy applies to the rest).
 
     Raises:
       FileNotFoundError: no config beside the SavedModel.
@@ -240,6 +253,8 @@ def load_model_from_savedmodel(model_dir: str, dtype: str | None = None):
     with weights_from_checkpoint():  # every weight is restored below (checked)
         model = DeepSeekCausalLM(read_model_config(model_dir),
                                  dtype=keras_policy(stored) if dtype is None else dtype)
+        if stored == INT8:  # the same int8 variables as were saved, restored below
+            quantize_int8(model)
     # One variable at a time, cast if asked: `tf.train.Checkpoint.read` restores every
     # tensor in one RestoreV2 op, a second full copy of the model in memory.
     restore_cast(model, os.path.join(model_dir, "variables", "variables"), model_dir)
@@ -299,7 +314,9 @@ def hf_export(model_dir: str, out_dir: str,
     Always config.json and the safetensors (see `save_hf_checkpoint`, which writes one
     shard at a time), in `dtype`: "auto" = the SavedModel's own precision
     (`layout.read_weight_dtype`), so a bf16 import exports the bytes it was imported
-    from; or one of `layout.WEIGHT_DTYPES`. The model is loaded in its stored precision
+    from, and an int8 SavedModel exports float32 kernels Q / s (transformers'
+    DeepSeek-V3 has no int8 format; `quantization.float_kernel`); or one of
+    `precision.HF_DTYPES`. The model is loaded in its stored precision
     whatever `dtype` (tensors are cast shard by shard). When the
     SavedModel carries a tokenizer (`assets/tokenizer.json`), also:
       - tokenizer.json, as the SavedModel tokenizes (`tokenizers.Tokenizer.from_file`
@@ -318,9 +335,13 @@ def hf_export(model_dir: str, out_dir: str,
     Raises:
       FileNotFoundError: no config beside the SavedModel.
       AssertionError: the SavedModel's variables do not cover the model.
-      ValueError: `dtype` is not "auto" or one of `layout.WEIGHT_DTYPES`.
+      ValueError: `dtype` is not "auto" or one of `precision.HF_DTYPES`.
     """
+    if dtype != "auto" and dtype not in HF_DTYPES:
+        raise ValueError(f"dtype={dtype!r}: a HF checkpoint is written in one of {HF_DTYPES}")
     weight_dtype = resolve_weight_dtype(dtype, read_weight_dtype(model_dir))
+    if weight_dtype not in HF_DTYPES:  # "int8": the kernels are written dequantized
+        weight_dtype = "float32"
     if model is None:
         model = load_model_from_savedmodel(model_dir)
     files = hf_checkpoint.save_hf_checkpoint(model, out_dir, max_shard_bytes=max_shard_bytes,

@@ -14,6 +14,22 @@ from __future__ import annotations
 import tensorflow as tf
 
 from models.deepseek.config import DeepSeekConfig
+from models.deepseek.quantization import float_kernel, is_quantized, kernel_variable
+
+
+class DequantizedKernel:
+    """The float32 (in, out) kernel Q / s of an int8 Dense (`quantization.float_kernel`),
+    computed when read (`tf.convert_to_tensor`), for writing a HF checkpoint; it has the
+    `shape` and `dtype` a variable would, and no `assign`."""
+
+    def __init__(self, layer):
+        self.layer = layer
+        self.shape = tuple(kernel_variable(layer).shape)  # (in, out)
+        self.dtype = tf.float32
+
+    def __tf_tensor__(self, dtype=None, name=None):
+        value = float_kernel(self.layer, tf.float32)  # (in, out)
+        return value if dtype is None else tf.cast(value, dtype)
 
 
 def hf_weight_map(model) -> dict[str, tuple[tf.Variable, bool]]:
@@ -24,13 +40,16 @@ def hf_weight_map(model) -> dict[str, tuple[tf.Variable, bool]]:
 
     Returns:
       A dict over every variable of the model (router biases included);
-      `transpose` is True for Dense kernels (Keras [in, out] vs HF [out, in]).
+      `transpose` is True for Dense kernels (Keras [in, out] vs HF [out, in]). An
+      int8 projection's entry is a `DequantizedKernel` (read-only: its float32 Q / s),
+      not a variable.
     """
     c = model.config
     names: dict[str, tuple[tf.Variable, bool]] = {}
 
     def dense(prefix, layer):
-        names[f"{prefix}.weight"] = (layer.kernel, True)
+        names[f"{prefix}.weight"] = (DequantizedKernel(layer) if is_quantized(layer)
+                                     else layer.kernel, True)
 
     def norm(prefix, layer):
         names[f"{prefix}.weight"] = (layer.weight, False)

@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
+from models.deepseek.quantization import float_kernel
 from models.deepseek.rms_norm import RMSNorm
 from models.deepseek.rope_scaling import softmax_scale
 from models.deepseek.rotary_embedding import apply_rotary_pos_emb, rope_cos_sin
@@ -228,7 +229,9 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         c = self.config
         nh, dn, dr, dv = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         batch, keys = tf.shape(c_kv)[0], tf.shape(c_kv)[1]
-        kv = self.kv_b_proj(c_kv)  # (B, S, H*(Dn+Dv))
+        # kv_b_proj through its float kernel (LoRA merged, int8 dequantized): the same
+        # weights as the absorbed path reads, so the two agree on a quantized model too.
+        kv = tf.matmul(c_kv, float_kernel(self.kv_b_proj, c_kv.dtype))  # (B, S, H*(Dn+Dv))
         kv = tf.reshape(kv, [batch, keys, nh, dn + dv])  # (B, S, H, Dn+Dv)
         k_nope, v = tf.split(kv, [dn, dv], axis=-1)  # (B, S, H, Dn), (B, S, H, Dv)
         k_pe = tf.broadcast_to(k_pe[:, :, None, :], [batch, keys, nh, dr])  # (B, S, H, Dr)
@@ -246,8 +249,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         """
         c = self.config
         nh, dn, dv, r = c.num_attention_heads, c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank
-        # The public `kernel` (LoRA merged in when enabled), in the compute dtype.
-        w = tf.cast(self.kv_b_proj.kernel, q_nope.dtype)  # (R, H*(Dn+Dv))
+        # W + A B (LoRA), Q / s (int8) dequantized at each call: `quantization.float_kernel`.
+        w = float_kernel(self.kv_b_proj, q_nope.dtype)  # (R, H*(Dn+Dv))
         w = tf.reshape(w, [r, nh, dn + dv])  # (R, H, Dn+Dv)
         w_uk, w_uv = tf.split(w, [dn, dv], axis=-1)  # (R, H, Dn), (R, H, Dv)
         q_lat = tf.einsum("bthd,rhd->bthr", q_nope, w_uk)  # (B, T, H, R)

@@ -50,6 +50,7 @@ import tensorflow as tf
 from models.deepseek._tracking import with_layer_lists
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.mlp import SwiGLU
+from models.deepseek.quantization import float_kernel
 from models.deepseek.router import DeepSeekTopKRouter
 
 
@@ -123,6 +124,15 @@ def expert_capacity(n_tokens, n_experts: int, top_k: int, capacity_factor: float
         return min(-(-num * n_tokens // den), n_tokens)
     n = tf.cast(n_tokens, tf.int64)
     return tf.cast(tf.minimum((num * n + den - 1) // den, n), tf.int32)
+
+
+def _run_expert(expert, x):
+    """`expert(x)` for x (count, C); (0, C) zeros for an expert without tokens when
+    running eagerly, where Keras' `ops.max` refuses an empty tensor (an int8 layer's
+    per-token input scale is a max). In a graph the empty call runs as it is."""
+    if tf.executing_eagerly() and x.shape[0] == 0:
+        return tf.zeros_like(x)
+    return expert(x)
 
 
 @keras.saving.register_keras_serializable(package="deepseek")
@@ -233,7 +243,8 @@ class DeepSeekMoE(keras.layers.Layer):
         expert_inputs = tf.split(tf.gather(x, sorted_token), counts, num=len(self.experts),
                                  axis=0)  # E x (count_e, C)
         expert_outputs = tf.concat(
-            [expert(xe) for expert, xe in zip(self.experts, expert_inputs, strict=True)], axis=0)  # (N*K, C)
+            [_run_expert(expert, xe) for expert, xe in zip(self.experts, expert_inputs, strict=True)],
+            axis=0)  # (N*K, C)
         expert_outputs *= tf.cast(sorted_weight, expert_outputs.dtype)[:, None]  # (N*K, C)
         return tf.math.unsorted_segment_sum(expert_outputs, sorted_token, n_tokens)  # (N, C)
 
@@ -276,12 +287,12 @@ class DeepSeekMoE(keras.layers.Layer):
         buffer = tf.where(filled[:, :, None], tf.gather(x, slot_token),
                           tf.zeros([], x.dtype))  # (E, S, C)
 
-        # All experts at once, SwiGLU on stacked kernels. `kernel` includes the LoRA
-        # update when LoRA is enabled; cast to the compute dtype (mixed precision).
+        # All experts at once, SwiGLU on stacked kernels: `float_kernel` includes the
+        # LoRA update and dequantizes int8 kernels, in the compute dtype.
         dtype = x.dtype
-        w_gate = tf.stack([tf.cast(e.gate_proj.kernel, dtype) for e in self.experts])  # (E, C, F)
-        w_up = tf.stack([tf.cast(e.up_proj.kernel, dtype) for e in self.experts])  # (E, C, F)
-        w_down = tf.stack([tf.cast(e.down_proj.kernel, dtype) for e in self.experts])  # (E, F, C)
+        w_gate = tf.stack([float_kernel(e.gate_proj, dtype) for e in self.experts])  # (E, C, F)
+        w_up = tf.stack([float_kernel(e.up_proj, dtype) for e in self.experts])  # (E, C, F)
+        w_down = tf.stack([float_kernel(e.down_proj, dtype) for e in self.experts])  # (E, F, C)
         h = (tf.nn.silu(tf.einsum("esc,ecf->esf", buffer, w_gate))
              * tf.einsum("esc,ecf->esf", buffer, w_up))  # (E, S, F)
         y = tf.einsum("esf,efc->esc", h, w_down)  # (E, S, C)
