@@ -28,8 +28,10 @@ keep / n_group most-routed experts (not the `keep` most-routed overall). Kept
 experts stay in their group and in their order, so a token's group scores are
 those of the original groups restricted to the kept experts (DeepSeek-V3's group
 score is the sum of the group's top-2 biased scores: with one kept expert per
-group it is that expert's score, the router's rule for groups of one), and the
-choice of groups and experts is the masked original's. Choosing the global top
+group it is that expert's score), and the choice of groups and experts is the
+masked original's. With one kept expert per group (keep == n_group) that choice is
+the plain top-k, and the pruned config says n_group = topk_group = 1
+(`pruned_config`): transformers cannot run groups of one. Choosing the global top
 `keep` and re-grouping them would move experts between groups and change which
 experts a token can reach; it is not done. With topk_method "greedy" the groups
 are unused: the `keep` most-routed experts are kept, and if `keep` is not a
@@ -147,10 +149,21 @@ def select_experts(config: DeepSeekConfig, keep: int, load) -> list[np.ndarray]:
 
 
 def pruned_config(config: DeepSeekConfig, keep: int) -> DeepSeekConfig:
-    """`config` with n_routed_experts = keep (and n_group = topk_group = 1 for a greedy
-    router whose groups no longer divide `keep`); validated by DeepSeekConfig."""
+    """`config` with n_routed_experts = keep; validated by DeepSeekConfig.
+
+    n_group = topk_group = 1 where the groups no longer do anything: a greedy router
+    whose groups do not divide `keep`, and group-limited routing left with one expert
+    per group (keep == n_group). There the group limit keeps the topk_group best
+    experts and the top-k is taken among them; select_experts has checked
+    topk_group >= num_experts_per_tok, so that is the plain top-k, the same choice.
+    transformers (DeepseekV3TopkRouter) and DeepSeek's inference code score a group
+    with `topk(2)` and raise on groups of one ("selected index k out of range",
+    tests/fixtures/hf_deepseek_v3_pruned/), so a pruned checkpoint must not keep them.
+    """
     changes = {"n_routed_experts": int(keep)}
-    if config.topk_method == "greedy" and keep % config.n_group:
+    grouped = config.topk_method != "greedy" and config.n_group > 1
+    if (config.topk_method == "greedy" and keep % config.n_group) or (
+            grouped and keep == config.n_group):
         changes.update(n_group=1, topk_group=1)
     return config.replace(**changes)
 

@@ -152,6 +152,17 @@ def test_greedy_pruned_config_drops_groups_that_no_longer_divide(tiny_config):
     assert pruned_config(config, 4).n_group == 4
 
 
+def test_pruned_config_to_one_expert_per_group_drops_the_groups(tiny_config):
+    # tiny_config: 8 experts in n_group 4, topk_group 2, top-2. Keeping 4 leaves groups of
+    # one: the group limit keeps the 2 best experts and the top-2 takes both, the plain
+    # top-2; transformers' router (topk(2) per group) raises on groups of one.
+    pruned = pruned_config(tiny_config, 4)
+    assert (pruned.n_routed_experts, pruned.n_group, pruned.topk_group) == (4, 1, 1)
+    two_per_group = tiny_config.replace(**V3_TWO_PER_GROUP)  # 2 groups of 4
+    assert (pruned_config(two_per_group, 4).n_group, pruned_config(two_per_group, 4).topk_group) \
+        == (2, 1)
+
+
 # ------------------------------------------------------------------------ the load
 
 
@@ -178,7 +189,8 @@ def test_pruned_model_config_weights_and_parameter_count(tiny_config):
     kept = select_experts(tiny_config, 4, load)
     pruned = prune_experts(model, 4, load)
 
-    assert pruned.config == tiny_config.replace(n_routed_experts=4)
+    # 4 experts in 4 groups: groups of one, written as no groups (pruned_config).
+    assert pruned.config == tiny_config.replace(n_routed_experts=4, n_group=1, topk_group=1)
     DeepSeekConfig.from_dict(pruned.config.to_dict())  # validates
     rebuilt = DeepSeekCausalLM.from_config(pruned.get_config())
     assert rebuilt.config == pruned.config
