@@ -200,8 +200,9 @@ def test_run_fn_prunes_by_the_eval_load_and_exports_the_pruned_model(pruned_run)
     ids = batches[0][:2]  # (2, 32) poem tokens
     expected = reference(ids, training=False).numpy()
     served = tf.saved_model.load(str(serving)).signatures["logits"](input_ids=ids)["logits"]
-    # The same weights and ops in a traced graph: equal up to the order of sums (the
-    # longest, MLA's attention over 32 positions and the 64-wide projections; ~16 ulps).
+    # The same weights and ops in a traced graph, which may sum in another order: sums of
+    # up to 128 terms (intermediate_size) chained through two blocks and the head, about
+    # sqrt(128) ~ 11 ulps each with random-sign rounding; 64 allowed (measured: 2).
     from numerics import assert_float32_close
 
     assert_float32_close(served.numpy(), expected, ulps=64)
