@@ -42,6 +42,7 @@ MODEL_PROPERTIES = {
     "restarts": int, "restart_reasons": str,
     # experts pruned after training (`train.prune_keep_experts`, `pruning.py`)
     "pruned_experts_kept": int, "n_routed_experts_before": int, "pruning_tokens": int,
+    "trainer_eval_loss_before_pruning": float,
 }
 
 

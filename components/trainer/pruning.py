@@ -16,7 +16,8 @@ and the Pusher pushes, the pruned model.
                                                 experts and load per MoE layer, tokens).
   pruning_figures(pruning)                      training_summary.json's (and ML Metadata's)
                                                 pruned_experts_kept,
-                                                n_routed_experts_before, pruning_tokens.
+                                                n_routed_experts_before, pruning_tokens,
+                                                trainer_eval_loss_before_pruning.
 
 The exported SavedModel's config.json and pipeline config say the pruned
 n_routed_experts (`export_serving_model` records the exported model's own config), so
@@ -55,6 +56,8 @@ class Pruning:
       seq_len: the length of the measured windows.
       kept: per MoE layer (`model.moe_layers` order), the kept original expert indices.
       load: float64 (num_moe_layers, n_routed_experts), the measured routings.
+      eval_loss_before: the Trainer's eval loss (nats/token) of the unpruned model, on
+        the same batches as the pruned model's `trainer_eval_loss`: what pruning cost.
     """
 
     keep: int
@@ -63,11 +66,13 @@ class Pruning:
     seq_len: int
     kept: list[np.ndarray]
     load: np.ndarray
+    eval_loss_before: float
 
     def record(self) -> dict:
         """`expert_pruning.json`'s content (the format of `deepseek-tfx prune`'s file)."""
         return {"keep": self.keep, "n_routed_experts": self.n_routed_experts,
                 "tokens": self.tokens, "seq_len": self.seq_len, "measured_on": "eval split",
+                "eval_loss_before": self.eval_loss_before,
                 "layers": [{"kept": k.tolist(), "load": row.tolist()}
                            for k, row in zip(self.kept, self.load, strict=True)]}
 
@@ -88,6 +93,7 @@ def prune_trained_model(model, eval_ds, config: PipelineConfig):
     keep = config.train.prune_keep_experts
     if not keep:
         return model, None
+    from components.trainer.train_loop import evaluate
     from models.deepseek.expert_pruning import expert_load, prune_experts, select_experts
 
     batches = [batch["input_ids"] for batch in eval_ds.take(config.train.eval_batches)]
@@ -99,10 +105,12 @@ def prune_trained_model(model, eval_ds, config: PipelineConfig):
     pruning = Pruning(keep=int(keep), n_routed_experts=before,
                       tokens=int(sum(int(np.prod(b.shape)) for b in batches)),
                       seq_len=int(batches[0].shape[1]),
-                      kept=select_experts(model.config, keep, load), load=load)
+                      kept=select_experts(model.config, keep, load), load=load,
+                      eval_loss_before=evaluate(model, eval_ds, config.train.eval_batches)[0])
     pruned = prune_experts(model, keep, load)
-    log.info("experts pruned: %d -> %d per MoE layer (router load on %d eval tokens)",
-             before, keep, pruning.tokens)
+    log.info("experts pruned: %d -> %d per MoE layer (router load on %d eval tokens); "
+             "eval loss before pruning %.4f nats/token", before, keep, pruning.tokens,
+             pruning.eval_loss_before)
     return pruned, pruning
 
 
@@ -119,4 +127,5 @@ def pruning_figures(pruning: Pruning | None) -> dict:
         return {}
     return {"pruned_experts_kept": pruning.keep,
             "n_routed_experts_before": pruning.n_routed_experts,
-            "pruning_tokens": pruning.tokens}
+            "pruning_tokens": pruning.tokens,
+            "trainer_eval_loss_before_pruning": pruning.eval_loss_before}

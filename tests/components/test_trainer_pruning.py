@@ -196,6 +196,9 @@ def test_run_fn_prunes_by_the_eval_load_and_exports_the_pruned_model(pruned_run)
     assert summary["parameters"] == reference.count_params() < trained.count_params()
     loss, _ = train_loop.evaluate(reference, eval_ds, tc.eval_batches)
     assert summary["trainer_eval_loss"] == pytest.approx(loss, rel=1e-6)
+    loss_before, _ = train_loop.evaluate(trained, eval_ds, tc.eval_batches)
+    assert summary["trainer_eval_loss_before_pruning"] == pytest.approx(loss_before, rel=1e-6)
+    assert record["eval_loss_before"] == summary["trainer_eval_loss_before_pruning"]
 
     ids = batches[0][:2]  # (2, 32) poem tokens
     expected = reference(ids, training=False).numpy()
@@ -226,6 +229,7 @@ def test_the_model_artifact_records_the_pruning():
         set_bool_custom_property = set_int_custom_property
 
     artifact = Artifact()
-    figures = {"pruned_experts_kept": 4, "n_routed_experts_before": 8, "pruning_tokens": 1024}
+    figures = {"pruned_experts_kept": 4, "n_routed_experts_before": 8, "pruning_tokens": 1024,
+               "trainer_eval_loss_before_pruning": 5.5}
     record_summary(artifact, figures)
     assert artifact.properties == figures
