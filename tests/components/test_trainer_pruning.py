@@ -233,3 +233,13 @@ def test_the_model_artifact_records_the_pruning():
                "trainer_eval_loss_before_pruning": 5.5}
     record_summary(artifact, figures)
     assert artifact.properties == figures
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"model.first_k_dense_replace": 2}, {"model.num_nextn_predict_layers": 0},
+    {"model.first_k_dense_replace": 0, "model.num_nextn_predict_layers": 2}])
+def test_the_config_counts_the_moe_layers_the_model_builds(overrides):
+    from models.deepseek.causal_lm import DeepSeekCausalLM
+
+    model = get_config("tiny", overrides).model
+    assert model.num_moe_layers == DeepSeekCausalLM(model).num_moe_layers
