@@ -91,7 +91,9 @@ class PipelineConfig:
 
     Raises:
       ValueError: on construction, when the model's vocabulary differs from a learned
-        tokenizer's, or `train.seq_len` exceeds `model.max_position_embeddings`.
+        tokenizer's, `train.seq_len` exceeds `model.max_position_embeddings`, or
+        `train.prune_keep_experts` is set for a model without MoE layers or is not a
+        valid number of experts to keep (`DeepSeekConfig.check_keep_experts`).
     """
 
     preset: str
@@ -115,6 +117,19 @@ class PipelineConfig:
                 f"train.seq_len={self.train.seq_len} exceeds "
                 f"model.max_position_embeddings={self.model.max_position_embeddings}"
             )
+        if self.train.prune_keep_experts:
+            self._check_pruning()
+
+    def _check_pruning(self) -> None:
+        """Refuses `train.prune_keep_experts` that `expert_pruning` would refuse after
+        training, before anything runs."""
+        keep, m = self.train.prune_keep_experts, self.model
+        if not m.num_moe_layers:
+            raise ValueError(
+                f"train.prune_keep_experts={keep}: the model has no MoE layer to prune "
+                f"(first_k_dense_replace={m.first_k_dense_replace} = num_hidden_layers="
+                f"{m.num_hidden_layers}, num_nextn_predict_layers=0)")
+        m.check_keep_experts(keep, name="train.prune_keep_experts")
 
     def to_dict(self) -> dict[str, Any]:
         """`{"preset": name, section: {field: value}}`, JSON-serializable

@@ -107,6 +107,14 @@ class TrainConfig:
         rendezvous, tracing) is hung; the launcher stops the group and restarts it.
       preemption_grace_s: after SIGTERM, how long the launcher waits for the
         workers to save their checkpoint and exit before it kills them.
+      prune_keep_experts: > 0 prunes every MoE layer of the trained model to this many
+        routed experts, its most-routed on the eval split (router load; Lu et al. 2024,
+        arXiv 2402.14800), before the Trainer's eval and export, so the Evaluator
+        gates and the Pusher pushes the pruned model (`components/trainer/pruning.py`).
+        It changes the exported model, not the trained weights: the checkpoint
+        directory ignores it (a run resumes, or trains zero steps, when it is added).
+        0: no pruning. Checked against the model with the rules of
+        `expert_pruning.select_experts` (`PipelineConfig`).
     """
 
     seq_len: int = 128
@@ -140,6 +148,7 @@ class TrainConfig:
     min_workers: int = 0
     heartbeat_timeout_s: float = 300.0
     preemption_grace_s: float = 120.0
+    prune_keep_experts: int = 0
 
     def __post_init__(self) -> None:
         check_choice("train.jit_compile", self.jit_compile, JIT_COMPILE)
@@ -170,7 +179,7 @@ class TrainConfig:
                 f"(0, learning_rate={self.learning_rate}]"
             )
         check_positive("train.grad_clip_norm", self.grad_clip_norm)
-        for name in ("max_restarts", "min_workers"):
+        for name in ("max_restarts", "min_workers", "prune_keep_experts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
         check_positive("train.heartbeat_timeout_s", self.heartbeat_timeout_s)

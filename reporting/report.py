@@ -182,7 +182,9 @@ def section_training(run: RunData, events) -> str:
         keys = ("train_steps", "resumed_from_step", "tokens_seen", "train_wall_s",
                 "tokens_per_second", "steady_tokens_per_second", "mfu", "steady_mfu",
                 "final_loss", "strategy", "num_replicas", "precision", "global_batch_size",
-                "trainable_params", "total_params", "jit_compile", "skipped_steps", "restarts")
+                "trainable_params", "total_params", "jit_compile", "skipped_steps", "restarts",
+                "n_routed_experts_before", "pruned_experts_kept", "pruning_tokens",
+                "trainer_eval_loss", "trainer_eval_loss_before_pruning")
         cells = "".join(f"<div><span>{_e(k)}</span> {_e(_fmt(summary[k]))}</div>"
                         for k in keys if k in summary)
         out += f'<h3>training_summary.json</h3><div class="figures">{cells}</div>'

@@ -70,6 +70,13 @@ def latest_run(metadata_path: str) -> list[ComponentRun]:
     return result
 
 
+def pruning_line(model: dict) -> str:
+    """The Trainer's expert pruning, from the Model's properties (`train.prune_keep_experts`)."""
+    return (f"experts pruned: {model.get('n_routed_experts_before')} -> "
+            f"{model['pruned_experts_kept']} per MoE layer (router load on "
+            f"{model.get('pruning_tokens')} eval tokens)")
+
+
 def print_summary(metadata_path: str, wall_s: float) -> list[str]:
     """Prints the newest run's components (state, seconds), records kept and dropped,
     the Trainer's throughput and MFU, the evaluation, the blessing and the pushed model.
@@ -114,6 +121,8 @@ def print_summary(metadata_path: str, wall_s: float) -> list[str]:
         if model.get("restarts"):
             print(f"         restarts of the worker group: {model['restarts']} "
                   f"({model.get('restart_reasons', '')})")
+        if model.get("pruned_experts_kept"):
+            print(f"         {pruning_line(model)}")
         if model.get("moe_dropped_fraction") or model.get("skipped_steps"):
             print(f"         MoE pairs dropped by the capacity: "
                   f"{100 * model.get('moe_dropped_fraction', 0):.2f}%; steps skipped (not "

@@ -66,6 +66,7 @@ file holds one request per signature: two short rows (English and Chinese;
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -308,9 +309,12 @@ def export_serving_model(model, transform_output_dir: str, config: PipelineConfi
       model: the trained `DeepSeekCausalLM`.
       transform_output_dir: Transform's `transform_graph` artifact directory (its
         tokenizer.json asset is the model's tokenizer).
-      config: the pipeline config (stored beside the model, and generation defaults).
+      config: the pipeline config (stored beside the model, with the model's own
+        config as its `model` section: experts pruned after training change
+        n_routed_experts; and generation defaults).
       export_dir: destination (TFX: `fn_args.serving_model_dir`).
     """
+    config = dataclasses.replace(config, model=model.config)  # what the weights are
     tokenizer = load_tokenizer(transform_output_dir)
     chat_prompt = None
     if config.data.task == "sft":  # answer prompts as the training prompts were rendered

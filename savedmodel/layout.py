@@ -12,6 +12,9 @@
     deepseek_tfx_config.json       a pushed model's PipelineConfig       PIPELINE_CONFIG_ASSET
     precision.json                 the dtype of the weights,             PRECISION_ASSET
                                    {"weight_dtype": "bfloat16"}
+    expert_pruning.json            a pruned model's kept experts and     EXPERT_PRUNING_ASSET
+                                   the router load they were chosen by
+                                   (`train.prune_keep_experts`)
     tf_serving_warmup_requests     TF Serving's SavedModel warm-up file: WARMUP_REQUESTS_ASSET
                                    a TFRecord of PredictionLog (one
                                    PredictRequest per signature), which
@@ -21,7 +24,7 @@
 Who writes them: `export.save_text_model` the assets, config.json, generation_config.json,
 precision.json, the warm-up requests and (chat models) chat_prompt.json;
 `export.export_serving_model` (the Trainer) the same plus the pipeline config (TFX's
-Pusher copies the whole directory); `hf_interop.hf_import` a text model as
+Pusher copies the whole directory), and the Trainer's `pruning.py` expert_pruning.json; `hf_interop.hf_import` a text model as
 `save_text_model` does (generation_config.json keeps the checkpoint's other keys), a
 logits-only model config.json, precision.json and the warm-up requests (`logits`,
 `serving_default`). A model pushed before SavedModels carried config.json has only the
@@ -33,7 +36,9 @@ The model's config, one rule (`read_model_config`): the pipeline config's `model
 section when the SavedModel carries a pipeline config, else config.json. The Trainer
 writes both from the same `DeepSeekConfig` (config.json is `config_to_hf` of it, which
 `config_from_hf` reads back unchanged), so they agree; the pipeline config is the run's
-own record of every field, hence it wins.
+own record of every field, hence it wins. Its `model` section is the exported model's
+own config, which differs from the run's when the Trainer pruned experts after training
+(`train.prune_keep_experts`: n_routed_experts is the kept count).
 
 The weights' precision, one knob (`precision.WEIGHT_DTYPES`; `hf-import --dtype`):
 a SavedModel's variables are in `read_weight_dtype(model_dir)` (precision.json; a
@@ -80,6 +85,7 @@ GENERATION_CONFIG_NAME = "generation_config.json"  # transformers' GenerationCon
 CHAT_PROMPT_ASSET = "chat_prompt.json"  # the chat template's (prefix, suffix) of a prompt
 PIPELINE_CONFIG_ASSET = "deepseek_tfx_config.json"  # the PipelineConfig beside a pushed model
 PRECISION_ASSET = "precision.json"  # {"weight_dtype": one of WEIGHT_DTYPES}
+EXPERT_PRUNING_ASSET = "expert_pruning.json"  # kept experts and router load per MoE layer
 # TF Serving's SavedModel warm-up file (tensorflow_serving/servables/tensorflow/
 # saved_model_warmup_util: WarmupConsts::kRequestsFileName) and its record limit
 # (kMaxNumRecords: a file with more records fails the model's load).

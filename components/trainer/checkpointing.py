@@ -11,7 +11,8 @@ content of the transformed training files (names and bytes) and the model,
 tokenizer and train config, minus the train fields that only say how to run
 (`RUNTIME_ONLY_TRAIN_FIELDS`: strategy, micro-batches, recomputation, logging
 and checkpoint intervals, eval batches; the number of workers is not in the
-config at all). A re-run of the pipeline with the same inputs and config, after
+config at all) and those that only change what is done with the trained weights
+(`AFTER_TRAINING_TRAIN_FIELDS`: expert pruning before the export). A re-run of the pipeline with the same inputs and config, after
 `kill -9` or on another number of workers, finds the same directory and
 resumes from its latest checkpoint; a run with other data or settings starts
 fresh in its own directory. A finished run leaves its final checkpoint, so
@@ -40,6 +41,10 @@ RUNTIME_ONLY_TRAIN_FIELDS = ("distribution_strategy", "grad_accum_steps", "recom
                              "checkpoint_every", "log_every", "eval_batches", "max_skipped_steps",
                              "max_restarts", "min_workers", "heartbeat_timeout_s",
                              "preemption_grace_s")
+# Applied to the trained model after training (`pruning.py`): adding one to a finished
+# run re-exports without retraining. (The Trainer's cache key still changes: it holds the
+# whole config.)
+AFTER_TRAINING_TRAIN_FIELDS = ("prune_keep_experts",)
 _CHUNK = 1 << 20
 
 
@@ -58,7 +63,8 @@ def fingerprint(config: PipelineConfig, train_files: list[str],
       FileNotFoundError: a pattern matches no file.
     """
     d = config.to_dict()
-    train = {k: v for k, v in d["train"].items() if k not in RUNTIME_ONLY_TRAIN_FIELDS}
+    ignored = RUNTIME_ONLY_TRAIN_FIELDS + AFTER_TRAINING_TRAIN_FIELDS
+    train = {k: v for k, v in d["train"].items() if k not in ignored}
     h = hashlib.sha256(json.dumps(
         {"model": d["model"], "tokenizer": d["tokenizer"], "train": train,
          **({"starts": starts} if starts else {})},

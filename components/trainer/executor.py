@@ -6,8 +6,9 @@ properties (`MODEL_PROPERTIES`), so ML Metadata answers "how was this model
 trained" without opening files: steps, resume point, tokens, wall time,
 tokens/s, MFU, strategy, replicas, workers, precision, batch layout, XLA
 (`jit_compile`), the MoE dropped fraction, the skipped (not finite) steps, the
-restarts of the worker group and their reasons, and the precision of each part
-(frozen weights, trained weights, optimizer states, compute, the exported model).
+restarts of the worker group and their reasons, the precision of each part
+(frozen weights, trained weights, optimizer states, compute, the exported model), and
+the experts kept by pruning (before and after, and the eval tokens measured).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ MODEL_PROPERTIES = {
     "optimizer_states_dtype": str, "compute_dtype": str, "exported_weights_dtype": str,
     # elastic restarts of the worker group (`launcher.py`)
     "restarts": int, "restart_reasons": str,
+    # experts pruned after training (`train.prune_keep_experts`, `pruning.py`)
+    "pruned_experts_kept": int, "n_routed_experts_before": int, "pruning_tokens": int,
+    "trainer_eval_loss_before_pruning": float,
 }
 
 

@@ -22,6 +22,7 @@ from common.json_file import read_json
 from components.trainer import checkpointing, data, hardware, model_io, precision, train_loop
 from components.trainer import job as job_lib
 from components.trainer.cluster_worker import is_chief, platform_cluster, run_platform_worker
+from components.trainer.pruning import prune_trained_model, pruning_figures, write_pruning_record
 from config import PipelineConfig
 from savedmodel import base_model
 from savedmodel.export import export_serving_model
@@ -102,11 +103,13 @@ def run_fn(fn_args) -> None:
                                              tokenizer.pad_id)
     else:
         eval_ds = data.make_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size, eos_id)
+    model, pruned = prune_trained_model(model, eval_ds, config)  # train.prune_keep_experts
     eval_loss, eval_tokens = train_loop.evaluate(model, eval_ds, tc.eval_batches)
     logging.info("trainer eval loss %.4f nats/token (%d tokens)", eval_loss, eval_tokens)
     with tf.summary.create_file_writer(fn_args.model_run_dir).as_default(step=tc.train_steps):
         tf.summary.scalar("eval/loss", eval_loss)
     export_serving_model(model, fn_args.transform_output, config, fn_args.serving_model_dir)
+    write_pruning_record(fn_args.serving_model_dir, pruned)
 
     summary = {
         **{k: v for k, v in figures.items() if k != "history"},
@@ -119,6 +122,7 @@ def run_fn(fn_args) -> None:
         "restarts": figures.get("restarts", 0),
         "restart_reasons": "; ".join(r["reason"] for r in figures.get("restart_log", [])),
         **sft,
+        **pruning_figures(pruned),
         "history": figures["history"],
     }
     model_dir = os.path.dirname(fn_args.serving_model_dir.rstrip("/"))

@@ -23,6 +23,7 @@ validated cheaply (the pipeline's CLI does so before importing TensorFlow).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any
 
 from models.deepseek.rope_scaling import normalize_rope_scaling
@@ -213,6 +214,43 @@ class DeepSeekConfig:
         MTP blocks sit at indices num_hidden_layers, num_hidden_layers + 1, ...
         """
         return layer_idx >= self.first_k_dense_replace
+
+    @property
+    def num_moe_layers(self) -> int:
+        """DeepSeekMoE layers: the main blocks from first_k_dense_replace on, and every MTP
+        block (at index num_hidden_layers + d >= first_k_dense_replace)."""
+        return self.num_hidden_layers - self.first_k_dense_replace + self.num_nextn_predict_layers
+
+    def check_keep_experts(self, keep: Any, name: str = "keep") -> int:
+        """`keep` as an int if pruning every MoE layer to `keep` routed experts leaves a
+        valid router (`expert_pruning.select_experts`' rules; no TensorFlow).
+
+        Raises:
+          ValueError: naming `name` and the value: not an integer in
+            [num_experts_per_tok, n_routed_experts]; under group-limited routing, not a
+            multiple of n_group, or fewer than num_experts_per_tok experts left in a
+            token's topk_group groups.
+        """
+        if isinstance(keep, bool) or not isinstance(keep, numbers.Integral):  # numpy ints too
+            raise ValueError(f"{name}={keep!r} must be an integer")
+        keep = int(keep)
+        k, n_experts = self.num_experts_per_tok, self.n_routed_experts
+        if not k <= keep <= n_experts:
+            raise ValueError(f"{name}={keep} must be in [num_experts_per_tok={k}, "
+                             f"n_routed_experts={n_experts}]: every token routes to {k} "
+                             "distinct experts")
+        if self.topk_method != "greedy" and self.n_group > 1:
+            if keep % self.n_group:
+                raise ValueError(
+                    f"{name}={keep} must be a multiple of n_group={self.n_group} for "
+                    f"topk_method={self.topk_method!r}: the router splits the experts into "
+                    "n_group equal groups")
+            reachable = self.topk_group * (keep // self.n_group)
+            if k > reachable:
+                raise ValueError(
+                    f"{name}={keep} leaves topk_group * keep / n_group = {reachable} experts "
+                    f"in a token's groups, fewer than num_experts_per_tok={k}")
+        return keep
 
     # ------------------------------------------------------------------ (de)serialization
 

@@ -109,24 +109,8 @@ def select_experts(config: DeepSeekConfig, keep: int, load) -> list[np.ndarray]:
     """
     c = config
     n_experts = c.n_routed_experts
-    if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)):
-        raise ValueError(f"keep={keep!r} must be an integer")
-    keep = int(keep)
-    if not c.num_experts_per_tok <= keep <= n_experts:
-        raise ValueError(f"keep={keep} must be in [num_experts_per_tok={c.num_experts_per_tok}, "
-                         f"n_routed_experts={n_experts}]: every token routes to "
-                         f"{c.num_experts_per_tok} distinct experts")
+    keep = c.check_keep_experts(keep)
     grouped = c.topk_method != "greedy" and c.n_group > 1
-    if grouped:
-        if keep % c.n_group:
-            raise ValueError(
-                f"keep={keep} must be a multiple of n_group={c.n_group} for topk_method="
-                f"{c.topk_method!r}: the router splits the experts into n_group equal groups")
-        kept_reachable = c.topk_group * (keep // c.n_group)
-        if c.num_experts_per_tok > kept_reachable:
-            raise ValueError(
-                f"keep={keep} leaves topk_group * keep / n_group = {kept_reachable} experts "
-                f"in a token's groups, fewer than num_experts_per_tok={c.num_experts_per_tok}")
     load = np.asarray(load, np.float64)
     if load.ndim != 2 or load.shape[1] != n_experts:
         raise ValueError(f"load has shape {load.shape}, expected (num_moe_layers, "
