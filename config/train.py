@@ -12,6 +12,7 @@ STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
 JIT_COMPILE = ("auto", "true", "false")
 LORA_TARGETS = ("attention", "mlp")
+EXPORT_DTYPES = ("auto", "float32", "bfloat16", "int8")  # savedmodel.precision.WEIGHT_DTYPES
 
 
 def _check_trainable(value: str) -> None:
@@ -115,6 +116,13 @@ class TrainConfig:
         directory ignores it (a run resumes, or trains zero steps, when it is added).
         0: no pruning. Checked against the model with the rules of
         `expert_pruning.select_experts` (`PipelineConfig`).
+      export_dtype: the precision of the exported (evaluated, pushed) model's weights:
+        `auto` (the trained model's: float32, or bfloat16 for LoRA on a bf16 base, int8
+        for LoRA on an int8 base), `float32`, `bfloat16`, or `int8` (the projections
+        quantized with per-output-channel scales, `models/deepseek/quantization.py`;
+        embedding, norms and router float32). Applied after training (and pruning),
+        before the Trainer's eval, so the Evaluator gates the model that is pushed; the
+        checkpoint directory ignores it.
     """
 
     seq_len: int = 128
@@ -149,9 +157,11 @@ class TrainConfig:
     heartbeat_timeout_s: float = 300.0
     preemption_grace_s: float = 120.0
     prune_keep_experts: int = 0
+    export_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         check_choice("train.jit_compile", self.jit_compile, JIT_COMPILE)
+        check_choice("train.export_dtype", self.export_dtype, EXPORT_DTYPES)
         check_positive("train.moe_capacity_factor", self.moe_capacity_factor)
         _check_trainable(self.trainable)
         if self.lora_rank < 0:

@@ -47,13 +47,13 @@ from common import memory
 from common.json_file import read_json, write_json
 from config import GenerationConfig
 from models.deepseek import hf_checkpoint
+from models.deepseek.quantization import quantize_int8
 from savedmodel.hf_generation import (
     SAMPLING_KEYS,
     generation_config_from_hf,
     generation_config_to_hf,
     token_ids,
 )
-from models.deepseek.quantization import quantize_int8
 from savedmodel.layout import (
     GENERATION_CONFIG_NAME,
     MODEL_CONFIG_NAME,

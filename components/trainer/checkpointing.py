@@ -12,7 +12,7 @@ tokenizer and train config, minus the train fields that only say how to run
 (`RUNTIME_ONLY_TRAIN_FIELDS`: strategy, micro-batches, recomputation, logging
 and checkpoint intervals, eval batches; the number of workers is not in the
 config at all) and those that only change what is done with the trained weights
-(`AFTER_TRAINING_TRAIN_FIELDS`: expert pruning before the export). A re-run of the pipeline with the same inputs and config, after
+(`AFTER_TRAINING_TRAIN_FIELDS`: expert pruning and the precision of the export). A re-run of the pipeline with the same inputs and config, after
 `kill -9` or on another number of workers, finds the same directory and
 resumes from its latest checkpoint; a run with other data or settings starts
 fresh in its own directory. A finished run leaves its final checkpoint, so
@@ -44,7 +44,7 @@ RUNTIME_ONLY_TRAIN_FIELDS = ("distribution_strategy", "grad_accum_steps", "recom
 # Applied to the trained model after training (`pruning.py`): adding one to a finished
 # run re-exports without retraining. (The Trainer's cache key still changes: it holds the
 # whole config.)
-AFTER_TRAINING_TRAIN_FIELDS = ("prune_keep_experts",)
+AFTER_TRAINING_TRAIN_FIELDS = ("prune_keep_experts", "export_dtype")
 _CHUNK = 1 << 20
 
 

@@ -45,8 +45,9 @@ class FiniteGuard:
         self.pending: list[tuple[int, tf.Tensor]] = []  # (step, loss) not yet checked
 
         @tf.function
-        def weights_finite():
-            return all_finite([tf.convert_to_tensor(v) for v in model.weights])
+        def weights_finite():  # integer weights (an int8 base's kernels) are always finite
+            return all_finite([tf.convert_to_tensor(v) for v in model.weights
+                               if v.dtype not in ("int8", "int32", "int64")])
 
         self._weights_finite = weights_finite
 

@@ -4,8 +4,9 @@ It reads the config from `custom_config`, trains (`job.run` in this process,
 or `launcher.run_workers` on N local worker processes when
 `custom_config["num_workers"] > 1`), with checkpoints in a directory that
 survives re-runs (`checkpointing.py`), then evaluates and exports a plain copy
-of the trained model (float32, or bfloat16 for LoRA on a bf16 base; adapters
-merged): the servable SavedModel (`savedmodel.export`) to `fn_args.serving_model_dir`, and `training_summary.json` beside it with the
+of the trained model (float32, or bfloat16 / int8 for LoRA on a bf16 / int8 base;
+adapters merged), its experts pruned (`train.prune_keep_experts`) and in
+`train.export_dtype`: the servable SavedModel (`savedmodel.export`) to `fn_args.serving_model_dir`, and `training_summary.json` beside it with the
 run's figures (which the Trainer's executor also records in ML Metadata).
 """
 
@@ -104,6 +105,7 @@ def run_fn(fn_args) -> None:
     else:
         eval_ds = data.make_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size, eos_id)
     model, pruned = prune_trained_model(model, eval_ds, config)  # train.prune_keep_experts
+    model = model_io.to_export_dtype(config, model)  # train.export_dtype
     eval_loss, eval_tokens = train_loop.evaluate(model, eval_ds, tc.eval_batches)
     logging.info("trainer eval loss %.4f nats/token (%d tokens)", eval_loss, eval_tokens)
     with tf.summary.create_file_writer(fn_args.model_run_dir).as_default(step=tc.train_steps):
@@ -195,8 +197,10 @@ def train_model(job: job_lib.TrainingJob, config: PipelineConfig):
 def read_back_model(config: PipelineConfig, figures: dict):
     """The plain copy of the model that worker processes trained, read from the final
     checkpoint the run's figures name (`last_checkpoint`, in their `precision`)."""
-    model = model_io.build_trained_model(config, dtype=figures.get("precision", "float32"))
     last = figures["last_checkpoint"]
+    int8 = tf.int8 in tf.train.load_checkpoint(last).get_variable_to_dtype_map().values()
+    model = model_io.build_trained_model(config, dtype=figures.get("precision", "float32"),
+                                         int8=int8)  # int8: LoRA on an int8 base
     tf.train.Checkpoint(model=model).read(last).expect_partial().assert_existing_objects_matched()
     if config.train.lora_rank or model.dtype_policy.name != "float32":
         return model_io.copy_for_export(config, model)

@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from config import TrainConfig
+from models.deepseek.quantization import is_quantized, is_quantized_model, requantized
 
 ATTENTION_PROJECTIONS = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
                          "o_proj")
@@ -109,6 +110,11 @@ def prepare(model, tc: TrainConfig) -> Selection:
     Raises:
       ValueError: the rule picks no weight, or `top:N` with N above the number of blocks.
     """
+    if not tc.lora_rank and is_quantized_model(model):
+        raise ValueError(
+            f"the base model is int8 and train.lora_rank=0 (train.trainable={tc.trainable!r}):"
+            " its int8 projections take no gradient; fine-tune it with LoRA "
+            "(train.lora_rank > 0, QLoRA-style: the base stays int8, float adapters train)")
     adapters = []
     if tc.lora_rank:
         adapters = _lora_candidates(model, tc)
@@ -157,7 +163,10 @@ def _kernel_path(layer: keras.layers.Dense) -> str:
 
 def merged_value(layer: keras.layers.Dense) -> np.ndarray:
     """W + A B of a LoRA-adapted layer (float32 numpy, computed outside any autocast),
-    or its kernel's own value."""
+    or its kernel's own value. An int8 layer: Q' of Q / s + A B re-quantized
+    (`quantization.requantized`)."""
+    if is_quantized(layer):
+        return requantized(layer)[0]
     return keras.ops.convert_to_numpy(layer.kernel)
 
 
@@ -175,6 +184,9 @@ def merged_sources(model) -> dict:
         layer = adapted.get(path)
         sources[path] = ((lambda layer=layer: merged_value(layer)) if layer is not None
                          else (lambda v=v: keras.ops.convert_to_numpy(v)))
+    for path, layer in adapted.items():  # an int8 layer's scale goes with its new Q'
+        if is_quantized(layer):
+            sources[path + "_scale"] = lambda layer=layer: requantized(layer)[1]
     return sources
 
 

@@ -48,6 +48,7 @@ import tensorflow as tf
 from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.hf_names import hf_weight_map
+from models.deepseek.quantization import is_quantized, is_quantized_model, quantize_int8
 
 _EXPERT_NAME = ".mlp.experts."
 _GATE_NAMES = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")
@@ -159,8 +160,9 @@ def prune_experts(model, keep: int, load):
     order) the kept experts are `select_experts(model.config, keep, load)`; their
     SwiGLU weights are copied, the router's `weight` (E, C) rows and
     `e_score_correction_bias` (E,) entries are gathered to (keep, C) and (keep,),
-    and every other weight is copied unchanged. The new model has the old one's dtype
-    policy and `pruned_config(model.config, keep)`; num_experts_per_tok, topk_group,
+    and every other weight is copied unchanged. An int8 model's projections are read
+    dequantized (Q / s) and quantized again, which gives back the same Q. The new model
+    has the old one's dtype policy and `pruned_config(model.config, keep)`; num_experts_per_tok, topk_group,
     norm_topk_prob and routed_scaling_factor are unchanged.
 
     Memory: the new model is built with its weights zero-initialized and filled one
@@ -204,6 +206,8 @@ def prune_experts(model, keep: int, load):
         if rows is not None:
             value = tf.gather(tf.convert_to_tensor(value), rows)  # (keep, ...) router rows
         variable.assign(value)
+    if is_quantized_model(model):  # int8 in, int8 out: Q / s quantizes back to Q
+        quantize_int8(pruned, head=model.lm_head is not None and is_quantized(model.lm_head))
     return pruned
 
 

@@ -96,6 +96,12 @@ def quantize_int8(model, head: bool = True) -> int:
         quantize a kernel that is W + A B), naming it.
     """
     layers = [layer for layer in quantized_layers(model, head) if not is_quantized(layer)]
+    _quantize(layers)
+    return len(layers)
+
+
+def _quantize(layers) -> None:
+    """`layer.quantize("int8")` for each (see `quantize_int8`)."""
     for layer in layers:
         if layer.lora_enabled:
             raise ValueError(f"{layer.path} has LoRA adapters: merge them into the kernel "
@@ -106,7 +112,16 @@ def quantize_int8(model, head: bool = True) -> int:
             layer.quantize(INT8)
     finally:
         gc.unfreeze()
-    return len(layers)
+
+
+def quantize_like(model, reference) -> int:
+    """Quantizes the projections of `model` whose counterparts in `reference` (a model
+    of the same config) are int8; returns how many (0 for a float `reference`)."""
+    pairs = zip(quantized_layers(model), quantized_layers(reference), strict=True)
+    chosen = [layer for layer, ref in pairs if is_quantized(ref) and not is_quantized(layer)]
+    if chosen:
+        _quantize(chosen)
+    return len(chosen)
 
 
 def is_quantized_model(model) -> bool:

@@ -73,12 +73,15 @@ def variables_size(model_dir) -> int:
 
 
 def test_the_knob_takes_auto_or_a_supported_dtype_and_names_a_bad_one():
-    assert precision.WEIGHT_DTYPES == ("bfloat16", "float32")
+    assert precision.WEIGHT_DTYPES == ("bfloat16", "float32", "int8")
+    assert precision.HF_DTYPES == ("bfloat16", "float32")
     assert precision.resolve_weight_dtype("auto", "bfloat16") == "bfloat16"
     assert precision.resolve_weight_dtype("float32", "bfloat16") == "float32"
+    assert precision.resolve_weight_dtype("int8", "float32") == "int8"
     assert precision.keras_policy("bfloat16") == "bfloat16"
-    with pytest.raises(ValueError, match="--dtype='int8'"):
-        precision.resolve_weight_dtype("int8", "float32")
+    assert precision.keras_policy("int8") == "float32"  # then quantized
+    with pytest.raises(ValueError, match="--dtype='int4'"):
+        precision.resolve_weight_dtype("int4", "float32")
 
 
 @pytest.mark.parametrize("stored, expected", [
@@ -199,7 +202,9 @@ def test_cli_import_dtype_and_export_default(bf16_checkpoint, tmp_path, capsys):
     assert cli.main(["hf-export", str(tmp_path / "b"), str(tmp_path / "hf")]) == 0
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "float32"
     with pytest.raises(SystemExit):
-        cli.main(["hf-import", bf16_checkpoint, str(tmp_path / "c"), "--dtype", "int8"])
+        cli.main(["hf-import", bf16_checkpoint, str(tmp_path / "c"), "--dtype", "int4"])
+    with pytest.raises(SystemExit):  # a HF checkpoint is written in bf16 or float32 only
+        cli.main(["hf-export", str(tmp_path / "b"), str(tmp_path / "hf8"), "--dtype", "int8"])
 
 
 def test_a_savedmodel_without_precision_json_is_float32_and_a_bad_one_is_named(tmp_path):
