@@ -25,6 +25,7 @@ and measures, for each:
   serving RSS MB   the peak RSS of a fresh process that loads the SavedModel with
                    `tensorflow` + `tensorflow_text` only and runs its `generate`
                    signature (what TF Serving holds), measured in that child process
+                   (with TensorFlow's own allocator, as `deepseek-tfx serve` runs)
   tok/s b=1, b=16  greedy tokens generated per second through `generate`, one prompt
                    and 16 prompts a call (`--max-new-tokens` each; after one warm-up
                    call), in that same child process
@@ -42,7 +43,6 @@ import dataclasses
 import glob
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -79,15 +79,25 @@ def serve_child(model_dir: str, max_new_tokens: int) -> dict:
         return int(tf.reduce_sum(out["num_generated"]))
 
     figures = {}
-    for batch, calls in ((1, 4), (16, 2)):
+    for batch, calls in ((1, 8), (16, 4)):
         prompts = PROMPTS[:batch]
         call(prompts)  # warm-up: the first call of a signature traces nothing, but allocates
         start, tokens = time.perf_counter(), 0
         for i in range(calls):
             tokens += call(PROMPTS[i % len(PROMPTS):][:batch] if batch == 1 else prompts)
         figures[f"tokens_per_s_b{batch}"] = tokens / (time.perf_counter() - start)
-    figures["serving_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    figures["serving_peak_rss_mb"] = peak_rss_mb()
     return figures
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS since its `exec`, MB: /proc's VmHWM (getrusage's ru_maxrss
+    also counts the parent's pages a forked child held before it exec'ed)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 # ----------------------------------------------------------------------------- the parent
@@ -130,6 +140,29 @@ def _lora_model(int8_dir: str, config, train_files: str, steps: int, work: str):
     return model_io.copy_for_export(config, result.model)
 
 
+def greedy_matches(model, saved_dir: str, graph: str, config, max_new_tokens: int = 32) -> str:
+    """How many of PROMPTS get the same greedy completion from the exported `generate`
+    signature as from the in-memory Keras `model` through the same code
+    (`savedmodel.export.ServingModule`), e.g. "16/16 prompts"."""
+    import tensorflow as tf
+
+    from savedmodel.export import ServingModule
+    from tokenization.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(graph)
+    n = len(PROMPTS)
+    knobs = dict(max_new_tokens=tf.fill([n], max_new_tokens), temperature=tf.zeros([n]),
+                 top_k=tf.zeros([n], tf.int32), top_p=tf.ones([n]), seed=tf.zeros([n], tf.int32))
+    with tempfile.TemporaryDirectory() as assets:
+        tokenizer.write(assets)
+        module = ServingModule(model, tokenizer, config.generation, assets)
+        keras_out = module.generate(tf.constant(PROMPTS), *knobs.values())["completion"]
+    saved = tf.saved_model.load(saved_dir).signatures["generate"]
+    saved_out = saved(prompt=tf.constant(PROMPTS), **knobs)["completion"]
+    same = int(tf.reduce_sum(tf.cast(tf.equal(keras_out, saved_out), tf.int32)))
+    return f"{same}/{n} prompts"
+
+
 def build_variants(run: str, work: str, lora_steps: int) -> tuple[list[dict], object, tuple]:
     """Exports every variant into `work`; returns [{"name", "dir", "note"}], the
     pipeline config and the eval split's (docs, bytes)."""
@@ -167,6 +200,10 @@ def build_variants(run: str, work: str, lora_steps: int) -> tuple[list[dict], ob
     model = load_model_from_savedmodel(pushed)
     quantization.quantize_int8(model)
     int8_dir = export("int8", model, "Keras int8 projections, per-channel scales")
+    same = greedy_matches(model, int8_dir, graph, config)
+    variants[-1]["note"] += f"; greedy `generate` = the quantized Keras model on {same}"
+    print(f"  int8: greedy generate of the SavedModel = the Keras model's on {same}",
+          flush=True)
     model = _lora_model(int8_dir, config, os.path.join(examples, "Split-train", "*"), lora_steps,
                         work)
     export("int8 + LoRA", model, f"{lora_steps} steps of rank-8 LoRA on the int8 base, "
@@ -194,6 +231,7 @@ def build_variants(run: str, work: str, lora_steps: int) -> tuple[list[dict], ob
 
 def measure(variants: list[dict], config, eval_data, max_new_tokens: int) -> list[dict]:
     """Adds bytes, bits/byte (this process) and serving figures (a child each)."""
+    from common import memory
     from components.lm_evaluator.executor import evaluate_saved_model
 
     docs, num_bytes = eval_data
@@ -207,10 +245,13 @@ def measure(variants: list[dict], config, eval_data, max_new_tokens: int) -> lis
         row["savedmodel_bytes"] = _dir_bytes(v["dir"])
         metrics, _ = evaluate_saved_model(v["dir"], docs, num_bytes, config)
         row["bits_per_byte"] = metrics["bits_per_byte"]
+        # The child's environment is the server's: TensorFlow's own allocator (`serve` does
+        # not switch to malloc as this process does for its exports).
+        env = {k: v for k, v in os.environ.items() if k != memory.SYSTEM_ALLOCATOR_ENV}
         child = subprocess.run(
             [sys.executable, __file__, "--serve-child", v["dir"],
              "--max-new-tokens", str(max_new_tokens)],
-            capture_output=True, text=True, check=True, cwd=PROJECT_ROOT)
+            capture_output=True, text=True, check=True, cwd=PROJECT_ROOT, env=env)
         row.update(json.loads(child.stdout.strip().splitlines()[-1]))
         print(f"  measured {v['name']}: {json.dumps(row)}", flush=True)
         rows.append(row)
