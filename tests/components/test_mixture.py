@@ -1,0 +1,174 @@
+"""Data mixtures (`components/trainer/mixture.py`): shares, determinism, tags, exhaustion.
+
+Two real sources: Tiny Shakespeare (paragraphs, the first 200 KB) and the Tang/Song poems.
+Token ids are UTF-8 bytes in disjoint ranges, no tokenizer needed: Shakespeare byte b is
+id 3 + b, a poem's byte b is id 259 + b, so every token names its source ([EOS] is 1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.trainer import data, mixture
+from tokenization.tokenizer import EOS_ID
+
+SEQ_LEN = 16
+BATCH = 64
+SHAKESPEARE_IDS = (3, 259)  # [low, high)
+POEM_IDS = (259, 515)
+
+
+def byte_ids(text: str, offset: int) -> list[int]:
+    return [offset + b for b in text.encode("utf-8")]
+
+
+@pytest.fixture(scope="module")
+def sources(shakespeare, chinese_poems, tmp_path_factory):
+    root = tmp_path_factory.mktemp("mixture")
+    paragraphs = [p for p in shakespeare[:200_000].split("\n\n") if p.strip()]
+    files = {"poems": str(root / "poems.gz"), "shakespeare": str(root / "shakespeare.gz")}
+    data.write_examples(files["shakespeare"], [byte_ids(p, SHAKESPEARE_IDS[0]) for p in paragraphs])
+    data.write_examples(files["poems"], [byte_ids(p, POEM_IDS[0]) for p in chinese_poems])
+    return files
+
+
+def mixture_batches(sources, weights, n, batch=BATCH, seed=7, **kwargs):
+    ds = mixture.make_mixture_train_dataset(sources, weights, SEQ_LEN, batch, 256, seed, **kwargs)
+    return list(ds.take(n).as_numpy_iterator()) if n else list(ds.as_numpy_iterator())
+
+
+def test_sources_are_indexed_by_name_and_weights_checked(sources):
+    assert mixture.source_names({"b": 1, "a": 2}) == ["a", "b"]
+    assert mixture.normalized_weights({"b": 1, "a": 2}, {"a": 1, "b": 3}) == [0.25, 0.75]
+    with pytest.raises(ValueError, match="exactly one weight"):
+        mixture.normalized_weights({"a": 1, "b": 2}, {"a": 1})
+    with pytest.raises(ValueError, match="> 0"):
+        mixture.normalized_weights({"a": 1}, {"a": 0.0})
+    with pytest.raises(ValueError, match="on_exhausted"):
+        mixture.make_mixture_train_dataset(sources, {"poems": 1, "shakespeare": 1}, SEQ_LEN,
+                                           BATCH, 16, 0, on_exhausted="cycle")
+
+
+# N = 10,240 sequences (160 batches of 64): the binomial std sqrt(p(1-p)/N) is 0.30 points
+# at p = 0.1 and 0.49 points at p = 0.5, both under 0.5; the bound is 2 points.
+N_BATCHES = 160
+
+
+@pytest.mark.parametrize("weights", [{"shakespeare": 9, "poems": 1},
+                                     {"shakespeare": 1, "poems": 1}])
+def test_realized_shares_follow_the_weights_and_windows_carry_their_source(sources, weights):
+    counter = mixture.SourceTokenCounter(mixture.source_names(sources))
+    in_graph = np.zeros(2, np.int64)
+    ranges = [POEM_IDS, SHAKESPEARE_IDS]  # source_names order: poems, shakespeare
+    for batch in mixture_batches(sources, weights, N_BATCHES):
+        counter.add(batch)
+        in_graph += mixture.tokens_by_source(batch["source"], batch["labels"], 2).numpy()
+        for ids, source in zip(batch["input_ids"], batch["source"], strict=True):
+            low, high = ranges[source]
+            text = ids[ids != EOS_ID]
+            assert ((text >= low) & (text < high)).all(), f"a window of source {source} mixes"
+    assert counter.sequences.sum() == N_BATCHES * BATCH
+    assert counter.tokens.sum() == N_BATCHES * BATCH * SEQ_LEN
+    np.testing.assert_array_equal(in_graph, counter.tokens)
+    shares = counter.shares()
+    total = sum(weights.values())
+    for name, w in weights.items():
+        assert abs(shares[name] - w / total) < 0.02, (name, shares)
+
+
+def test_same_seed_same_batches_and_skipping_resumes_the_stream(sources):
+    weights = {"shakespeare": 3, "poems": 1}
+    first = mixture_batches(sources, weights, 12, batch=8)
+    again = mixture_batches(sources, weights, 12, batch=8)
+    ds = mixture.make_mixture_train_dataset(sources, weights, SEQ_LEN, 8, 256, 7)
+    resumed = list(ds.skip(5).take(7).as_numpy_iterator())
+    for a, b in zip(first, again, strict=True):
+        for key in ("input_ids", "labels", "source"):
+            np.testing.assert_array_equal(a[key], b[key])
+    for a, b in zip(first[5:], resumed, strict=True):
+        for key in ("input_ids", "labels", "source"):
+            np.testing.assert_array_equal(a[key], b[key])
+    other = mixture_batches(sources, weights, 12, batch=8, seed=8)
+    assert any((a["input_ids"] != b["input_ids"]).any() for a, b in zip(first, other, strict=True))
+
+
+def test_replicas_split_the_source_with_their_rows(sources):
+    def dataset():  # a fresh one, as each input pipeline builds (re-iterating reshuffles)
+        return mixture.make_mixture_train_dataset(sources, {"shakespeare": 1, "poems": 1},
+                                                  SEQ_LEN, 8, 64, 3).take(3)
+
+    whole = list(dataset().as_numpy_iterator())
+    parts = list(data.split_for_replicas(dataset(), 2, 2).as_numpy_iterator())  # k=R=b=2
+    for g, batch in enumerate(whole):
+        r0, r1 = parts[2 * g], parts[2 * g + 1]
+        for key in ("input_ids", "source"):
+            rows = np.concatenate([np.concatenate([r0[key][m], r1[key][m]]) for m in range(2)])
+            np.testing.assert_array_equal(rows, batch[key])
+
+
+def test_one_source_is_exactly_make_train_dataset(sources):
+    path = sources["poems"]
+    mixed = mixture.make_mixture_train_dataset({"poems": path}, {"poems": 2.5}, SEQ_LEN, 8, 64, 5)
+    plain = data.make_train_dataset(path, SEQ_LEN, 8, 64, 5)
+    n = 0
+    for a, b in zip(mixed.take(40).as_numpy_iterator(), plain.take(40).as_numpy_iterator(),
+                    strict=True):
+        np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+        assert (a["source"] == 0).all()
+        n += 1
+    assert n == 40
+
+
+@pytest.fixture(scope="module")
+def small_and_large(tmp_path_factory):
+    """Source "a": 6 documents (201 stream tokens: 11 windows of 17); "b": 300 documents."""
+    root = tmp_path_factory.mktemp("exhaust")
+    files = {"a": str(root / "a.gz"), "b": str(root / "b.gz")}
+    data.write_examples(files["a"], [[10 + d] * (30 + d) for d in range(6)])
+    data.write_examples(files["b"], [[100 + d % 50] * 20 for d in range(300)])
+    return files
+
+
+def test_stop_ends_the_mixture_when_a_source_runs_out(small_and_large):
+    sizes = mixture.measure_sources(small_and_large)
+    assert sizes["a"] == mixture.SourceSize(documents=6, tokens=sum(31 + d for d in range(6)))
+    windows_a = (1 + sizes["a"].tokens) // (SEQ_LEN + 1)  # the stream starts with [EOS]
+    windows_b = (1 + sizes["b"].tokens) // (SEQ_LEN + 1)
+    weights = {"a": 1, "b": 1}
+    drawn = mixture_batches(small_and_large, weights, None, batch=1, on_exhausted="stop")
+    counts = np.bincount(np.concatenate([b["source"] for b in drawn]), minlength=2)
+    assert counts[0] == windows_a  # every window of "a" was drawn, then the stream ended
+    assert 0 < counts[1] < windows_b  # "b" still had windows
+    batched = mixture_batches(small_and_large, weights, None, batch=4, on_exhausted="stop")
+    assert len(batched) == len(drawn) // 4  # the same draws; the partial batch is dropped
+    epochs = mixture.epochs_drawn({"a": int(counts[0]), "b": int(counts[1])}, sizes, SEQ_LEN)
+    assert epochs["a"] == pytest.approx(windows_a * (SEQ_LEN + 1) / sizes["a"].tokens)
+    assert epochs["b"] < 1
+
+
+def test_repeat_up_samples_a_source_that_runs_out(small_and_large):
+    sizes = mixture.measure_sources(small_and_large)
+    n = 200  # 200 sequences at 1:1: "a" gives about 100, more than 7 epochs of it
+    drawn = mixture_batches(small_and_large, {"a": 1, "b": 1}, n, batch=1)
+    assert len(drawn) == n
+    counts = np.bincount(np.concatenate([b["source"] for b in drawn]), minlength=2)
+    epochs = mixture.epochs_drawn({"a": int(counts[0]), "b": int(counts[1])}, sizes, SEQ_LEN)
+    assert epochs["a"] > 5
+
+
+def test_realized_shares_and_counter_arithmetic():
+    assert mixture.realized_shares({"a": 30, "b": 10}) == {"a": 0.75, "b": 0.25}
+    assert mixture.realized_shares({"a": 0, "b": 0}) == {"a": 0.0, "b": 0.0}
+    counter = mixture.SourceTokenCounter(["a", "b"])
+    labels = np.full((2, 3, 4), 5, np.int32)  # (k, b, T)
+    labels[0, 0, :2] = data.IGNORE_LABEL
+    source = np.array([[0, 1, 1], [0, 0, 0]], np.int32)
+    counter.add({"source": source, "labels": labels})
+    assert counter.counts() == {"a": 2 + 12, "b": 8}
+    np.testing.assert_array_equal(
+        mixture.tokens_by_source(tf.constant(source), tf.constant(labels), 2).numpy(), [14, 8])
+    counter.add_counts([1, 1])
+    assert counter.counts() == {"a": 15, "b": 9}
