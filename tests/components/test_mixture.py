@@ -172,3 +172,35 @@ def test_realized_shares_and_counter_arithmetic():
         mixture.tokens_by_source(tf.constant(source), tf.constant(labels), 2).numpy(), [14, 8])
     counter.add_counts([1, 1])
     assert counter.counts() == {"a": 15, "b": 9}
+
+
+def test_a_mixture_trains_and_resumes_on_the_batches_of_an_uninterrupted_run(tmp_path):
+    """The train loop takes mixture batches (their "source" rides along) and a run killed
+    after its step-3 checkpoint, resumed, trains on the batches of an uninterrupted run."""
+    from conftest import synthetic_documents
+
+    from components.trainer import train_loop
+    from config import get_config
+
+    files = {"a": str(tmp_path / "a.gz"), "b": str(tmp_path / "b.gz")}
+    data.write_examples(files["a"], synthetic_documents(seed=0))
+    data.write_examples(files["b"], synthetic_documents(n_docs=60, seed=1))
+    config = get_config("tiny", {"train.train_steps": 6, "train.log_every": 1,
+                                 "train.checkpoint_every": 3, "train.warmup_steps": 2})
+    tc = config.train
+
+    def run(workdir, take=None):
+        def dataset_fn():
+            ds = mixture.make_mixture_train_dataset(files, {"a": 3, "b": 1}, tc.seq_len,
+                                                    tc.batch_size, tc.shuffle_buffer, tc.seed)
+            return ds.take(take) if take else ds
+
+        return train_loop.train(config, dataset_fn, str(workdir / "ckpt"), str(workdir / "logs"))
+
+    reference = run(tmp_path / "reference")
+    with pytest.raises((tf.errors.OutOfRangeError, StopIteration)):
+        run(tmp_path / "killed", take=4)  # checkpoint at 3, no batch for step 5
+    resumed = run(tmp_path / "killed")
+    assert resumed.resumed_from_step == 3 and resumed.steps_run == 3
+    np.testing.assert_allclose([h["loss"] for h in resumed.history],
+                               [h["loss"] for h in reference.history][3:], rtol=1e-6)
