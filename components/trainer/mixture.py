@@ -192,7 +192,8 @@ class SourceTokenCounter:
         self.sequences += np.bincount(source, minlength=len(self.names))
 
     def add_counts(self, tokens) -> None:
-        """Adds per-source token counts already summed (e.g. `tokens_by_source`'s)."""
+        """Adds per-source token counts already summed (e.g. `tokens_by_source`'s); the
+        sequence counts (`sequences`, for `epochs_drawn`) come from `add` only."""
         self.tokens += np.asarray(tokens, np.int64)
 
     def counts(self) -> dict[str, int]:
