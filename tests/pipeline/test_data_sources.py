@@ -192,3 +192,136 @@ def test_bad_source_arguments_are_refused_naming_the_argument(data, weights, set
     with pytest.raises(ValueError) as info:
         parse_sources(data, weights, settings)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+# -- the command line ----------------------------------------------------------------------
+
+def _refusal(argv) -> str:
+    import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    message = str(info.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+@pytest.fixture
+def corpora(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "web.txt").write_text("a web page\n\nanother page\n")
+    (tmp_path / "poems.jsonl").write_text('{"content": "a poem"}\n')
+    return tmp_path
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data", "web=web.txt", "--weight", "wiki=2"],
+     "error: --weight wiki=2: no source 'wiki'; the sources are web (--data NAME=PATH)"),
+    (["--data", "web=web.txt", "--data", "web=poems.jsonl"],
+     "error: --data web=poems.jsonl: the source name 'web' is given twice"),
+    (["--data", "web.txt", "--weight", "web=2"],
+     "error: --weight web=2: only for named sources, given as --data NAME=PATH"),
+    (["--data", "web=web.txt", "--weight", "web=-3"],
+     "error: --weight web='-3': a weight must be a finite number > 0"),
+    (["--data", "web=web.txt", "--weight", "web=lots"],
+     "error: --weight web='lots': a weight must be a finite number > 0"),
+    (["--data", "web.txt", "--data", "poems=poems.jsonl"],
+     "error: --data web.txt: a path without NAME= cannot be one of several sources"),
+    (["--data", "web=missing.txt"],
+     "error: source 'web': --data 'missing.txt': no such file or directory"),
+    (["--data", "web=web.txt", "--source-set", "web.min_chars=0"],
+     "error: data.sources.web: data.min_chars=0 must be > 0"),
+    (["--data", "web=web.txt", "--set", 'data.sources=[{"name": "x", "path": "web.txt"}]'],
+     "error: --data and --set data.sources both give the data; give one of them"),
+    (["--set", 'data.sources=[{"name": "x", "path": "nope.txt"}]'],
+     "error: source 'x': --data 'nope.txt': no such file or directory"),
+])
+def test_the_cli_refuses_bad_sources_in_one_line(corpora, args, message):
+    assert _refusal(["run", "--preset", "tiny", *args]).startswith(message)
+
+
+def test_a_name_equals_path_that_is_also_a_path_is_ambiguous(corpora):
+    (corpora / "a=b").mkdir()
+    (corpora / "a=b" / "x.txt").write_text("text\n")
+    (corpora / "b").mkdir()
+    assert _refusal(["run", "--preset", "tiny", "--data", "a=b/x.txt"]) == (
+        "error: --data 'a=b/x.txt' is both the source 'a' at 'b/x.txt' and an existing path: "
+        "write './a=b/x.txt' for the path, or 'a=./b/x.txt' for the source")
+    import cli
+    from cli.settings import config_from_args
+
+    parser = cli.build_parser()
+    for value in ("./a=b/x.txt", str(corpora / "a=b" / "x.txt")):  # a path, one source
+        args = parser.parse_args(["run", "--preset", "tiny", "--data", value])
+        assert config_from_args(args).data.sources == ()
+    (corpora / "b" / "x.txt").write_text("text\n")
+    args = parser.parse_args(["run", "--preset", "tiny", "--data", "a=./b/x.txt"])
+    (source,) = config_from_args(args).data.sources
+    assert (source.name, source.path) == ("a", str(corpora / "b" / "x.txt"))
+
+
+def test_the_cli_builds_the_sources_with_absolute_paths(corpora):
+    import cli
+    from cli.settings import config_from_args, default_output
+
+    (corpora / "dir").mkdir()
+    args = cli.build_parser().parse_args([
+        "run", "--preset", "tiny", "--data", "web=web.txt", "--data", "poems=poems.jsonl",
+        "--data", "more=dir", "--weight", "web=7", "--weight", "poems=2",
+        "--source-set", "poems.jsonl_text_field=content", "--source-set", "web.min_chars=5"])
+    data = config_from_args(args).data
+    assert [(s.name, s.path, s.weight) for s in data.sources] == [
+        ("web", str(corpora / "web.txt"), 7.0), ("poems", str(corpora / "poems.jsonl"), 2.0),
+        ("more", str(corpora / "dir" / "*"), 1.0)]
+    assert data.for_source("poems").jsonl_text_field == "content"
+    assert data.for_source("web").min_chars == 5 and data.for_source("more").min_chars == 1
+    assert default_output(args) == "runs/web+poems+more-tiny"
+
+
+def test_run_lists_the_sources_with_their_shares(corpora, capsys):
+    """Two sources: `run` prints them, then refuses (the pipeline reads one source until
+    issue 28's wiring lands)."""
+    message = _refusal(["run", "--preset", "tiny", "--output", str(corpora / "out"),
+                        "--data", "web=web.txt", "--data", "poems=poems.jsonl",
+                        "--weight", "web=7", "--weight", "poems=3",
+                        "--source-set", "poems.jsonl_text_field=content"])
+    assert message.startswith("error: --data: a mixture of 2 sources is not wired")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "deepseek-tfx: preset tiny, data 2 sources (name, share of the training batches, path)",
+        f"                web    0.700  {corpora / 'web.txt'}",
+        f"                poems  0.300  {corpora / 'poems.jsonl'}  (jsonl_text_field=content)"]
+
+
+@pytest.mark.parametrize("data, first_line", [
+    (["--data", "web.txt"], "deepseek-tfx: preset tiny, data {root}/web.txt"),
+    (["--data", "web=web.txt"], "deepseek-tfx: preset tiny, data 1 source "
+                                "(name, share of the training batches, path)"),
+])
+def test_one_source_runs_as_before(corpora, monkeypatch, capsys, data, first_line):
+    """A bare path and one named source both reach the runner as (input_base, pattern);
+    the named one also travels in `data.sources`. (A stand-in runner: no TFX.)"""
+    import sys
+    import types
+
+    import cli
+
+    calls = []
+
+    def run_local(config, input_base, pattern, output_dir, **kwargs):
+        calls.append((config, input_base, pattern))
+        raise SystemExit("stop here")
+
+    monkeypatch.setitem(sys.modules, "pipeline.local_runner",
+                        types.SimpleNamespace(run_local=run_local))
+    with pytest.raises(SystemExit, match="stop here"):
+        cli.main(["run", "--preset", "tiny", "--output", str(corpora / "out"), *data])
+    ((config, input_base, pattern),) = calls
+    assert (input_base, pattern) == (str(corpora), "web.txt")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == first_line.format(root=corpora)
+    if "web=web.txt" in data:
+        assert [s.name for s in config.data.sources] == ["web"]
+        assert out[1] == f"                web  1.000  {corpora / 'web.txt'}"
+    else:
+        assert config.data.sources == ()
