@@ -20,6 +20,7 @@ from cli.settings import (
     parse_overrides,
     warm_start,
 )
+from config import SOURCE_SETTINGS
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -120,11 +121,8 @@ def add_parsers(sub) -> None:
                      help="a named source's weight, relative to the others' (default 1; "
                      "repeatable): --weight web=7 --weight code=3")
     run.add_argument("--source-set", action="append", metavar="NAME.FIELD=VALUE",
-                     help="a named source's own reading or cleaning setting, one of "
-                     "data.document_boundary, jsonl_text_field, csv_text_column, "
-                     "parquet_text_column, prompt_field, response_field, messages_field, "
-                     "invalid_utf8, min_chars, max_chars, quality_filter, redact_pii, "
-                     "max_reject_fraction (repeatable): --source-set "
+                     help="a named source's own value of a data.FIELD, FIELD one of "
+                     f"{', '.join(SOURCE_SETTINGS)} (repeatable): --source-set "
                      "poems.jsonl_text_field=content")
     run.add_argument("--preset", default="cpu_small", help="tiny | cpu_small | gpu_base")
     run.add_argument("--output", help="output directory (default: runs/<corpus>-<preset>)")
