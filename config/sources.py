@@ -107,17 +107,12 @@ def check_source_name(key: str, name: Any) -> str:
 def check_weight(key: str, weight: Any) -> float:
     """`weight` (a number, or its text) as a float > 0 and finite; else ValueError
     naming `key` and the value."""
-    if isinstance(weight, bool):
-        value = None
-    elif isinstance(weight, (int, float)):
-        value = float(weight)
-    elif isinstance(weight, str):
+    value = None
+    if isinstance(weight, (int, float, str)) and not isinstance(weight, bool):
         try:
-            value = float(weight.strip())
-        except ValueError:
-            value = None
-    else:
-        value = None
+            value = float(weight.strip() if isinstance(weight, str) else weight)
+        except (ValueError, OverflowError):  # not a number; an int beyond float's range
+            pass
     if value is None or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{key}={weight!r}: a weight must be a finite number > 0")
     return value
@@ -141,6 +136,8 @@ def data_sources(value: Any) -> tuple[DataSource, ...]:
         if source.name in seen:
             raise ValueError(f"data.sources: the source name {source.name!r} is given twice")
         seen.add(source.name)
+    if not math.isfinite(sum(s.weight for s in sources)):
+        raise ValueError("data.sources: the weights' sum overflows; scale them down")
     return sources
 
 
@@ -172,7 +169,7 @@ def normalized_weights(sources: tuple[DataSource, ...]) -> dict[str, float]:
     one-source case (no sources)."""
     if not sources:
         return {DEFAULT_SOURCE: 1.0}
-    total = math.fsum(s.weight for s in sources)
+    total = math.fsum(s.weight for s in sources)  # finite: `data_sources` checked it
     return {s.name: s.weight / total for s in sources}
 
 
