@@ -1,7 +1,9 @@
 """`deepseek-tfx`: the command line. It parses arguments and calls the pipeline;
 the logic lives in the modules it calls.
 
-  deepseek-tfx run       [--data PATH] [--preset NAME] [--output DIR] [--train-steps N]
+  deepseek-tfx run       [--data PATH | --data NAME=PATH ... [--weight NAME=W ...]
+                         [--source-set NAME.FIELD=VALUE ...]]
+                         [--preset NAME] [--output DIR] [--train-steps N]
                          [--set SECTION.FIELD=VALUE ...] [--no-cache] [--num-workers N]
                          [--runner local|beam] [--beam-arg=ARG ...] [--until COMPONENT]
                          [--accept-drift] [--base-model latest|PATH] [--teacher PATH]

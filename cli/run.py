@@ -10,7 +10,7 @@ import time
 
 from cli import console
 from cli.console import failure_message
-from cli.data import default_corpus, split_data_path
+from cli.data import data_lines, default_corpus, split_data_path
 from cli.progress import show_progress
 from cli.settings import (
     component_order,
@@ -20,6 +20,7 @@ from cli.settings import (
     parse_overrides,
     warm_start,
 )
+from config import SOURCE_SETTINGS
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -28,13 +29,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.num_workers < 1:
         raise SystemExit(f"error: --num-workers {args.num_workers}: must be >= 1")
-    data = args.data or str(default_corpus())
+    sources = config.data.sources
+    data = sources[0].path if sources else (args.data or [str(default_corpus())])[-1]
     input_base, pattern = split_data_path(data)
+    if len(sources) > 1:
+        _print_data(config, input_base, pattern)
+        # TODO(issue 28): ExampleGen, cleaning and Transform read one source today.
+        raise SystemExit(f"error: --data: a mixture of {len(sources)} sources is not wired "
+                         "into the pipeline yet (issue 28); give one --data")
     output_dir = args.output or default_output(args)
     config, base_model = warm_start(args, config, output_dir)
     config, teacher = distillation(args, config)
 
-    print(f"deepseek-tfx: preset {config.preset}, data {os.path.join(input_base, pattern)}")
+    _print_data(config, input_base, pattern)
     print(f"              outputs under {os.path.abspath(output_dir)}")
     print(f"              runner {args.runner}"
           + (f", Beam args {' '.join(args.beam_arg)}" if args.beam_arg else "")
@@ -58,6 +65,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     failed = print_summary(paths["metadata_path"], wall)
     report.write_report_quietly(output_dir)
     return 1 if failed else 0
+
+
+def _print_data(config, input_base: str, pattern: str) -> None:
+    """`run`'s first line: the preset and the data (one path, or each source and its share)."""
+    first, *more = data_lines(config, os.path.join(input_base, pattern))
+    print(f"deepseek-tfx: preset {config.preset}, {first}")
+    for line in more:
+        print(f"              {line}")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -97,7 +112,18 @@ def add_parsers(sub) -> None:
     order = component_order()
     run = sub.add_parser("run", help="run the TFX pipeline on this machine (LocalDagRunner or "
                          "BeamDagRunner)")
-    run.add_argument("--data", help="text/JSONL file, directory or glob (default: Tiny Shakespeare)")
+    run.add_argument("--data", action="append", metavar="[NAME=]PATH",
+                     help="text/JSONL/CSV/Parquet file, directory or glob (default: Tiny "
+                     "Shakespeare); NAME=PATH (repeatable) names a source of a mixture, NAME "
+                     "of [a-z0-9_]+ (anything else before '=' is part of the path: "
+                     "gs://b/k=v/x, ./a=b)")
+    run.add_argument("--weight", action="append", metavar="NAME=W",
+                     help="a named source's weight, relative to the others' (default 1; "
+                     "repeatable): --weight web=7 --weight code=3")
+    run.add_argument("--source-set", action="append", metavar="NAME.FIELD=VALUE",
+                     help="a named source's own value of a data.FIELD, FIELD one of "
+                     f"{', '.join(SOURCE_SETTINGS)} (repeatable): --source-set "
+                     "poems.jsonl_text_field=content")
     run.add_argument("--preset", default="cpu_small", help="tiny | cpu_small | gpu_base")
     run.add_argument("--output", help="output directory (default: runs/<corpus>-<preset>)")
     run.add_argument("--train-steps", type=int, help="override train.train_steps")

@@ -1,5 +1,6 @@
 """What the pipeline commands' options amount to: the PipelineConfig (`--preset`,
-`--set`, `--train-steps`, `--task`), the warm start (`--base-model`), the teacher
+`--set`, `--train-steps`, `--task`, `run`'s named sources `--data NAME=PATH --weight
+--source-set`), the warm start (`--base-model`), the teacher
 (`--teacher`), the output directory (`--output`) and the choices of `--until`.
 
 Each exits with one `error: ...` line naming a bad value, before anything runs.
@@ -11,7 +12,13 @@ import argparse
 import os
 from pathlib import Path
 
-from cli.data import default_corpus, split_data_path
+from cli.data import (
+    checked_sources,
+    corpus_name,
+    default_corpus,
+    sources_overrides,
+    split_data_path,
+)
 from pipeline.component_order import COMPONENT_ORDER
 
 
@@ -32,8 +39,9 @@ def parse_overrides(items: list[str]) -> dict:
 
 
 def config_from_args(args: argparse.Namespace, check_tokenizer: bool = True):
-    """The PipelineConfig of `--preset`, `--set` and `--train-steps`; exits naming a bad one
-    (and a bad `tokenizer.path`, unless `check_tokenizer` is False)."""
+    """The PipelineConfig of `--preset`, `--set`, `--train-steps`, `--task` and `run`'s
+    named sources (their paths checked and made absolute); exits naming a bad one (and a
+    bad `tokenizer.path`, unless `check_tokenizer` is False)."""
     from config import get_config
 
     overrides = parse_overrides(args.set or [])
@@ -41,8 +49,10 @@ def config_from_args(args: argparse.Namespace, check_tokenizer: bool = True):
         overrides["train.train_steps"] = args.train_steps
     if getattr(args, "task", None) is not None:
         overrides["data.task"] = args.task
+    if hasattr(args, "weight"):  # `run`: named sources
+        overrides = sources_overrides(args, overrides)
     try:
-        config = get_config(args.preset, overrides)
+        config = checked_sources(get_config(args.preset, overrides))
         config = with_task_paths(config)
         if check_tokenizer and config.tokenizer.path:  # checked before anything runs
             from pipeline.pipeline import check_given_tokenizer
@@ -116,9 +126,9 @@ def distillation(args: argparse.Namespace, config):
 
 
 def default_output(args: argparse.Namespace) -> str:
-    """`run`: runs/<corpus>-<preset>; `validate`: runs/validate-<corpus>."""
-    input_base, pattern = split_data_path(args.data or str(default_corpus()))
+    """`run`: runs/<corpus>-<preset> (`corpus_name`: a mixture's is its sources' names
+    joined by '+'); `validate`: runs/validate-<corpus>."""
     if args.command == "validate":
+        _, pattern = split_data_path(args.data or str(default_corpus()))
         return os.path.join("runs", f"validate-{Path(pattern).stem}")
-    corpus = Path(pattern).stem if pattern != "*" else Path(input_base).name
-    return os.path.join("runs", f"{corpus}-{args.preset}")
+    return os.path.join("runs", f"{corpus_name(args)}-{args.preset}")

@@ -7,6 +7,8 @@ component reads environment variables or globals for its settings.
 
   sections.py       PipelineConfig (the whole) and the serving sections
   data.py           the input sections: data, tokenizer, validation
+  sources.py        named data sources with weights (`data.sources`), and their
+                    `--data NAME=PATH --weight NAME=W --source-set` form
   train.py          the training sections: train, eval
   presets.py        the presets (tiny, cpu_small, gpu_base, deepseek_v3) as changes
                     from the defaults, and get_config
@@ -31,12 +33,22 @@ from config.data import (
 from config.overrides import coerce, parse_set, typed_section
 from config.presets import DEFAULT_PRESET, PRESETS, get_config
 from config.sections import PIPELINE_NAME, GenerationConfig, PipelineConfig, ServeConfig
+from config.sources import (
+    DEFAULT_SOURCE,
+    SOURCE_SETTINGS,
+    DataSource,
+    normalized_weights,
+    parse_sources,
+    split_source_arg,
+)
 from config.train import JIT_COMPILE, LORA_TARGETS, PRECISIONS, STRATEGIES, EvalConfig, TrainConfig
 
 __all__ = [
-    "DEFAULT_PRESET", "DOCUMENT_BOUNDARIES", "INVALID_UTF8_POLICIES", "JIT_COMPILE",
+    "DEFAULT_PRESET", "DEFAULT_SOURCE", "DOCUMENT_BOUNDARIES", "INVALID_UTF8_POLICIES", "JIT_COMPILE",
     "LORA_TARGETS", "NORMALIZATION_FORMS", "PIPELINE_NAME", "PRECISIONS", "PRESETS",
-    "PRE_TOKENIZER_NAMES", "STRATEGIES", "TASKS", "DataConfig", "EvalConfig",
+    "PRE_TOKENIZER_NAMES", "SOURCE_SETTINGS", "STRATEGIES", "TASKS", "DataConfig",
+    "DataSource", "EvalConfig",
     "GenerationConfig", "PipelineConfig", "ServeConfig", "TokenizerConfig", "TrainConfig",
-    "ValidationConfig", "coerce", "get_config", "parse_set", "typed_section",
+    "ValidationConfig", "coerce", "get_config", "normalized_weights", "parse_set",
+    "parse_sources", "split_source_arg", "typed_section",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from config.checks import check_choice, check_positive
+from config.sources import DEFAULT_SOURCE, DataSource, data_sources, normalized_weights
 
 DOCUMENT_BOUNDARIES = ("blank_line", "line", "file", "jsonl")
 NORMALIZATION_FORMS = ("NFC", "NFKC", "none")
@@ -58,6 +59,10 @@ class DataConfig:
         `{"role", "content"}` (Hugging Face chat form); used when a record has it.
       chat_template: a Jinja chat template (transformers' form) for SFT prompts;
         empty: the tokenizer's `chat_template` when it has one, else the default.
+      sources: a mixture: named sources with weights, each with its own reading and
+        cleaning settings (`config/sources.py`, `deepseek-tfx run --data NAME=PATH
+        --weight NAME=W`). Empty: the one source given to the pipeline as a path
+        (`--data PATH`), named "default".
     """
 
     document_boundary: str = "blank_line"
@@ -90,6 +95,7 @@ class DataConfig:
     response_field: str = "response"
     messages_field: str = "messages"
     chat_template: str = ""
+    sources: tuple[DataSource, ...] = ()
 
     def __post_init__(self) -> None:
         check_choice("data.task", self.task, TASKS)
@@ -121,6 +127,39 @@ class DataConfig:
                      "min_alpha_word_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"data.{name}={getattr(self, name)} must be in [0, 1]")
+        object.__setattr__(self, "sources", data_sources(self.sources))
+        for source in self.sources:  # each source's own settings, checked as its section
+            try:
+                self.for_source(source.name)
+            except ValueError as e:
+                raise ValueError(f"data.sources.{source.name}: {e}") from None
+
+    def for_source(self, name: str) -> DataConfig:
+        """This section as the records of source `name` see it: its own settings
+        (`DataSource.settings`) in place of the mixture's, and no sources. The one
+        source of a config without sources is "default" (this section, sources aside).
+
+        Raises:
+          KeyError: no source `name`.
+        """
+        if not self.sources and name == DEFAULT_SOURCE:
+            return self
+        source = next((s for s in self.sources if s.name == name), None)
+        if source is None:
+            raise KeyError(f"no data source {name!r}; the sources are "
+                           f"{[s.name for s in self.sources] or [DEFAULT_SOURCE]}")
+        return dataclasses.replace(self, sources=(), **source.settings())
+
+    def source_weights(self) -> dict[str, float]:
+        """{source name: its share of the training batches}, summing to 1, in order
+        (`{"default": 1.0}` without sources)."""
+        return normalized_weights(self.sources)
+
+    def without_weights(self) -> DataConfig:
+        """This section with every source's weight 1: what the components before the
+        Trainer should be given, so that re-weighting a mixture keeps their cache."""
+        return dataclasses.replace(self, sources=tuple(
+            dataclasses.replace(s, weight=1.0) for s in self.sources))
 
 
 @dataclasses.dataclass(frozen=True)
