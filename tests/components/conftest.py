@@ -12,6 +12,13 @@ def synthetic_documents(n_docs: int = 300, vocab: int = 512, seed: int = 0) -> l
             for _ in range(n_docs)]
 
 
+@pytest.fixture(scope="session")
+def make_documents():
+    """`synthetic_documents`, as a fixture: a test module cannot import it from
+    `conftest` (under pytest-xdist that name may resolve to another folder's conftest)."""
+    return synthetic_documents
+
+
 @pytest.fixture(scope="module")
 def train_file(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("data") / "train-00000-of-00001.gz")

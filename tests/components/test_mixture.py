@@ -174,17 +174,16 @@ def test_realized_shares_and_counter_arithmetic():
     assert counter.counts() == {"a": 15, "b": 9}
 
 
-def test_a_mixture_trains_and_resumes_on_the_batches_of_an_uninterrupted_run(tmp_path):
+def test_a_mixture_trains_and_resumes_on_the_batches_of_an_uninterrupted_run(tmp_path,
+                                                                            make_documents):
     """The train loop takes mixture batches (their "source" rides along) and a run killed
     after its step-3 checkpoint, resumed, trains on the batches of an uninterrupted run."""
-    from conftest import synthetic_documents
-
     from components.trainer import train_loop
     from config import get_config
 
     files = {"a": str(tmp_path / "a.gz"), "b": str(tmp_path / "b.gz")}
-    data.write_examples(files["a"], synthetic_documents(seed=0))
-    data.write_examples(files["b"], synthetic_documents(n_docs=60, seed=1))
+    data.write_examples(files["a"], make_documents(seed=0))
+    data.write_examples(files["b"], make_documents(n_docs=60, seed=1))
     config = get_config("tiny", {"train.train_steps": 6, "train.log_every": 1,
                                  "train.checkpoint_every": 3, "train.warmup_steps": 2})
     tc = config.train

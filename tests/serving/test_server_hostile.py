@@ -106,9 +106,10 @@ def served(text_model, tmp_path_factory):
 # ----------------------------------------------------------------------------- raw HTTP
 
 
-def _response(sock: socket.socket, timeout: float) -> tuple[int | None, dict, bytes]:
+def _response(sock: socket.socket, timeout: float) -> tuple[int | None, dict, bytes | None]:
     """(status, headers, body) of one HTTP response; status None when the server closed
-    (or reset) the connection without one, or sent none within `timeout` seconds."""
+    (or reset) the connection without one, or sent none within `timeout` seconds; body
+    None when a reset cut the response after its head."""
     sock.settimeout(timeout)
     raw = b""
     while True:
@@ -125,6 +126,8 @@ def _response(sock: socket.socket, timeout: float) -> tuple[int | None, dict, by
         except (TimeoutError, ConnectionResetError):
             chunk = b""
         if not chunk:
+            if head_end >= 0:  # the answer's head came, then a reset took the rest
+                return int(lines[0].split()[1]), headers, None
             return None, {}, raw
         raw += chunk
 
@@ -276,8 +279,11 @@ def test_hostile_request_gets_a_4xx_within_2s(served, name, request_bytes, allow
     import re
 
     status, headers, body, seconds = exchange(served.port, request_bytes)
-    assert status in allowed and seconds < 2, (status, body[:300], seconds)
-    if message is not None:
+    assert status in allowed and seconds < 2, (status, (body or b"")[:300], seconds)
+    # body None: the server closed with the client's request still unread (the 1 MiB
+    # header), and the kernel's reset took its answer's body after the head (seen once in
+    # CI); the status came, within the bound.
+    if message is not None and body is not None:
         assert headers.get("content-type") == "application/json"
         assert re.search(message, json.loads(body)["error"]), body
     _assert_still_fine(served)
