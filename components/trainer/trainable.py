@@ -32,11 +32,8 @@ import numpy as np
 import tensorflow as tf
 
 from config import TrainConfig
+from models.deepseek.memory_plan import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
 from models.deepseek.quantization import is_quantized, is_quantized_model, requantized
-
-ATTENTION_PROJECTIONS = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
-                         "o_proj")
-MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
 def weight_path(variable) -> str:
