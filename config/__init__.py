@@ -35,18 +35,27 @@ from config.presets import DEFAULT_PRESET, PRESETS, get_config
 from config.sections import PIPELINE_NAME, GenerationConfig, PipelineConfig, ServeConfig
 from config.sources import (
     DEFAULT_SOURCE,
+    REPLAY_SOURCE,
     SOURCE_SETTINGS,
     DataSource,
     normalized_weights,
     parse_sources,
     split_source_arg,
 )
-from config.train import JIT_COMPILE, LORA_TARGETS, PRECISIONS, STRATEGIES, EvalConfig, TrainConfig
+from config.train import (
+    JIT_COMPILE,
+    LORA_TARGETS,
+    ON_SOURCE_EXHAUSTED,
+    PRECISIONS,
+    STRATEGIES,
+    EvalConfig,
+    TrainConfig,
+)
 
 __all__ = [
     "DEFAULT_PRESET", "DEFAULT_SOURCE", "DOCUMENT_BOUNDARIES", "INVALID_UTF8_POLICIES", "JIT_COMPILE",
-    "LORA_TARGETS", "NORMALIZATION_FORMS", "PIPELINE_NAME", "PRECISIONS", "PRESETS",
-    "PRE_TOKENIZER_NAMES", "SOURCE_SETTINGS", "STRATEGIES", "TASKS", "DataConfig",
+    "LORA_TARGETS", "NORMALIZATION_FORMS", "ON_SOURCE_EXHAUSTED", "PIPELINE_NAME", "PRECISIONS", "PRESETS",
+    "PRE_TOKENIZER_NAMES", "REPLAY_SOURCE", "SOURCE_SETTINGS", "STRATEGIES", "TASKS", "DataConfig",
     "DataSource", "EvalConfig",
     "GenerationConfig", "PipelineConfig", "ServeConfig", "TokenizerConfig", "TrainConfig",
     "ValidationConfig", "coerce", "get_config", "normalized_weights", "parse_set",

@@ -63,6 +63,10 @@ class DataConfig:
         cleaning settings (`config/sources.py`, `deepseek-tfx run --data NAME=PATH
         --weight NAME=W`). Empty: the one source given to the pipeline as a path
         (`--data PATH`), named "default".
+      replay_fraction: when continuing from a base model (`--base-model`), the share of
+        the training tokens drawn from the base model's own training data (found
+        through ML Metadata lineage, or given by `--replay-data PATH`), in [0, 1).
+        The replayed data is the source named "replay" (`REPLAY_SOURCE`).
     """
 
     document_boundary: str = "blank_line"
@@ -96,6 +100,7 @@ class DataConfig:
     messages_field: str = "messages"
     chat_template: str = ""
     sources: tuple[DataSource, ...] = ()
+    replay_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         check_choice("data.task", self.task, TASKS)
@@ -127,6 +132,10 @@ class DataConfig:
                      "min_alpha_word_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"data.{name}={getattr(self, name)} must be in [0, 1]")
+        if isinstance(self.replay_fraction, bool) or not isinstance(
+                self.replay_fraction, (int, float)) or not 0.0 <= self.replay_fraction < 1.0:
+            raise ValueError(f"data.replay_fraction={self.replay_fraction!r} must be a number "
+                             "in [0, 1)")
         object.__setattr__(self, "sources", data_sources(self.sources))
         for source in self.sources:  # each source's own settings, checked as its section
             try:

@@ -39,6 +39,8 @@ from typing import Any
 from config.overrides import coerce, parse_set, typed_section
 
 DEFAULT_SOURCE = "default"
+# The source of a continued run's replayed data (`data.replay_fraction`, `--replay-data`).
+REPLAY_SOURCE = "replay"
 SOURCE_NAME = re.compile(r"[a-z0-9_]+")
 # The `data` fields a source may set for its own records: how its files are read and
 # how its documents are cleaned. Everything else in `data` is one setting for the mixture.

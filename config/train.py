@@ -158,10 +158,12 @@ class TrainConfig:
     preemption_grace_s: float = 120.0
     prune_keep_experts: int = 0
     export_dtype: str = "auto"
+    on_source_exhausted: str = "repeat"
 
     def __post_init__(self) -> None:
         check_choice("train.jit_compile", self.jit_compile, JIT_COMPILE)
         check_choice("train.export_dtype", self.export_dtype, EXPORT_DTYPES)
+        check_choice("train.on_source_exhausted", self.on_source_exhausted, ON_SOURCE_EXHAUSTED)
         check_positive("train.moe_capacity_factor", self.moe_capacity_factor)
         _check_trainable(self.trainable)
         if self.lora_rank < 0:
@@ -202,6 +204,9 @@ class TrainConfig:
             )
 
 
+ON_SOURCE_EXHAUSTED = ("repeat", "stop")
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     """The Evaluator's blessing rule.
@@ -229,6 +234,10 @@ class EvalConfig:
         fails the blessing (a fraction: 0.02 = 2 accuracy points); a drop within two
         standard errors of the difference (sampling noise) never fails
         (`components/lm_evaluator/blessing.py`).
+      max_bits_per_byte_by_source: {"SOURCE": threshold} for the named sources of a
+        mixture (`data.sources`, "replay", or "default"): the model's bits per byte on
+        that source's own eval examples must be at most the threshold, on top of
+        `max_bits_per_byte` on the whole eval split.
     """
 
     max_bits_per_byte: float = 3.0
@@ -238,6 +247,7 @@ class EvalConfig:
     tasks: tuple[str, ...] = ()
     min_scores: dict[str, float] = dataclasses.field(default_factory=dict)
     task_tolerance: float = 0.02
+    max_bits_per_byte_by_source: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_positive("eval.max_bits_per_byte", self.max_bits_per_byte)
@@ -248,6 +258,8 @@ class EvalConfig:
         object.__setattr__(self, "min_scores", _min_scores(self.min_scores))
         if not 0 <= self.task_tolerance <= 1:
             raise ValueError(f"eval.task_tolerance={self.task_tolerance} must be in [0, 1]")
+        object.__setattr__(self, "max_bits_per_byte_by_source",
+                           _source_thresholds(self.max_bits_per_byte_by_source))
 
 
 TASK_METRICS = ("acc", "acc_norm", "acc_bytes", "exact_match")
@@ -265,6 +277,23 @@ def _task_paths(value) -> tuple[str, ...]:
     if len(set(value)) < len(value):
         raise ValueError(f"eval.tasks={list(value)!r}: a task file is listed twice")
     return tuple(value)
+
+
+def _source_thresholds(value) -> dict[str, float]:
+    """`eval.max_bits_per_byte_by_source` checked: source names -> finite numbers > 0."""
+    from config.sources import check_source_name
+
+    key = "eval.max_bits_per_byte_by_source"
+    if not isinstance(value, dict):
+        raise ValueError(f"{key}={value!r}: expected a JSON object {{\"SOURCE\": bits}}")
+    out = {}
+    for name, bits in value.items():
+        check_source_name(f"{key} key", name)
+        if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not (
+                0 < bits < float("inf")):
+            raise ValueError(f"{key}[{name!r}]={bits!r}: expected a finite number > 0")
+        out[name] = float(bits)
+    return out
 
 
 def _min_scores(value) -> dict[str, float]:
