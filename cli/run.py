@@ -18,6 +18,7 @@ from cli.settings import (
     default_output,
     distillation,
     parse_overrides,
+    replay,
     warm_start,
 )
 from config import SOURCE_SETTINGS
@@ -32,13 +33,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     sources = config.data.sources
     data = sources[0].path if sources else (args.data or [str(default_corpus())])[-1]
     input_base, pattern = split_data_path(data)
-    if len(sources) > 1:
-        _print_data(config, input_base, pattern)
-        # TODO(issue 28): ExampleGen, cleaning and Transform read one source today.
-        raise SystemExit(f"error: --data: a mixture of {len(sources)} sources is not wired "
-                         "into the pipeline yet (issue 28); give one --data")
     output_dir = args.output or default_output(args)
     config, base_model = warm_start(args, config, output_dir)
+    config, replay_lineage = replay(args, config, base_model,
+                                    os.path.join(input_base, pattern), output_dir)
     config, teacher = distillation(args, config)
 
     _print_data(config, input_base, pattern)
@@ -60,7 +58,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                        beam_pipeline_args=args.beam_arg or None,
                        enable_cache=not args.no_cache, until=args.until,
                        num_workers=args.num_workers, accept_drift=args.accept_drift,
-                       base_model=base_model, teacher_model=teacher)
+                       base_model=base_model, teacher_model=teacher,
+                       replay_lineage=replay_lineage)
     wall = time.perf_counter() - start
     failed = print_summary(paths["metadata_path"], wall)
     report.write_report_quietly(output_dir)
@@ -153,6 +152,10 @@ def add_parsers(sub) -> None:
                      "Face checkpoint directory: config.json, safetensors, tokenizer.json); "
                      "the run keeps its architecture and tokenizer, and is blessed only when "
                      "not worse than it")
+    run.add_argument("--replay-data", metavar="PATH",
+                     help="with --base-model and --set data.replay_fraction=F: the base "
+                     "model's old data, mixed in as the source 'replay' (F of the tokens); "
+                     "without it, the old data is found through ML Metadata lineage")
     run.add_argument("--teacher", metavar="PATH",
                      help="distill from this model (a pushed SavedModel or Hugging Face "
                      "directory with the same tokenizer): train.distill_alpha, "

@@ -106,6 +106,62 @@ def warm_start(args: argparse.Namespace, config, output_dir: str):
     return config, args.base_model if args.base_model == ws.LATEST else base_dir
 
 
+def replay(args: argparse.Namespace, config, base_model: str | None, data_path: str,
+           output_dir: str):
+    """(config, replay lineage for create_pipeline or None) of `data.replay_fraction` and
+    `--replay-data PATH` (`pipeline/replay.py`): the old data joins the mixture as the
+    source "replay"; exits naming a problem (no base model, no lineage, changed files).
+
+    `replay lineage` is {"examples_uri", "examples_id", "base_model_id"} when the old data
+    was found through ML Metadata, None for `--replay-data` or no replay.
+    """
+    fraction = config.data.replay_fraction
+    replay_data = getattr(args, "replay_data", None)
+    if not fraction and not replay_data:
+        return config, None
+    from pipeline import replay as rp
+
+    try:
+        if not base_model:
+            raise rp.ReplayError("replay (data.replay_fraction, --replay-data) mixes in the "
+                                 "base model's data: give --base-model")
+        if not fraction:
+            raise rp.ReplayError("--replay-data needs data.replay_fraction > 0 (e.g. --set "
+                                 "data.replay_fraction=0.2)")
+        lineage = None
+        if replay_data:
+            old = checked_sources(_with_sources(config, rp.replay_data_sources(replay_data)))
+            old_sources = old.data.sources
+            print(f"              replay: {fraction:.0%} of the tokens from --replay-data "
+                  f"{old_sources[0].path}")
+        else:
+            from pipeline.local_runner import run_paths
+
+            store = rp.open_store(run_paths(output_dir)["metadata_path"])
+            if base_model == "latest":
+                from pipeline.warm_start import latest_blessed_model_in
+
+                base_model, _ = latest_blessed_model_in(store, output_dir)
+            origin = rp.replay_origin(store, base_model)
+            rp.check_unchanged(origin)
+            old_sources = origin.sources
+            lineage = {"examples_uri": origin.examples_uri, "examples_id": origin.examples_id,
+                       "base_model_id": origin.base_model_id}
+            print(f"              replay: {fraction:.0%} of the tokens from the base model's "
+                  f"data (ML Metadata: Examples {origin.examples_id} of Model "
+                  f"{origin.base_model_id}): "
+                  + ", ".join(s.path for s in old_sources))
+        return rp.with_replay(config, old_sources, data_path), lineage
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def _with_sources(config, sources):
+    import dataclasses
+
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, sources=sources))
+
+
 def distillation(args: argparse.Namespace, config):
     """(config, teacher model directory or None) of `--teacher`; exits naming a problem.
     Without `--base-model` the config takes the teacher's tokenizer (a warm start

@@ -23,6 +23,9 @@ COMPONENT_ORDER = (
 
 # `--base-model PATH` puts this Importer where the resolver would be.
 BASE_MODEL_IMPORTER = "base_model_importer"
-# COMPONENT_ORDER with the Importer: the ids `create_pipeline(until=...)` may cut after.
+# Replay through ML Metadata lineage imports the base run's Examples with this Importer.
+REPLAY_EXAMPLES_IMPORTER = "replay_examples_importer"
+# COMPONENT_ORDER with the Importers: the ids `create_pipeline(until=...)` may cut after.
 BUILD_ORDER = COMPONENT_ORDER[:COMPONENT_ORDER.index("Trainer")] + (
-    BASE_MODEL_IMPORTER,) + COMPONENT_ORDER[COMPONENT_ORDER.index("Trainer"):]
+    BASE_MODEL_IMPORTER, REPLAY_EXAMPLES_IMPORTER) + COMPONENT_ORDER[
+        COMPONENT_ORDER.index("Trainer"):]

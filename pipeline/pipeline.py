@@ -25,7 +25,12 @@ from components.text_example_gen.component import TextExampleGen
 from components.trainer.component import Trainer
 from config import PipelineConfig, TokenizerConfig, TrainConfig
 from models.deepseek.config import DeepSeekConfig
-from pipeline.component_order import BASE_MODEL_IMPORTER, BUILD_ORDER, COMPONENT_ORDER
+from pipeline.component_order import (
+    BASE_MODEL_IMPORTER,
+    BUILD_ORDER,
+    COMPONENT_ORDER,
+    REPLAY_EXAMPLES_IMPORTER,
+)
 from pipeline.sources import source_fingerprint
 from savedmodel.tasks import load_tasks
 
@@ -118,6 +123,10 @@ def component_config(config: PipelineConfig, sections: tuple[str, ...]) -> Pipel
         raise ValueError(f"unknown config sections {sorted(unknown)}; sections are {list(_SECTIONS)}")
     defaults = PipelineConfig(preset=config.preset, model=DeepSeekConfig())
     kept = {name: getattr(config if name in sections else defaults, name) for name in _SECTIONS}
+    if "train" not in sections:
+        # The sources' weights and the replay share are the Trainer's sampling, not
+        # how records are read, cleaned or tokenized.
+        kept["data"] = dataclasses.replace(kept["data"].without_weights(), replay_fraction=0.0)
     if "model" not in sections:
         kept["model"] = DeepSeekConfig(
             vocab_size=kept["tokenizer"].vocab_size,
@@ -170,6 +179,7 @@ def create_pipeline(
     teacher_model: str | None = None,
     checkpoint_root: str | None = None,
     vertex_training: dict | None = None,
+    replay_lineage: dict | None = None,
 ) -> tfx.dsl.Pipeline:
     """Builds the TFX pipeline.
 
@@ -219,6 +229,11 @@ def create_pipeline(
       vertex_training: the Trainer trains on N workers as a Vertex AI CustomJob
         (`components.trainer.vertex.VertexTrainer`); these are the custom_config keys
         of `vertex.custom_config(...)`. None: the Trainer trains in its own task.
+      replay_lineage: the base run's data is replayed (`pipeline/replay.py`; the config
+        already has the source "replay"): {"examples_uri", "examples_id",
+        "base_model_id"} of the base run's TextExampleGen Examples. An Importer of that
+        URI (`REPLAY_EXAMPLES_IMPORTER`) reuses the artifact, so this pipeline run's
+        context holds it, and the Trainer records the ids on the new Model artifact.
 
     Raises:
       ValueError: `until` is not a component id; `tokenizer.path` is given and the
@@ -309,6 +324,14 @@ def create_pipeline(
         trainer_extra["teacher_fingerprint"] = base_model_lib.fingerprint(teacher_path)
     if checkpoint_root:
         trainer_extra["checkpoint_root"] = checkpoint_root
+    replay_importer = None
+    if replay_lineage:
+        replay_importer = tfx.dsl.Importer(
+            source_uri=replay_lineage["examples_uri"],
+            artifact_type=tfx.types.standard_artifacts.Examples,
+        ).with_id(REPLAY_EXAMPLES_IMPORTER)
+        trainer_extra["replay_lineage"] = {k: replay_lineage[k] for k in (
+            "examples_id", "base_model_id")}
     trainer_class = Trainer
     if vertex_training:
         from components.trainer.vertex import VertexTrainer
@@ -349,6 +372,7 @@ def create_pipeline(
         drift_validator,
         transform,
         *([importer] if importer is not None else [model_resolver]),
+        *([replay_importer] if replay_importer is not None else []),
         trainer,
         evaluator,
         pusher,

@@ -281,19 +281,40 @@ def test_the_cli_builds_the_sources_with_absolute_paths(corpora):
     assert default_output(args) == "runs/web+poems+more-tiny"
 
 
-def test_run_lists_the_sources_with_their_shares(corpora, capsys):
-    """Two sources: `run` prints them, then refuses (the pipeline reads one source until
-    issue 28's wiring lands)."""
-    message = _refusal(["run", "--preset", "tiny", "--output", str(corpora / "out"),
-                        "--data", "web=web.txt", "--data", "poems=poems.jsonl",
-                        "--weight", "web=7", "--weight", "poems=3",
-                        "--source-set", "poems.jsonl_text_field=content"])
-    assert message.startswith("error: --data: a mixture of 2 sources is not wired")
+def test_run_lists_the_sources_with_their_shares_and_hands_them_to_the_pipeline(
+        corpora, capsys, monkeypatch):
+    """Two sources: `run` prints them and gives the runner the config with both (the
+    runner is replaced here; the pipeline that reads them runs in the e2e tier)."""
+    import cli
+    from pipeline import local_runner
+
+    seen = {}
+
+    def runner(config, input_base, pattern, output_dir, **options):
+        seen.update(config=config, input_base=input_base, pattern=pattern)
+        raise SystemExit("error: stopped by the test")
+
+    monkeypatch.setattr(local_runner, "run_local", runner)
+    with pytest.raises(SystemExit, match="stopped by the test"):
+        cli.main(["run", "--preset", "tiny", "--output", str(corpora / "out"),
+                  "--data", "web=web.txt", "--data", "poems=poems.jsonl",
+                  "--weight", "web=7", "--weight", "poems=3",
+                  "--source-set", "poems.jsonl_text_field=content"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [
+    assert lines[:3] == [
         "deepseek-tfx: preset tiny, data 2 sources (name, share of the training batches, path)",
         f"                web    0.700  {corpora / 'web.txt'}",
         f"                poems  0.300  {corpora / 'poems.jsonl'}  (jsonl_text_field=content)"]
+    assert [s.name for s in seen["config"].data.sources] == ["web", "poems"]
+    # FileBasedExampleGen's own input is the first source's (TFX needs one input_base).
+    assert (seen["input_base"], seen["pattern"]) == (str(corpora), "web.txt")
+
+
+def test_replay_without_a_base_model_is_refused(corpora):
+    message = _refusal(["run", "--preset", "tiny", "--output", str(corpora / "out"),
+                        "--data", "web.txt", "--set", "data.replay_fraction=0.2"])
+    assert message == ("error: replay (data.replay_fraction, --replay-data) mixes in the "
+                       "base model's data: give --base-model")
 
 
 @pytest.mark.parametrize("data, first_line", [
