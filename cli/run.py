@@ -17,7 +17,6 @@ from cli.settings import (
     config_from_args,
     default_output,
     distillation,
-    parse_overrides,
     replay,
     warm_start,
 )
@@ -77,18 +76,19 @@ def _print_data(config, input_base: str, pattern: str) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Ingestion, validation, cleaning and the drift check only; prints the data report.
 
+    `--data` is one path, or named sources (`--data NAME=PATH ... --source-set ...`), each
+    read and cleaned with its own settings and counted on its own, as `run` does.
     With `--output` set to a run's directory, drift is measured against the run of
     that directory's latest blessed model (and reported; validate never stops on it).
     """
-    from config import get_config
-
-    try:
-        config = get_config(args.preset, parse_overrides(args.set or []))
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from e
-    input_base, pattern = split_data_path(args.data)
+    config = config_from_args(args, check_tokenizer=False)
+    sources = config.data.sources
+    input_base, pattern = split_data_path(sources[0].path if sources else args.data[-1])
     output_dir = args.output or default_output(args)
-    print(f"deepseek-tfx validate: data {os.path.join(input_base, pattern)}")
+    first, *more = data_lines(config, os.path.join(input_base, pattern))
+    print(f"deepseek-tfx validate: {first}")
+    for line in more:
+        print(f"              {line}")
     from pipeline.local_runner import run_local, run_paths
     from reporting.run_summary import print_data_report
 
@@ -165,10 +165,14 @@ def add_parsers(sub) -> None:
 
     val = sub.add_parser("validate", help="ingest, validate (TFDV) and clean only; print the "
                          "data report (records, rejects by reason, repairs, anomalies)")
-    val.add_argument("--data", required=True, help="text/JSONL/CSV/Parquet file, directory or glob")
+    val.add_argument("--data", required=True, action="append", metavar="[NAME=]PATH",
+                     help="text/JSONL/CSV/Parquet file, directory or glob; NAME=PATH "
+                     "(repeatable) names a source of a mixture, as for run")
+    val.add_argument("--source-set", action="append", metavar="NAME.FIELD=VALUE",
+                     help="a named source's own value of a data.FIELD (repeatable), as for run")
     val.add_argument("--preset", default="cpu_small", help="tiny | cpu_small | gpu_base")
     val.add_argument("--output", help="output directory (default: runs/validate-<corpus>)")
     val.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                      help="override any config field, e.g. --set data.invalid_utf8=reject")
     console.add_arguments(val, "validate")
-    val.set_defaults(fn=cmd_validate)
+    val.set_defaults(fn=cmd_validate, weight=None)

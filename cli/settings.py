@@ -15,9 +15,7 @@ from pathlib import Path
 from cli.data import (
     checked_sources,
     corpus_name,
-    default_corpus,
     sources_overrides,
-    split_data_path,
 )
 from pipeline.component_order import COMPONENT_ORDER
 
@@ -185,6 +183,5 @@ def default_output(args: argparse.Namespace) -> str:
     """`run`: runs/<corpus>-<preset> (`corpus_name`: a mixture's is its sources' names
     joined by '+'); `validate`: runs/validate-<corpus>."""
     if args.command == "validate":
-        _, pattern = split_data_path(args.data or str(default_corpus()))
-        return os.path.join("runs", f"validate-{Path(pattern).stem}")
+        return os.path.join("runs", f"validate-{Path(corpus_name(args)).stem}")
     return os.path.join("runs", f"{corpus_name(args)}-{args.preset}")

@@ -349,3 +349,9 @@ def test_one_source_runs_as_before(corpora, monkeypatch, capsys, data, first_lin
         assert out[1] == f"                web  1.000  {corpora / 'web.txt'}"
     else:
         assert config.data.sources == ()
+
+
+def test_validate_takes_named_sources_and_names_a_bad_one(corpora):
+    message = _refusal(["validate", "--output", str(corpora / "out"), "--data", "web=web.txt",
+                        "--data", "poems=missing.jsonl"])
+    assert message.startswith("error: source 'poems': --data '") and "no such file" in message
