@@ -56,10 +56,20 @@ def split_data_path(data: str) -> tuple[str, str]:
     UTF-8 is refused by name, since reading it would block or its name cannot be
     recorded (ML Metadata and TensorFlow take UTF-8 paths).
 
+    A URL (`gs://bucket/dir/*.txt`, anything with `://`) is not checked here (TensorFlow's
+    file system reads it in ExampleGen): its last part is the pattern (a file name or a
+    glob; a whole directory is `gs://bucket/dir/*`).
+
     Raises:
       SystemExit: PATH is neither a file, a directory nor a glob, or covers such a file
         (one line, the names shown with undecodable bytes as `\\xNN`).
     """
+    if "://" in data:
+        base, _, pattern = data.rstrip("/").rpartition("/")
+        if not pattern or base.endswith(":/"):
+            raise SystemExit(f"error: --data '{shown(data)}': name the files in the bucket "
+                             "(gs://bucket/dir/*.txt)")
+        return base, pattern
     path = os.path.abspath(data)
     if os.path.isdir(path):
         base, pattern = path, "*"

@@ -355,3 +355,16 @@ def test_validate_takes_named_sources_and_names_a_bad_one(corpora):
     message = _refusal(["validate", "--output", str(corpora / "out"), "--data", "web=web.txt",
                         "--data", "poems=missing.jsonl"])
     assert message.startswith("error: source 'poems': --data '") and "no such file" in message
+
+
+def test_a_bucket_path_stays_a_path_and_is_split_for_examplegen():
+    from cli.data import checked_sources, split_data_path
+
+    config = configs.get_config("tiny", configs.parse_set([
+        'data.sources=[{"name": "web", "path": "gs://corpora/web/*.jsonl"}, '
+        '{"name": "poems", "path": "gs://corpora/k=v/poems.txt"}]']))
+    assert [s.path for s in checked_sources(config).data.sources] == [
+        "gs://corpora/web/*.jsonl", "gs://corpora/k=v/poems.txt"]
+    assert split_data_path("gs://corpora/k=v/poems.txt") == ("gs://corpora/k=v", "poems.txt")
+    with pytest.raises(SystemExit, match="name the files in the bucket"):
+        split_data_path("gs://corpora")
