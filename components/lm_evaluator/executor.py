@@ -26,7 +26,7 @@ from tfx.utils import io_utils, path_utils
 
 from components.lm_evaluator.blessing import decide_blessing
 from components.lm_evaluator.source_scoring import evaluate_sources, read_eval_sources
-from config import DEFAULT_SOURCE, PipelineConfig
+from config import PipelineConfig
 from savedmodel import scoring, task_models
 from savedmodel.layout import read_tokenizer
 from savedmodel.task_models import score_tasks
@@ -106,14 +106,6 @@ def evaluate_baseline(baseline_uri: str, candidate_dir: str,
     scored = score_tasks(task_models.from_keras_model(model, candidate), tasks,
                          config.eval.batch_size)
     return {**metrics, "tasks": scored["tasks"]}, scored["samples"]
-
-
-def evaluate_logits(logits_fn, tokenizer, docs, num_bytes: int, config: PipelineConfig) -> dict:
-    """`evaluate_sources` of one source ("default"), without "by_source": perplexity and
-    bits per byte of `logits_fn` on `docs` (token ids of `tokenizer`, or SFT records)."""
-    metrics = evaluate_sources(logits_fn, tokenizer, {DEFAULT_SOURCE: (docs, num_bytes)}, config)
-    metrics.pop("by_source")
-    return metrics
 
 
 class Executor(base_executor.BaseExecutor):
