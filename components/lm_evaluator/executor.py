@@ -6,6 +6,10 @@ Bytes scored = the documents' UTF-8 bytes + one byte per `[EOS]` separator
 (the blank line it stands for): every byte of the text, in any language (the
 byte-level tokenizer has no `[UNK]` to hide bytes in).
 
+A data mixture's eval split is scored per source (`source_scoring.py`): each source's
+documents packed on their own, its bits per byte beside the mixture's, and
+`eval.max_bits_per_byte_by_source` checked (`blessing.py`).
+
 A baseline model whose tokenizer differs from the candidate's (another run that
 learned another tokenizer) scores the same text: the candidate's ids are decoded
 (lossless) and encoded again with the baseline's own `tokenize` signature.
