@@ -233,6 +233,7 @@ def measure(variants: list[dict], config, eval_data, max_new_tokens: int) -> lis
     """Adds bytes, bits/byte (this process) and serving figures (a child each)."""
     from common import memory
     from components.lm_evaluator.executor import evaluate_saved_model
+    from config import DEFAULT_SOURCE
 
     docs, num_bytes = eval_data
     rows = []
@@ -243,7 +244,7 @@ def measure(variants: list[dict], config, eval_data, max_new_tokens: int) -> lis
             continue
         row["weights_bytes"] = _dir_bytes(os.path.join(v["dir"], "variables"))
         row["savedmodel_bytes"] = _dir_bytes(v["dir"])
-        metrics, _ = evaluate_saved_model(v["dir"], docs, num_bytes, config)
+        metrics, _ = evaluate_saved_model(v["dir"], {DEFAULT_SOURCE: (docs, num_bytes)}, config)
         row["bits_per_byte"] = metrics["bits_per_byte"]
         # The child's environment is the server's: TensorFlow's own allocator (`serve` does
         # not switch to malloc as this process does for its exports).

@@ -16,6 +16,11 @@ rebuilds it. Everything comes from ML Metadata (`run_summary.latest_run`,
              baseline, and the blessing; with a baseline, the quality rows of
              `deepseek-tfx compare`'s table (`reporting/comparison.py`): bits per
              byte, perplexity and each task's scores, baseline vs candidate
+  sources    a data mixture per source (`reporting/mixture_report.py`): records read,
+             kept and dropped (the TextCleaner's `by_source`), the realized share of
+             the trained tokens against the weight (the Model's `source_*`
+             properties, plotted) and bits per byte before (baseline) and after
+             (candidate) with each source's threshold (metrics.json `by_source`)
   tasks      the benchmark tasks of metrics.json: each task's primary scores (acc,
              acc_norm; exact_match) with their standard error, the chance level and how
              far above it, and the baseline's
@@ -39,7 +44,8 @@ from reporting import report_data
 from reporting.report_data import SAMPLE_NEW_TOKENS, RunData, Unavailable
 
 REPORT_FILE = "report.html"
-SECTIONS = ("pipeline", "data", "training", "moe", "eval", "tasks", "samples", "lineage")
+SECTIONS = ("pipeline", "data", "training", "moe", "eval", "sources", "tasks", "samples",
+            "lineage")
 
 
 # ----------------------------------------------------------------------------- html
@@ -281,6 +287,60 @@ def comparison_html(baseline: dict, candidate: dict) -> str:
             "</h3>" + _table(header, cells) + note)
 
 
+def section_sources(run: RunData) -> str:
+    """A data mixture's figures per source (`sources_html`); for a one-source run, a line
+    saying its figures are the overall ones.
+
+    Raises:
+      Unavailable: none of the TextCleaner, the Trainer and the LmEvaluator ran.
+    """
+    from reporting import mixture_report
+
+    found = {}
+    for key, component, artifact_type in (("cleaner", "TextCleaner", "Examples"),
+                                          ("model", "Trainer", "Model")):
+        with contextlib.suppress(Unavailable):
+            found[key] = run.output(component, artifact_type)
+    with contextlib.suppress(Unavailable):
+        found["metrics"] = report_data.eval_metrics(run)
+    if not found:
+        raise Unavailable("the TextCleaner, the Trainer and the LmEvaluator did not run")
+    thresholds = report_data.execution_config(run, "LmEvaluator").get("eval", {}).get(
+        "max_bits_per_byte_by_source") or {}
+    return sources_html(mixture_report.cleaning_source_rows(found.get("cleaner", {})),
+                        mixture_report.token_share_rows(found.get("model", {})),
+                        mixture_report.eval_source_rows(found.get("metrics", {}), thresholds))
+
+
+def sources_html(cleaning: list[dict], tokens: list[dict], evaluation: list[dict]) -> str:
+    """The sources section's HTML from `mixture_report`'s rows: records per source, the
+    realized token share vs the weight (table and plot), bits per byte before and after
+    per source; a line for a one-source run (all three empty)."""
+    from reporting import mixture_report, report_plots
+
+    if not (cleaning or tokens or evaluation):
+        return ("<p>one source (\"default\"): its records, tokens and bits per byte are "
+                "the overall figures of the sections above.</p>")
+    out = ""
+    if cleaning:
+        out += ("<h3>Records by source (TextCleaner)</h3>"
+                + _table(*mixture_report.cleaning_source_cells(cleaning)))
+    if tokens:
+        out += ("<h3>Trained tokens by source: realized share vs weight (Trainer)</h3>"
+                + _table(*mixture_report.token_share_cells(tokens)))
+        if all(r["weight"] is not None and r["share"] is not None for r in tokens):
+            out += report_plots.token_shares(
+                {r["source"]: (r["weight"], r["share"]) for r in tokens})
+    if evaluation:
+        out += ("<h3>Bits per byte by source: before (baseline) and after (candidate)</h3>"
+                "<p>each source's own eval documents, packed on their own; a rise on the "
+                "replayed source (\"replay\") is forgetting of the base model's data.</p>"
+                + _table(*mixture_report.eval_source_cells(evaluation)))
+        out += report_plots.source_bits_per_byte(
+            {r["source"]: (r["before"], r["after"]) for r in evaluation})
+    return out
+
+
 def section_tasks(run: RunData) -> str:
     """The benchmark tasks of metrics.json (`tasks_html`).
 
@@ -385,7 +445,8 @@ def lineage_html(destination: str, data: dict) -> str:
 
 _TITLES = {"pipeline": "Pipeline", "data": "Data: records, anomalies, drift",
            "training": "Training curves", "moe": "MoE: expert load and router bias",
-           "eval": "Evaluation and blessing", "tasks": "Benchmark tasks",
+           "eval": "Evaluation and blessing", "sources": "Data mixture: per source",
+           "tasks": "Benchmark tasks",
            "samples": "Sample generations",
            "lineage": "Lineage of the pushed model"}
 
@@ -445,6 +506,7 @@ def build_html(output_dir: str) -> str:
         "training": lambda: section_training(run, trainer_events()),
         "moe": lambda: section_moe(run, trainer_events()),
         "eval": lambda: section_eval(run),
+        "sources": lambda: section_sources(run),
         "tasks": lambda: section_tasks(run),
         "samples": lambda: section_samples(run),
         "lineage": lambda: section_lineage(run),

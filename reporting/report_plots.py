@@ -111,3 +111,47 @@ def bits_per_byte(bars: dict[str, float], threshold: float) -> str:
     ax.tick_params(labelsize=8)
     ax.legend(fontsize=8, loc="lower right")
     return _img(fig, "bits per byte vs. the blessing threshold")
+
+
+def token_shares(sources: dict[str, tuple[float, float]]) -> str:
+    """Per source (rows): its weight and the realized share of the trained tokens
+    ({name: (weight, share)}, fractions), in percent."""
+    fig, ax = plt.subplots(figsize=(6.5, 0.6 + 0.55 * len(sources)), layout="constrained")
+    names = list(sources)
+    y = np.arange(len(names))
+    weights = [100 * sources[n][0] for n in names]
+    shares = [100 * sources[n][1] for n in names]
+    ax.barh(y - 0.2, weights, height=0.4, color="C7", label="weight")
+    ax.barh(y + 0.2, shares, height=0.4, color="C0", label="realized token share")
+    for i in range(len(names)):
+        ax.text(shares[i], i + 0.2, f" {shares[i]:.1f}%", va="center", fontsize=8)
+    ax.set_yticks(y, [_text(n) for n in names])
+    ax.set_xlabel("% of the trained tokens", fontsize=9)
+    ax.set_xlim(0, max(100.0, *weights, *shares) * 1.1)
+    ax.invert_yaxis()
+    ax.tick_params(labelsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars
+    return _img(fig, "realized token share per source vs its weight")
+
+
+def source_bits_per_byte(sources: dict[str, tuple[float | None, float]]) -> str:
+    """Per source (rows): bits per byte before (the baseline; None: no bar) and after (the
+    candidate) ({name: (before, after)})."""
+    fig, ax = plt.subplots(figsize=(6.5, 0.6 + 0.55 * len(sources)), layout="constrained")
+    names = list(sources)
+    y = np.arange(len(names))
+    before = [sources[n][0] for n in names]
+    after = [sources[n][1] for n in names]
+    if any(b is not None for b in before):
+        ax.barh(y - 0.2, [b or 0.0 for b in before], height=0.4, color="C7",
+                label="before (baseline)")
+    ax.barh(y + 0.2, after, height=0.4, color="C0", label="after (candidate)")
+    for i in range(len(names)):
+        ax.text(after[i], i + 0.2, f" {after[i]:.3f}", va="center", fontsize=8)
+    ax.set_yticks(y, [_text(n) for n in names])
+    ax.set_xlabel("bits per byte (lower is better)", fontsize=9)
+    ax.set_xlim(0, max([*after, *(b for b in before if b is not None)]) * 1.2)
+    ax.invert_yaxis()
+    ax.tick_params(labelsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars
+    return _img(fig, "bits per byte per source, before and after")

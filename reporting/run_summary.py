@@ -14,6 +14,7 @@ from ml_metadata.proto import metadata_store_pb2
 
 from common.json_file import read_json
 from reporting.comparison import display_width, primary_metrics
+from reporting.mixture_report import summary_lines
 
 _STATES = {v: k for k, v in metadata_store_pb2.Execution.State.items()}
 
@@ -79,7 +80,9 @@ def pruning_line(model: dict) -> str:
 
 def print_summary(metadata_path: str, wall_s: float) -> list[str]:
     """Prints the newest run's components (state, seconds), records kept and dropped,
-    the Trainer's throughput and MFU, the evaluation, the blessing and the pushed model.
+    the Trainer's throughput and MFU, the evaluation, the blessing, a mixture's figures
+    per source (`mixture_report.summary_lines`: records, trained token share vs weight,
+    bits per byte before and after) and the pushed model.
 
     Args:
       metadata_path: the run's ML Metadata SQLite file.
@@ -128,15 +131,21 @@ def print_summary(metadata_path: str, wall_s: float) -> list[str]:
                   f"{100 * model.get('moe_dropped_fraction', 0):.2f}%; steps skipped (not "
                   f"finite): {model.get('skipped_steps', 0)}")
     evaluator = by_name.get("LmEvaluator")
+    metrics: dict = {}
     if evaluator:
         ev = evaluator.outputs.get("ModelEvaluation", {})
         bl = evaluator.outputs.get("ModelBlessing", {})
+        metrics = _evaluation_metrics(ev.get("uri"))
         print(f"eval: bits_per_byte {ev.get('bits_per_byte', float('nan')):.4f}, "
               f"perplexity {ev.get('perplexity', float('nan')):.2f}, "
               f"tokens {ev.get('eval_tokens')}, bytes {ev.get('eval_bytes')}")
-        for line in task_lines(_evaluation_metrics(ev.get("uri"))):
+        for line in task_lines(metrics):
             print(line)
         print(f"blessed: {bool(bl.get('blessed'))} ({bl.get('blessing_message', '')})")
+    # A mixture's figures per source (none for a one-source run).
+    for line in summary_lines(model, metrics,
+                              cleaner.outputs.get("Examples", {}) if cleaner else {}):
+        print(line)
     pusher = by_name.get("Pusher")
     pushed = pusher.outputs.get("PushedModel", {}) if pusher else {}
     if pushed.get("pushed"):

@@ -60,12 +60,41 @@ def task_checks(metrics: dict, baseline: dict | None, config: PipelineConfig) ->
     return failures
 
 
+def source_checks(metrics: dict, config: PipelineConfig) -> tuple[list[str], list[str]]:
+    """(failed, met) sentences of the per-source thresholds
+    `eval.max_bits_per_byte_by_source` against `metrics["by_source"]` ({source:
+    {"bits_per_byte", ...}}, absent = no source scored).
+
+    A threshold naming a source with no eval documents fails (not blessed, with that
+    reason, rather than an error): the evaluation is still recorded, and a model the
+    rule cannot be checked on is not pushed. It is a misspelt name, or a source too
+    small to have eval documents."""
+    by_source = metrics.get("by_source") or {}
+    failed, met = [], []
+    for name, limit in sorted(config.eval.max_bits_per_byte_by_source.items()):
+        key = f"eval.max_bits_per_byte_by_source[{name!r}]"
+        if name not in by_source:
+            scored = ", ".join(repr(s) for s in sorted(by_source)) or "none"
+            failed.append(f"{key} = {limit:.4f} names a source with no eval documents "
+                          f"(sources scored: {scored})")
+            continue
+        bpb = by_source[name]["bits_per_byte"]
+        if bpb <= limit:
+            met.append(f"bits per byte on source {name!r} {bpb:.4f} <= {limit:.4f}")
+        else:
+            failed.append(f"bits per byte on source {name!r} {bpb:.4f} > {key} = {limit:.4f}")
+    return failed, met
+
+
 def decide_blessing(metrics: dict, baseline: dict | None, config: PipelineConfig) -> tuple[bool, str]:
     """Blessed iff bits/byte <= the absolute threshold and not worse than the baseline,
-    and every task check holds (`task_checks`). The message names each failed
-    condition with both numbers, or, when blessed, the conditions met."""
+    each source's bits/byte <= its `eval.max_bits_per_byte_by_source` threshold
+    (`source_checks`; `metrics["by_source"]`), and every task check holds
+    (`task_checks`). The message names each failed condition with both numbers (and
+    the source), or, when blessed, the conditions met."""
     bpb, limit = metrics["bits_per_byte"], config.eval.max_bits_per_byte
     failures = []
+    source_failures, source_met = source_checks(metrics, config)
     if not bpb <= limit:
         failures.append(f"bits_per_byte {bpb:.4f} > eval.max_bits_per_byte {limit:.4f}")
     if baseline is not None:
@@ -74,12 +103,14 @@ def decide_blessing(metrics: dict, baseline: dict | None, config: PipelineConfig
             failures.append(
                 f"bits_per_byte {bpb:.4f} is worse than the last blessed model's "
                 f"{baseline['bits_per_byte']:.4f} (allowed up to {allowed:.4f})")
+    failures += source_failures
     failures += task_checks(metrics, baseline, config)
     if failures:
         return False, "; ".join(failures)
     tasks = metrics.get("tasks", {})
-    scored = "".join(f"; task {name} {PRIMARY_METRIC[m['type']]} "
-                     f"{m[PRIMARY_METRIC[m['type']]]:.4f}" for name, m in tasks.items())
+    scored = "".join(f"; {line}" for line in source_met)
+    scored += "".join(f"; task {name} {PRIMARY_METRIC[m['type']]} "
+                      f"{m[PRIMARY_METRIC[m['type']]]:.4f}" for name, m in tasks.items())
     gates = f" and eval.min_scores met ({len(config.eval.min_scores)})" \
         if config.eval.min_scores else ""
     if baseline is not None:

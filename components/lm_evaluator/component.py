@@ -3,7 +3,8 @@
 Inputs:  examples (Transform's transformed_examples), model (Trainer's Model),
          baseline_model (optional: the latest blessed Model, from a Resolver with
          LatestBlessedModelStrategy).
-Outputs: evaluation (ModelEvaluation: metrics.json + custom properties),
+Outputs: evaluation (ModelEvaluation: metrics.json + custom properties, per mixture
+         source too: `by_source`, bits_per_byte_<source>),
          blessing (ModelBlessing: `blessed` 1/0, as TFX's Pusher reads it).
 Parameters: pipeline_config (PipelineConfig JSON; the `eval` section holds the rule),
             task_fingerprints (optional JSON {task file path: sha256 of its bytes}: an

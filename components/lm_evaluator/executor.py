@@ -6,6 +6,10 @@ Bytes scored = the documents' UTF-8 bytes + one byte per `[EOS]` separator
 (the blank line it stands for): every byte of the text, in any language (the
 byte-level tokenizer has no `[UNK]` to hide bytes in).
 
+A data mixture's eval split is scored per source (`source_scoring.py`): each source's
+documents packed on their own, its bits per byte beside the mixture's, and
+`eval.max_bits_per_byte_by_source` checked (`blessing.py`).
+
 A baseline model whose tokenizer differs from the candidate's (another run that
 learned another tokenizer) scores the same text: the candidate's ids are decoded
 (lossless) and encoded again with the baseline's own `tokenize` signature.
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (regex ops of the SavedModel's tokenizer)
@@ -25,8 +29,7 @@ from tfx.types import artifact_utils
 from tfx.utils import io_utils, path_utils
 
 from components.lm_evaluator.blessing import decide_blessing
-from components.trainer.data import PROMPT_LENGTH_KEY
-from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY
+from components.lm_evaluator.source_scoring import evaluate_sources, read_eval_sources
 from config import PipelineConfig
 from savedmodel import scoring, task_models
 from savedmodel.layout import read_tokenizer
@@ -39,44 +42,34 @@ TASK_SAMPLES_FILE = "task_samples.json"
 TASK_PROPERTY_METRICS = ("acc", "acc_norm", "acc_bytes", "exact_match", "chance")
 
 
-def _eval_features(transformed_examples, split: str):
-    """The feature maps of one split's transformed examples, in file order."""
-    pattern = os.path.join(transformed_examples.uri, f"Split-{split}", "*")
-    files = sorted(tf.io.gfile.glob(pattern))
-    if not files:
-        raise FileNotFoundError(f"no transformed examples in {pattern}")
-    for record in tf.data.TFRecordDataset(files, compression_type="GZIP"):
-        yield tf.train.Example.FromString(record.numpy()).features.feature
+def _flatten(sources: Mapping[str, tuple[list, int]]) -> tuple[list, int]:
+    items = [item for docs, _ in sources.values() for item in docs]
+    return items, sum(n for _, n in sources.values())
 
 
 def read_eval_documents(transformed_examples, split: str = "eval") -> tuple[list[list[int]], int]:
-    """(documents as token-id lists, total UTF-8 bytes) of one split."""
-    docs, num_bytes = [], 0
-    for f in _eval_features(transformed_examples, split):
-        docs.append(list(f[INPUT_IDS_KEY].int64_list.value))
-        num_bytes += int(f[NUM_BYTES_KEY].int64_list.value[0])
-    return docs, num_bytes
+    """(documents as token-id lists, total UTF-8 bytes) of one split, all sources
+    together (grouped by source, in `read_eval_sources` order)."""
+    return _flatten(read_eval_sources(transformed_examples, split))
 
 
 def read_eval_records(transformed_examples, split: str = "eval") -> tuple[list, int]:
     """SFT records (ids, prompt_length, response bytes) of one split, and their bytes."""
-    records = [(list(f[INPUT_IDS_KEY].int64_list.value),
-                int(f[PROMPT_LENGTH_KEY].int64_list.value[0]),
-                int(f[NUM_BYTES_KEY].int64_list.value[0]))
-               for f in _eval_features(transformed_examples, split)]
-    return records, sum(r[2] for r in records)
+    return _flatten(read_eval_sources(transformed_examples, split, sft=True))
 
 
-def evaluate_saved_model(model_dir: str, docs, num_bytes: int, config: PipelineConfig,
-                         tasks: Sequence[Task] = (), loaded=None) -> tuple[dict, dict | None]:
-    """(metrics, task samples) of the SavedModel: perplexity and bits per byte on `docs`
-    (its own token ids) and, with `tasks`, metrics["tasks"] = each task's scores
-    (`savedmodel.task_models.score_tasks`); samples None without tasks. `loaded`: the
-    SavedModel if already loaded."""
+def evaluate_saved_model(model_dir: str, sources: Mapping[str, tuple[list, int]],
+                         config: PipelineConfig, tasks: Sequence[Task] = (),
+                         loaded=None) -> tuple[dict, dict | None]:
+    """(metrics, task samples) of the SavedModel: perplexity and bits per byte on
+    `sources` ({source name: (its own token ids, or SFT records; UTF-8 bytes)}: see
+    `evaluate_sources`, metrics["by_source"] included) and, with `tasks`,
+    metrics["tasks"] = each task's scores (`savedmodel.task_models.score_tasks`);
+    samples None without tasks. `loaded`: the SavedModel if already loaded."""
     loaded = loaded if loaded is not None else tf.saved_model.load(model_dir)
     logits_fn = loaded.signatures["logits"]
-    metrics = evaluate_logits(lambda x: logits_fn(input_ids=x)["logits"],
-                              read_tokenizer(model_dir), docs, num_bytes, config)
+    metrics = evaluate_sources(lambda x: logits_fn(input_ids=x)["logits"],
+                               read_tokenizer(model_dir), sources, config)
     if not tasks:
         return metrics, None
     scored = score_tasks(task_models.from_saved_model(model_dir, loaded), tasks,
@@ -84,13 +77,15 @@ def evaluate_saved_model(model_dir: str, docs, num_bytes: int, config: PipelineC
     return {**metrics, "tasks": scored["tasks"]}, scored["samples"]
 
 
-def evaluate_baseline(baseline_uri: str, candidate_dir: str, docs, num_bytes: int,
-                      config: PipelineConfig, tasks: Sequence[Task] = ()) -> tuple[dict, dict | None]:
+def evaluate_baseline(baseline_uri: str, candidate_dir: str,
+                      sources: Mapping[str, tuple[list, int]], config: PipelineConfig,
+                      tasks: Sequence[Task] = ()) -> tuple[dict, dict | None]:
     """`evaluate_saved_model` of a baseline: a Model artifact (a SavedModel in its
     `Format-Serving/`), an imported SavedModel directory, or a Hugging Face checkpoint
-    directory (a warm start's `--base-model PATH`); `docs` are the candidate's ids. A
-    baseline SavedModel scores the tasks with its own tokenizer (task scores are
-    measured on text); a Hugging Face one carries the candidate's."""
+    directory (a warm start's `--base-model PATH`); `sources` hold the candidate's ids.
+    A baseline SavedModel scores the same text in its own ids, and the tasks with its
+    own tokenizer (task scores are measured on text); a Hugging Face one carries the
+    candidate's."""
     from savedmodel import base_model
 
     baseline_dir = base_model.model_dir(baseline_uri)
@@ -99,45 +94,22 @@ def evaluate_baseline(baseline_uri: str, candidate_dir: str, docs, num_bytes: in
                                           != read_tokenizer(candidate_dir).json):
             raise ValueError(f"baseline {baseline_dir} has another tokenizer; response-only "
                              f"scoring of SFT records needs the candidate's")
-        baseline_docs = scoring.retokenize(docs, candidate_dir, baseline_dir)
-        return evaluate_saved_model(baseline_dir, baseline_docs, num_bytes, config, tasks)
+        if config.data.task != "sft":
+            sources = {name: (scoring.retokenize(docs, candidate_dir, baseline_dir), n)
+                       for name, (docs, n) in sources.items()}
+        return evaluate_saved_model(baseline_dir, sources, config, tasks)
     tokenizer_dir = base_model.tokenizer_path(baseline_dir)
     candidate = read_tokenizer(candidate_dir)
     if tokenizer_dir is None or ByteLevelBpe.from_file(tokenizer_dir).json != candidate.json:
         raise ValueError(f"baseline {baseline_dir} (a Hugging Face checkpoint) does not carry "
                          f"the candidate's tokenizer.json, so the two cannot score the same ids")
     model = base_model.load_model(baseline_dir)
-    metrics = evaluate_logits(lambda x: model(x, training=False), candidate, docs, num_bytes, config)
+    metrics = evaluate_sources(lambda x: model(x, training=False), candidate, sources, config)
     if not tasks:
         return metrics, None
     scored = score_tasks(task_models.from_keras_model(model, candidate), tasks,
                          config.eval.batch_size)
     return {**metrics, "tasks": scored["tasks"]}, scored["samples"]
-
-
-def evaluate_logits(logits_fn, tokenizer, docs, num_bytes: int, config: PipelineConfig) -> dict:
-    """Perplexity and bits per byte of `logits_fn` (int32 [B, T] -> float32 [B, T, V]) on
-    `docs` (token ids of `tokenizer`), packed as the Trainer packs them; for SFT
-    (`data.task = "sft"`, docs from `read_eval_records`), of the responses only
-    (`scoring.score_responses`): also `response_perplexity`, `response_bits_per_byte`."""
-    if config.data.task == "sft":
-        scored = scoring.score_responses(logits_fn, docs, config.train.seq_len,
-                                         config.eval.batch_size, pad_id=tokenizer.pad_id)
-        metrics = scoring.summarize(scored["nll"], scored["tokens"], scored["bytes"])
-        return {**metrics, "response_perplexity": metrics["perplexity"],
-                "response_bits_per_byte": metrics["bits_per_byte"],
-                "records": scored["records"], "skipped_too_long": scored["skipped_too_long"]}
-    stream = scoring.token_stream(docs, config.eval.max_eval_tokens, eos_id=tokenizer.eos_id)
-    result = scoring.score_stream(
-        logits_fn, stream, config.train.seq_len,
-        config.eval.batch_size, pad_id=tokenizer.pad_id)
-    if config.eval.max_eval_tokens and result["tokens"] < sum(len(d) for d in docs) + len(docs) - 1:
-        # Scored a prefix: scale bytes by the fraction of tokens scored.
-        total_tokens = sum(len(d) for d in docs) + len(docs) - 1
-        num_bytes = round((num_bytes + len(docs) - 1) * result["tokens"] / total_tokens)
-    else:
-        num_bytes += len(docs) - 1
-    return scoring.summarize(result["nll"], result["tokens"], num_bytes)
 
 
 class Executor(base_executor.BaseExecutor):
@@ -156,18 +128,26 @@ class Executor(base_executor.BaseExecutor):
             picks whole documents or SFT responses, the `eval` section holds the
             blessing rule, see `decide_blessing`).
 
-        Writes `evaluation/metrics.json` ({"candidate", "baseline", "blessed",
-        "message"}) and on `evaluation` the custom properties bits_per_byte,
-        perplexity, loss (mean NLL per token, nats), for SFT
-        response_perplexity and response_bits_per_byte, eval_tokens, eval_bytes
-        and with a baseline baseline_bits_per_byte; and `blessing/BLESSED` or
-        `blessing/NOT_BLESSED` with the custom properties TFX's Pusher reads
-        (`blessed`, current and baseline model URI and id, the message) and
-        bits_per_byte.
+        The eval split is scored per mixture source (each example's `source_name`,
+        "default" without it; `evaluate_sources`): the candidate's and the
+        baseline's figures on the whole split and on each source.
+
+        Writes `evaluation/metrics.json` ({"candidate", "baseline", "by_source",
+        "baseline_by_source", "blessed", "message"}; by_source: {source:
+        {"bits_per_byte", "perplexity", "tokens", "bytes", "documents"}},
+        baseline_by_source None without a baseline) and on `evaluation` the custom
+        properties bits_per_byte, perplexity, loss (mean NLL per token, nats), for
+        SFT response_perplexity and response_bits_per_byte, eval_tokens,
+        eval_bytes, bits_per_byte_<source> and with a baseline
+        baseline_bits_per_byte and baseline_bits_per_byte_<source>; and
+        `blessing/BLESSED` or `blessing/NOT_BLESSED` with the custom properties
+        TFX's Pusher reads (`blessed`, current and baseline model URI and id, the
+        message), bits_per_byte and the same per-source properties.
 
         Raises:
           FileNotFoundError: the eval split has no transformed examples.
-          ValueError: nothing to score (no tokens or no bytes), or the baseline
+          ValueError: nothing to score (no tokens or no bytes, of the split or of
+            one source), a malformed `source_name` feature, or the baseline
             cannot score the candidate's ids (an SFT baseline with another
             tokenizer, a Hugging Face baseline without the candidate's
             tokenizer.json).
@@ -180,19 +160,19 @@ class Executor(base_executor.BaseExecutor):
         blessing = artifact_utils.get_single_instance(output_dict["blessing"])
 
         tasks = load_tasks(config.eval.tasks, config.eval.min_scores)
-        if config.data.task == "sft":
-            docs, num_bytes = read_eval_records(examples)
-        else:
-            docs, num_bytes = read_eval_documents(examples)
+        sources = read_eval_sources(examples, sft=config.data.task == "sft")
         candidate_dir = path_utils.serving_model_path(model.uri)
-        metrics, samples = evaluate_saved_model(candidate_dir, docs, num_bytes, config, tasks)
+        metrics, samples = evaluate_saved_model(candidate_dir, sources, config, tasks)
         baseline_metrics = baseline_samples = None
         if baselines:
             baseline_metrics, baseline_samples = evaluate_baseline(
-                baselines[0].uri, candidate_dir, docs, num_bytes, config, tasks)
+                baselines[0].uri, candidate_dir, sources, config, tasks)
         blessed, message = decide_blessing(metrics, baseline_metrics, config)
 
-        report = {"candidate": metrics, "baseline": baseline_metrics, "blessed": blessed,
+        by_source = metrics.pop("by_source")
+        baseline_by_source = baseline_metrics.pop("by_source") if baseline_metrics else None
+        report = {"candidate": metrics, "baseline": baseline_metrics, "by_source": by_source,
+                  "baseline_by_source": baseline_by_source, "blessed": blessed,
                   "message": message}
         io_utils.write_string_file(
             os.path.join(evaluation.uri, METRICS_FILE), json.dumps(report, indent=2)
@@ -212,6 +192,8 @@ class Executor(base_executor.BaseExecutor):
         if baseline_metrics:
             evaluation.set_float_custom_property("baseline_bits_per_byte", baseline_metrics["bits_per_byte"])
             set_task_properties(evaluation, baseline_metrics.get("tasks", {}), "baseline_task_")
+        for artifact in (evaluation, blessing):
+            set_source_properties(artifact, by_source, baseline_by_source)
 
         io_utils.write_string_file(
             os.path.join(
@@ -235,6 +217,17 @@ class Executor(base_executor.BaseExecutor):
             )
         blessing.set_string_custom_property(constants.ARTIFACT_PROPERTY_BLESSING_MESSAGE_KEY, message)
         blessing.set_float_custom_property("bits_per_byte", metrics["bits_per_byte"])
+
+
+def set_source_properties(artifact, by_source: dict, baseline_by_source: dict | None) -> None:
+    """`bits_per_byte_<source>` float custom properties of each source's bits per byte
+    (`by_source`: {name: {"bits_per_byte", ...}}), and `baseline_bits_per_byte_<source>`
+    of the baseline's."""
+    for name, values in by_source.items():
+        artifact.set_float_custom_property(f"bits_per_byte_{name}", values["bits_per_byte"])
+    for name, values in (baseline_by_source or {}).items():
+        artifact.set_float_custom_property(f"baseline_bits_per_byte_{name}",
+                                           values["bits_per_byte"])
 
 
 def set_task_properties(artifact, task_metrics: dict, prefix: str) -> None:

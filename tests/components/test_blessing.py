@@ -119,3 +119,31 @@ def test_the_cli_makes_task_paths_absolute_and_refuses_a_bad_file(tmp_path, monk
                    encoding="utf-8")
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
         with_task_paths(_config(tasks=[str(bad)]))
+
+
+def _by_source(**bpb):
+    return {"bits_per_byte": 2.0, "by_source": {
+        name: {"bits_per_byte": v, "perplexity": 2.0, "tokens": 10, "bytes": 10,
+               "documents": 1} for name, v in bpb.items()}}
+
+
+def test_a_source_over_its_threshold_fails_naming_the_source_and_both_numbers():
+    config = _config(max_bits_per_byte_by_source={"poems": 3.5, "web": 2.5})
+    blessed, message = decide_blessing(_by_source(poems=3.91, web=1.2), None, config)
+    assert not blessed
+    assert message == ("bits per byte on source 'poems' 3.9100 > "
+                       "eval.max_bits_per_byte_by_source['poems'] = 3.5000")
+    blessed, message = decide_blessing(_by_source(poems=3.4, web=1.2), None, config)
+    assert blessed
+    assert "bits per byte on source 'poems' 3.4000 <= 3.5000" in message
+    assert "source 'web' 1.2000 <= 2.5000" in message
+    # no thresholds: the per-source figures gate nothing
+    assert decide_blessing(_by_source(poems=9.0), None, _config())[0]
+
+
+def test_a_threshold_on_a_source_without_eval_documents_is_not_blessed_with_the_reason():
+    config = _config(max_bits_per_byte_by_source={"replay": 3.0})
+    blessed, message = decide_blessing(_by_source(poems=1.0, web=1.0), None, config)
+    assert not blessed
+    assert message == ("eval.max_bits_per_byte_by_source['replay'] = 3.0000 names a source "
+                       "with no eval documents (sources scored: 'poems', 'web')")
