@@ -196,3 +196,97 @@ def test_only_the_drifted_source_is_named(shakespeare, chinese_poems, tmp_path):
     assert "source poems, eval/num_chars" in few["not_gated"]
     assert "documents < validation.drift_min_documents" in few["not_gated"][
         "source poems, eval/num_chars"]
+
+
+def _artifacts(tmp_path, name, examples=None):
+    """(Examples with one split "train" holding `examples`, ExampleStatistics,
+    ExampleAnomalies) under tmp_path/name."""
+    import tensorflow as tf
+    from tfx.types import artifact_utils, standard_artifacts
+
+    made = []
+    for kind in (standard_artifacts.Examples, standard_artifacts.ExampleStatistics,
+                 standard_artifacts.ExampleAnomalies):
+        artifact = kind()
+        artifact.uri = str(tmp_path / name / kind.TYPE_NAME)
+        made.append(artifact)
+    if examples is not None:
+        made[0].split_names = artifact_utils.encode_split_names(["train"])
+        tf.io.gfile.makedirs(f"{made[0].uri}/Split-train")
+        with tf.io.TFRecordWriter(f"{made[0].uri}/Split-train/data.tfrecord") as writer:
+            for example in examples:
+                writer.write(example)
+    return made
+
+
+def _validate(tmp_path, name, examples, baseline=None, accept=False):
+    """Runs the DriftValidator executor; returns (statistics, anomalies) artifacts."""
+    import dataclasses
+
+    from components.drift_validator.executor import Executor
+    from config import get_config
+
+    config = get_config("tiny")
+    config = dataclasses.replace(config, validation=dataclasses.replace(
+        config.validation, drift_min_documents=MIN_DOCUMENTS))
+    examples_in, statistics, anomalies = _artifacts(tmp_path, name, examples)
+    Executor().Do({"examples": [examples_in],
+                   "baseline_statistics": [baseline] if baseline else []},
+                  {"statistics": [statistics], "anomalies": [anomalies]},
+                  {"pipeline_config": config.to_json(), "accept_drift": int(accept)})
+    return statistics, anomalies
+
+
+@pytest.mark.slow
+def test_executor_gates_and_records_drift_per_source(shakespeare, chinese_poems, tmp_path):
+    import json
+    import os
+
+    from components.drift_validator.executor import DRIFT_BY_SOURCE_PROPERTY, load_statistics
+    from components.text_cleaner.executor import DataValidationError
+
+    paragraphs = _paragraphs(shakespeare[:150_000])
+    half = len(paragraphs) // 2
+    poems = list(chinese_poems)
+    middle = len(poems) // 2
+    long_documents = ["\n\n".join(poems[i:i + 10]) for i in range(middle, len(poems), 10)]
+
+    # One source, as before sources: the same properties and report as then.
+    before, _ = _validate(tmp_path, "one0", _examples(paragraphs[:half]))
+    _, anomalies = _validate(tmp_path, "one1", _examples(paragraphs[half:]), before)
+    assert set(anomalies.mlmd_artifact.custom_properties) == {
+        "drift_train_num_chars", "drift_train_num_words", "drift_train_tokens",
+        "baseline_statistics", "drift_detected", "drift_accepted", "drift_report"}
+    report = json.loads(open(os.path.join(anomalies.uri, "drift_report.json")).read())
+    assert set(report) == {"baseline", "thresholds", "splits", "drift", "not_gated",
+                           "accepted"}
+    assert anomalies.get_int_custom_property("drift_detected") == 0, report
+
+    # A mixture where only the poems drift: the error names that source, not the other.
+    mixture_before = (_examples(paragraphs[:half], "shakespeare")
+                      + _examples(poems[:middle], "poems"))
+    baseline, _ = _validate(tmp_path, "mix0", mixture_before)
+    assert [d.name for d in load_statistics(baseline.uri, "train").datasets] == [
+        "All Examples", "source_name_shakespeare", "source_name_poems"]
+    mixture_now = (_examples(paragraphs[half:], "shakespeare")
+                   + _examples(long_documents, "poems"))
+    with pytest.raises(DataValidationError) as stopped:
+        _validate(tmp_path, "mix1", mixture_now, baseline)
+    message = str(stopped.value)
+    assert "source poems, train/num_chars: " in message and "--accept-drift" in message
+    assert "shakespeare" not in message
+
+    _, anomalies = _validate(tmp_path, "mix2", mixture_now, baseline, accept=True)
+    assert anomalies.get_int_custom_property("drift_detected") == 1
+    assert anomalies.get_int_custom_property("drift_accepted") == 1
+    by_source = json.loads(json.dumps(
+        anomalies.get_json_value_custom_property(DRIFT_BY_SOURCE_PROPERTY)))
+    assert set(by_source) == {"shakespeare", "poems"}
+    assert by_source["poems"]["train"]["drift"]["num_chars"] > 0.5, by_source
+    assert by_source["poems"]["train"]["documents"] == len(long_documents)
+    assert by_source["shakespeare"]["train"]["drift"]["num_chars"] < 0.15, by_source
+    for source in ("poems", "shakespeare"):
+        assert os.path.getsize(os.path.join(anomalies.uri, "Split-train",
+                                            f"source_name_{source}", "SchemaDiff.pb")) > 0
+    # The overall figures stay where they were.
+    assert anomalies.get_float_custom_property("drift_train_num_chars") > 0
