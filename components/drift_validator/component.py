@@ -5,8 +5,10 @@ Inputs:  examples (Examples: TextCleaner's cleaned_examples),
          run that produced the latest blessed model, from a Resolver with
          `LatestBlessedRunStatisticsStrategy`).
 Outputs: statistics (ExampleStatistics: this run's text profile, per split, TFDV
-         `FeatureStats.pb`), anomalies (ExampleAnomalies: TFDV's drift anomalies,
-         per split `SchemaDiff.pb`; empty without a baseline).
+         `FeatureStats.pb`: the overall dataset and one slice per `source_name`),
+         anomalies (ExampleAnomalies: TFDV's drift anomalies, per split
+         `SchemaDiff.pb`, empty without a baseline, and for a mixture per source
+         `source_name_<source>/SchemaDiff.pb`; the custom property `drift_by_source`).
 Parameters: pipeline_config (PipelineConfig JSON; the `validation` section holds
          the rule), accept_drift (1: record drift but do not stop).
 """

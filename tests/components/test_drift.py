@@ -18,21 +18,52 @@ def test_text_profile():
     assert p["tokens"] == [b"to", b"be", b",", b"or", b"not", b"to", b"be", b":", b"that", b"is"]
 
 
-def _statistics(texts, path):
-    import apache_beam as beam
+def _examples(texts, source_name=None):
+    """Serialized cleaned examples of `texts`, with `source_name` when given."""
     import tensorflow as tf
-    import tensorflow_data_validation as tfdv
 
-    from components.drift_validator.executor import STATS_OPTIONS, _DecodeBatch, _profile_example
     from corpus.documents import Document, document_to_example
 
-    examples = [document_to_example(Document(t, "s", i)).SerializeToString()
-                for i, t in enumerate(texts)]
-    with beam.Pipeline() as p:
-        _ = (p | beam.Create(examples) | beam.Map(_profile_example)
-             | beam.BatchElements(max_batch_size=500) | beam.ParDo(_DecodeBatch())
-             | tfdv.GenerateStatistics(STATS_OPTIONS) | tfdv.WriteStatisticsToBinaryFile(path))
+    out = []
+    for i, t in enumerate(texts):
+        example = document_to_example(Document(t, f"{source_name or 's'}.txt", i))
+        if source_name is not None:
+            example.features.feature["source_name"].bytes_list.value.append(
+                source_name.encode())
+        out.append(example.SerializeToString())
     del tf
+    return out
+
+
+def _statistics(texts, path, source_name=None, examples=None):
+    """This run's profile statistics (sliced by source) of `texts` or `examples`."""
+    import apache_beam as beam
+    import tensorflow_data_validation as tfdv
+
+    from components.drift_validator.executor import ProfileStatistics
+
+    examples = examples if examples is not None else _examples(texts, source_name)
+    with beam.Pipeline() as p:
+        _ = (p | beam.Create(examples) | ProfileStatistics()
+             | tfdv.WriteStatisticsToBinaryFile(path))
+    return tfdv.load_stats_binary(path)
+
+
+def _unsliced_statistics(texts, path):
+    """Profile statistics as a run before sources made them: unsliced, no `source_name`."""
+    import apache_beam as beam
+    import tensorflow_data_validation as tfdv
+
+    from components.drift_validator.executor import _DecodeBatch, _profile_example
+    from components.drift_validator.profile import SOURCE_NAME_FEATURE, without_feature
+
+    with beam.Pipeline() as p:
+        _ = (p | beam.Create(_examples(texts)) | beam.Map(_profile_example)
+             | beam.BatchElements(min_batch_size=64, max_batch_size=1000)
+             | beam.ParDo(_DecodeBatch())
+             | tfdv.GenerateStatistics(tfdv.StatsOptions())
+             | beam.Map(without_feature, SOURCE_NAME_FEATURE)
+             | tfdv.WriteStatisticsToBinaryFile(path))
     return tfdv.load_stats_binary(path)
 
 
