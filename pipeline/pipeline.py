@@ -16,6 +16,7 @@ import os
 
 import tensorflow_data_validation as tfdv
 from tfx import v1 as tfx
+from tfx_bsl.public.proto import slicing_spec_pb2
 
 from components.drift_validator.component import DriftValidator
 from components.drift_validator.resolver import LatestBlessedRunStatisticsStrategy
@@ -259,8 +260,13 @@ def create_pipeline(
     statistics_gen = tfx.components.StatisticsGen(
         examples=example_gen.outputs["examples"],
         # Sketches (Misra-Gries top-k, KMV uniques) instead of exact value counts: the
-        # exact ones group every distinct text, i.e. the whole corpus, in memory.
-        stats_options=tfdv.StatsOptions(use_sketch_based_topk_uniques=True),
+        # exact ones group every distinct text, i.e. the whole corpus, in memory. Each
+        # mixture source gets its own slice ("source_name_<name>") beside "All Examples",
+        # which is the one ExampleValidator validates.
+        stats_options=tfdv.StatsOptions(
+            use_sketch_based_topk_uniques=True,
+            slicing_config=slicing_spec_pb2.SlicingConfig(
+                slicing_specs=[slicing_spec_pb2.SlicingSpec(feature_keys=["source_name"])])),
     )
     schema_gen = tfx.components.ImportSchemaGen(schema_file=schema_path)
     example_validator = tfx.components.ExampleValidator(
