@@ -261,12 +261,14 @@ def create_pipeline(
         examples=example_gen.outputs["examples"],
         # Sketches (Misra-Gries top-k, KMV uniques) instead of exact value counts: the
         # exact ones group every distinct text, i.e. the whole corpus, in memory. Each
-        # mixture source gets its own slice ("source_name_<name>") beside "All Examples",
-        # which is the one ExampleValidator validates.
+        # source of a mixture gets its own slice ("source_name_<name>") beside "All
+        # Examples", which is the one ExampleValidator validates (one source: no slice,
+        # it would repeat "All Examples").
         stats_options=tfdv.StatsOptions(
             use_sketch_based_topk_uniques=True,
             slicing_config=slicing_spec_pb2.SlicingConfig(
-                slicing_specs=[slicing_spec_pb2.SlicingSpec(feature_keys=["source_name"])])),
+                slicing_specs=[slicing_spec_pb2.SlicingSpec(feature_keys=["source_name"])]
+            ) if config.data.sources else None),
     )
     schema_gen = tfx.components.ImportSchemaGen(schema_file=schema_path)
     example_validator = tfx.components.ExampleValidator(
