@@ -57,7 +57,8 @@ from tfx import types
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
-from config import DEFAULT_SOURCE, DataConfig, PipelineConfig, source_names
+from config import DEFAULT_SOURCE, DataConfig, PipelineConfig
+from config.sources import source_names
 from corpus import cleaning
 
 REPORT_FILE = "cleaning_report.json"
@@ -172,7 +173,8 @@ def record_keys(r: dict[str, Any], split_index: int, data: DataConfig) -> bytes:
                  if data.near_dedup else np.zeros(0, dtype=np.uint32))
     content = (cleaning.sft_content_key(r["prompt"], r["text"]) if sft
                else cleaning.content_key(text))
-    return pack_keys(doc_key(split_index, r["source"], r["record"], r["source_name"]), content,
+    return pack_keys(doc_key(split_index, r["source"], r["record"],
+                             r.get("source_name", DEFAULT_SOURCE)), content,
                      signature)
 
 
