@@ -46,14 +46,15 @@ def sources_fingerprint(config: PipelineConfig) -> dict[str, dict[str, Any]]:
 
 
 def make_custom_config(config: PipelineConfig) -> example_gen_pb2.CustomConfig:
-    """The config as ExampleGen's `CustomConfig` (a StringValue Any): the PipelineConfig
-    JSON without sources; for a mixture, `{"pipeline_config": that JSON,
-    "input_fingerprint": sources_fingerprint(config)}`
-    (`executor.unpack_custom_config` reads both)."""
-    text = config.to_json()
-    if config.data.sources:
-        text = json.dumps({"pipeline_config": text,
-                           "input_fingerprint": sources_fingerprint(config)}, sort_keys=True)
+    """The config as ExampleGen's `CustomConfig` (a StringValue Any holding
+    `{"pipeline_config": the PipelineConfig JSON, "input_fingerprint":
+    sources_fingerprint(config)}`; `executor.unpack_custom_config` also reads the older
+    form, the PipelineConfig JSON alone). The one-source case has this form too, with
+    {} as fingerprint: its exec properties differ from those of the runs before
+    `source_name`, so their cached examples (without it, an anomaly to the schema) are
+    not reused."""
+    text = json.dumps({"pipeline_config": config.to_json(),
+                       "input_fingerprint": sources_fingerprint(config)}, sort_keys=True)
     packed = any_pb2.Any()
     packed.Pack(wrappers_pb2.StringValue(value=text))
     return example_gen_pb2.CustomConfig(custom_config=packed)

@@ -90,8 +90,8 @@ def list_source_files(name: str, path: str, input_base: str, pattern: str) -> li
 def unpack_custom_config(exec_properties: dict[str, Any]) -> dict[str, Any]:
     """{"pipeline_config": JSON text, "input_fingerprint": {...} or None} of the
     `CustomConfig` packed by `component.make_custom_config`: a StringValue Any holding
-    either the PipelineConfig JSON itself (the one-source form, and every run before
-    mixtures) or `{"pipeline_config": ..., "input_fingerprint": ...}` (a mixture).
+    `{"pipeline_config": ..., "input_fingerprint": ...}`, or the PipelineConfig JSON
+    itself (the form before mixtures; fingerprint None).
 
     Raises:
       ValueError: no custom_config.

@@ -42,7 +42,7 @@ def _with_data(data: DataConfig) -> PipelineConfig:
 
 
 def test_custom_config_fingerprints_every_source(tmp_path, shakespeare, chinese_poems):
-    from google.protobuf import json_format
+    from google.protobuf import json_format, wrappers_pb2
 
     from components.text_example_gen.component import make_custom_config, sources_fingerprint
     from components.text_example_gen.executor import (
@@ -67,11 +67,15 @@ def test_custom_config_fingerprints_every_source(tmp_path, shakespeare, chinese_
     after = unpack_custom_config(props(config))
     assert after["input_fingerprint"]["poems"] != before["input_fingerprint"]["poems"]
     assert after["input_fingerprint"]["plays"] == before["input_fingerprint"]["plays"]
-    assert props(config) != json.dumps(before)
-    # One source: the config JSON itself, as before mixtures.
+    # One source: no fingerprint of ours (TFX's covers it); the old form still reads.
     one = get_config("tiny")
     assert unpack_custom_config(props(one)) == {"pipeline_config": one.to_json(),
-                                                "input_fingerprint": None}
+                                                "input_fingerprint": {}}
+    old = make_custom_config(one)
+    old.custom_config.Pack(wrappers_pb2.StringValue(value=one.to_json()))
+    old_props = {"custom_config": json_format.MessageToJson(old)}
+    assert unpack_custom_config(old_props)["input_fingerprint"] is None
+    assert config_from_exec_properties(old_props) == one
     missing = _with_data(DataConfig(sources=(
         DataSource("web", str(tmp_path / "nothing" / "*.txt")),)))
     assert sources_fingerprint(missing)["web"]["num_files"] == 0
