@@ -330,15 +330,19 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
         Writes the kept records to `cleaned_examples/Split-<s>/data_tfrecord-*.gz`
         (same splits as the input), the counts and rejected samples to
-        `cleaned_examples/cleaning_report.json`, and the counts as custom
-        properties (`records_read`, `records_kept`, `records_dropped`,
-        `dropped_<reason>`, `repaired_<kind>`, `cleaning_report`).
+        `cleaned_examples/cleaning_report.json` (`build_report`), and the counts as
+        custom properties (`records_read`, `records_kept`, `records_dropped`,
+        `dropped_<reason>`, `repaired_<kind>`, `by_source` (JSON {source name:
+        counts}), `cleaning_report`).
 
         Raises:
           DataValidationError: the anomalies artifact lists an anomaly (before
-            any work); the corpus has no records; or more than
-            `data.max_reject_fraction` of the records, or all of them, were
-            dropped (after the outputs above are written).
+            any work); a record's `source_name` is not a source of `data.sources`;
+            the corpus has no records; a mixture's source has no records, all of
+            them dropped, or more than its own `max_reject_fraction` (naming it,
+            `check_sources`); or more than `data.max_reject_fraction` of the
+            records, or all of them, were dropped (after the outputs above are
+            written).
         """
         config = PipelineConfig.from_json(exec_properties["pipeline_config"])
         examples = artifact_utils.get_single_instance(input_dict["examples"])
