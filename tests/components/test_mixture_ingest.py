@@ -81,7 +81,7 @@ def test_custom_config_fingerprints_every_source(tmp_path, shakespeare, chinese_
     assert sources_fingerprint(missing)["web"]["num_files"] == 0
 
 
-def _run_example_gen(config, tmp_path):
+def _run_example_gen(config, tmp_path, path=None):
     """Runs the TextExampleGen executor as FileBasedExampleGen would (the first source as
     input_base/pattern); returns the Examples artifact and its records by split."""
     import tensorflow as tf
@@ -92,7 +92,7 @@ def _run_example_gen(config, tmp_path):
     from common.files import split_input_path
     from components.text_example_gen import component, executor
 
-    base, pattern = split_input_path(config.data.sources[0].path)
+    base, pattern = split_input_path(path or config.data.sources[0].path)
     examples = standard_artifacts.Examples()
     examples.uri = str(tmp_path / "examples")
     exec_properties = {
@@ -138,6 +138,13 @@ def test_example_gen_reads_every_source_with_its_own_settings(tmp_path, shakespe
     files = examples.get_json_value_custom_property("input_files")
     assert sorted((f["source_name"], f["path"]) for f in files) == [
         ("plays", "a.txt"), ("plays", "b.txt"), ("poems", "poems.jsonl")]
+
+    # One source (no data.sources): input_base/pattern, tagged "default".
+    _, one = _run_example_gen(_with_data(DataConfig()), tmp_path / "one",
+                              str(tmp_path / "plays" / "b.txt"))
+    assert sorted((value(e, "source_name"), value(e, "source"), value(e, "record"))
+                  for split in one.values() for e in split) == [
+        ("default", "b.txt", r) for r in range(len(speeches) - 4)]
 
     empty = _with_data(DataConfig(sources=(
         *config.data.sources, DataSource("web", str(tmp_path / "nothing" / "*.txt")))))
