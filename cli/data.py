@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from cli import console
-from common.files import shown, special_file_kind
+from common.files import GLOB_CHARACTERS, shown, special_file_kind, split_input_path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS_NAME = "tinyshakespeare.txt"
@@ -71,10 +71,9 @@ def split_data_path(data: str) -> tuple[str, str]:
                              "(gs://bucket/dir/*.txt)")
         return base, pattern
     path = os.path.abspath(data)
-    if os.path.isdir(path):
-        base, pattern = path, "*"
-    elif any(ch in os.path.basename(path) for ch in "*?["):
-        base, pattern = os.path.dirname(path), os.path.basename(path)
+    base, pattern = split_input_path(path)
+    if base == path or any(ch in pattern for ch in GLOB_CHARACTERS):
+        pass  # a directory or a glob: its files are checked below
     elif os.path.lexists(path) and special_file_kind(path):
         raise SystemExit(f"error: --data '{shown(data)}' is {special_file_kind(path)}, not a "
                          "regular file or directory; refused (nothing was read)")

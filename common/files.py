@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import codecs
 import os
+import posixpath
 import stat
+from collections.abc import Callable
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
@@ -26,6 +28,30 @@ def special_file_kind(path: str) -> str | None:
     if stat.S_ISREG(mode):
         return None
     return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
+GLOB_CHARACTERS = "*?["
+
+
+def split_input_path(path: str,
+                     isdir: Callable[[str], bool] = os.path.isdir) -> tuple[str, str]:
+    """A data path -> (input_base, pattern), as ExampleGen reads it: a directory is
+    (path, "*"); a glob (`*?[` in its last part) or a file is (its directory, its last
+    part). Local paths are made absolute; a remote one
+    (`scheme://...`, e.g. `gs://bucket/dir/*.txt`) is kept as given, split on '/'.
+
+    Nothing is opened or checked but `isdir(path)` (pass `tf.io.gfile.isdir` for
+    remote paths); whether the pattern matches any file is the caller's question.
+    """
+    remote = "://" in path
+    if not remote:
+        path = os.path.abspath(path)
+    elif path.endswith("/") and not path.endswith("://"):
+        path = path.rstrip("/")
+    split = posixpath.split if remote else os.path.split
+    if isdir(path):
+        return path, "*"
+    return split(path)
 
 
 def shown(text: str) -> str:

@@ -58,7 +58,7 @@ from typing import Any
 import tensorflow as tf
 
 from common.files import special_file_kind
-from config import DataConfig
+from config import DEFAULT_SOURCE, DataConfig
 from tokenization.chat_template import (
     ChatFormat,
     ChatTemplateError,
@@ -106,6 +106,8 @@ class Document:
       repairs: what reading changed (`invalid_utf8_replaced`, `split_long_document`).
       prompt: None for a pretraining document; for an SFT record, the rendered
         prompt ("" when rejected), and `text` is the response.
+      source_name: the mixture source it belongs to (`data.sources`), "default" in
+        the one-source case; a document is identified by (source_name, source, record).
     """
 
     text: str
@@ -114,6 +116,7 @@ class Document:
     reject_reason: str = ""
     repairs: tuple[str, ...] = ()
     prompt: str | None = None
+    source_name: str = DEFAULT_SOURCE
 
 
 def file_format(path: str) -> str:
@@ -185,7 +188,8 @@ def _apply_utf8_policy(doc: Document, policy: str) -> Document:
 
 
 def read_documents(path: str, source: str, config: DataConfig | None = None,
-                   chat: ChatFormat | None = None) -> Iterator[Document]:
+                   chat: ChatFormat | None = None,
+                   source_name: str = DEFAULT_SOURCE) -> Iterator[Document]:
     """Streams the documents (or, with `data.task = "sft"`, the SFT records) of one file.
 
     Args:
@@ -195,6 +199,8 @@ def read_documents(path: str, source: str, config: DataConfig | None = None,
         invalid-UTF-8 policy, max_chars, task); defaults to `DataConfig()`.
       chat: the chat template and special tokens of an SFT run; default
         `chat_template.chat_format(config)` (the learned tokenizer's tokens).
+      source_name: the mixture source the file belongs to, set on every document
+        (`config` is then that source's `data.for_source(source_name)`).
 
     Yields:
       Document, in file order; at least one per file (`empty_file`); one
@@ -208,8 +214,9 @@ def read_documents(path: str, source: str, config: DataConfig | None = None,
     """
     config = config or DataConfig()
     sft = config.task == "sft"
+    named = functools.partial(_named, source_name=source_name)
     if special_file_kind(path):  # os.stat only: a FIFO's open() would wait for a writer
-        yield Document("", source, 0, REJECT_NOT_REGULAR_FILE, prompt="" if sft else None)
+        yield named(Document("", source, 0, REJECT_NOT_REGULAR_FILE, prompt="" if sft else None))
         return
     fmt = "jsonl" if config.document_boundary == "jsonl" else file_format(path)
     if sft and fmt == "text":
@@ -228,11 +235,16 @@ def read_documents(path: str, source: str, config: DataConfig | None = None,
     try:
         for doc in read(path, source, config):
             count += 1
-            yield _apply_utf8_policy(doc, config.invalid_utf8)
+            yield named(_apply_utf8_policy(doc, config.invalid_utf8))
     except (OSError, tf.errors.OpError, EOFError, gzip.BadGzipFile) as e:
         raise OSError(f"{path}: cannot read: {e}") from e
     if count == 0:
-        yield Document("", source, 0, REJECT_EMPTY_FILE, prompt="" if sft else None)
+        yield named(Document("", source, 0, REJECT_EMPTY_FILE, prompt="" if sft else None))
+
+
+def _named(doc: Document, source_name: str) -> Document:
+    return doc if doc.source_name == source_name else dataclasses.replace(
+        doc, source_name=source_name)
 
 
 def _bounded_lines(f, limit: int) -> Iterator[tuple[str, bool]]:
@@ -560,10 +572,13 @@ def split_text(text: str, document_boundary: str = "blank_line") -> list[str]:
 
 
 def document_to_example(doc: Document) -> tf.train.Example:
-    """The tf.Example of a document; with a `prompt` feature when `doc.prompt` is not None."""
+    """The tf.Example of a document: `text`, `source`, `source_name`, `record`,
+    `reject_reason`, `repairs` (one value each); with a `prompt` feature when `doc.prompt`
+    is not None."""
     feature = {
         "text": _bytes_feature(doc.text.encode("utf-8")),
         "source": _bytes_feature(doc.source.encode("utf-8")),
+        "source_name": _bytes_feature(doc.source_name.encode("utf-8")),
         "record": tf.train.Feature(int64_list=tf.train.Int64List(value=[doc.record])),
         "reject_reason": _bytes_feature(doc.reject_reason.encode("utf-8")),
         "repairs": _bytes_feature(",".join(doc.repairs).encode("utf-8")),

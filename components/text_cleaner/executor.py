@@ -17,13 +17,22 @@ hold the repeated keys only, so memory grows with the number of duplicates, not
 with the corpus (Beam's DirectRunner keeps every grouping and every PCollection
 between fused stages in memory; the temporary files keep the text out of both).
 
+A mixture (`data.sources`): every record carries its source's name (`source_name`,
+"default" when absent: examples made before mixtures) and is cleaned with that
+source's settings (`DataConfig.for_source`: min/max_chars, quality_filter,
+redact_pii, ...); exact and near-duplicate removal runs across all sources with the
+shared settings, so a document in two sources is kept once.
+
 Duplicates are resolved deterministically: the copy in `train` wins over `eval`,
-then the lowest (source, record). The counts and a few rejected records per reason
+then the lowest (source_name, source, record); each dropped duplicate's sample names
+the copy that was kept. The counts and a few rejected records per reason
 (file and record number) are written to `cleaning_report.json` in the output
 artifact and set as custom properties on it, so ML Metadata shows
 `records_read`, `records_kept`, `records_dropped`, `dropped_<reason>` and
 `repaired_<kind>` (changes to kept records: invalid UTF-8 replaced, NUL bytes
-removed, long documents split, PII redacted, ...).
+removed, long documents split, PII redacted, ...), and `by_source` (the same counts
+per source). Each source's share of rejected records is checked against its own
+`max_reject_fraction`, and a source whose every record was rejected stops the run.
 
 Supervised fine-tuning examples (with a `prompt` feature; `text` is the response)
 are cleaned by `cleaning.clean_sft_record` and deduplicated on the (prompt,
@@ -48,7 +57,8 @@ from tfx import types
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
-from config import DataConfig, PipelineConfig
+from config import DEFAULT_SOURCE, DataConfig, PipelineConfig
+from config.sources import source_names
 from corpus import cleaning
 
 REPORT_FILE = "cleaning_report.json"
@@ -95,6 +105,8 @@ def _parse(serialized: bytes, split: str) -> dict[str, Any]:
         "split": split,
         "text": f["text"].bytes_list.value[0].decode("utf-8") if f["text"].bytes_list.value else "",
         "source": f["source"].bytes_list.value[0].decode("utf-8"),
+        # the mixture source; examples made before mixtures have none: "default".
+        "source_name": _first_string(f, "source_name") or DEFAULT_SOURCE,
         "record": int(f["record"].int64_list.value[0]),
         "reject_reason": _first_string(f, "reject_reason"),
         "repairs": [x for x in _first_string(f, "repairs").split(",") if x],
@@ -112,7 +124,8 @@ def _to_example(record: dict[str, Any]) -> bytes:
     from corpus.documents import Document, document_to_example
 
     doc = Document(record["text"], record["source"], record["record"],
-                   repairs=tuple(record["repairs"]), prompt=record.get("prompt"))
+                   repairs=tuple(record["repairs"]), prompt=record.get("prompt"),
+                   source_name=record.get("source_name", DEFAULT_SOURCE))
     return document_to_example(doc).SerializeToString()
 
 
@@ -124,15 +137,19 @@ def split_order(splits: list[str]) -> list[str]:
     return sorted(splits, key=lambda s: (_SPLIT_PRIORITY.get(s, 9), s))
 
 
-def doc_key(split_index: int, source: str, record: int) -> bytes:
+def doc_key(split_index: int, source: str, record: int,
+            source_name: str = DEFAULT_SOURCE) -> bytes:
     """A byte string whose order is the keep-first order of duplicates: split
-    (`split_order` index), then source file, then record number."""
-    return struct.pack(">B", split_index) + source.encode("utf-8") + b"\0" + struct.pack(">Q", record)
+    (`split_order` index), then source name, then source file, then record number."""
+    return (struct.pack(">B", split_index) + source_name.encode("utf-8") + b"\0"
+            + source.encode("utf-8") + b"\0" + struct.pack(">Q", record))
 
 
-def parse_doc_key(key: bytes, splits: list[str]) -> tuple[str, str, int]:
-    """(split, source, record) of a `doc_key`, given `split_order(...)`."""
-    return splits[key[0]], key[1:-9].decode("utf-8"), struct.unpack(">Q", key[-8:])[0]
+def parse_doc_key(key: bytes, splits: list[str]) -> tuple[str, str, str, int]:
+    """(split, source_name, source, record) of a `doc_key`, given `split_order(...)`."""
+    name, _, source = key[1:-9].partition(b"\0")
+    return (splits[key[0]], name.decode("utf-8"), source.decode("utf-8"),
+            struct.unpack(">Q", key[-8:])[0])
 
 
 def pack_keys(key: bytes, content: bytes, signature: np.ndarray) -> bytes:
@@ -156,7 +173,9 @@ def record_keys(r: dict[str, Any], split_index: int, data: DataConfig) -> bytes:
                  if data.near_dedup else np.zeros(0, dtype=np.uint32))
     content = (cleaning.sft_content_key(r["prompt"], r["text"]) if sft
                else cleaning.content_key(text))
-    return pack_keys(doc_key(split_index, r["source"], r["record"]), content, signature)
+    return pack_keys(doc_key(split_index, r["source"], r["record"],
+                             r.get("source_name", DEFAULT_SOURCE)), content,
+                     signature)
 
 
 def bloom_bits(input_bytes: int, bands: int) -> int:
@@ -204,7 +223,9 @@ class _SeenTwiceCombineFn(beam.CombineFn):
 
 
 class _FindDuplicates(beam.PTransform):
-    """Key files (`pack_keys` records) -> (doc key, reason) of every duplicate.
+    """Key files (`pack_keys` records) -> (doc key, (reason, kept doc key)) of every
+    duplicate, the kept key naming the copy it duplicates (for a near duplicate, the
+    first earlier document it is near).
 
     Exact duplicates: same content hash; all but the first (`doc_key` order) are
     dropped. Near duplicates: documents whose estimated Jaccard similarity
@@ -252,8 +273,9 @@ class _FindDuplicates(beam.PTransform):
 
         def exact_duplicates(content_and_keys):
             _, keys = content_and_keys
-            for key in sorted(keys)[1:]:
-                yield key, cleaning.DROP_EXACT_DUPLICATE
+            keys = sorted(keys)
+            for key in keys[1:]:
+                yield key, (cleaning.DROP_EXACT_DUPLICATE, keys[0])
 
         def near_duplicates(bucket):
             _, members = bucket
@@ -271,14 +293,13 @@ class _FindDuplicates(beam.PTransform):
             | "GroupByBand" >> beam.GroupByKey()
             | "PairsInBucket" >> beam.FlatMap(near_duplicates)
             | "FirstOriginal" >> beam.CombinePerKey(min)
-            | "Near" >> beam.Map(lambda kv: (kv[0], cleaning.DROP_NEAR_DUPLICATE))
+            | "Near" >> beam.Map(lambda kv: (kv[0], (cleaning.DROP_NEAR_DUPLICATE, kv[1])))
         )
 
         def first_reason(key_reasons):
             key, reasons = key_reasons
-            reasons = list(reasons)
-            yield key, (cleaning.DROP_EXACT_DUPLICATE if cleaning.DROP_EXACT_DUPLICATE in reasons
-                        else reasons[0])
+            reasons = sorted(reasons)  # (reason, kept key): exact_duplicate < near_duplicate
+            yield key, reasons[0]
 
         return (
             (exact, near)
@@ -309,15 +330,19 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
         Writes the kept records to `cleaned_examples/Split-<s>/data_tfrecord-*.gz`
         (same splits as the input), the counts and rejected samples to
-        `cleaned_examples/cleaning_report.json`, and the counts as custom
-        properties (`records_read`, `records_kept`, `records_dropped`,
-        `dropped_<reason>`, `repaired_<kind>`, `cleaning_report`).
+        `cleaned_examples/cleaning_report.json` (`build_report`), and the counts as
+        custom properties (`records_read`, `records_kept`, `records_dropped`,
+        `dropped_<reason>`, `repaired_<kind>`, `by_source` (JSON {source name:
+        counts}), `cleaning_report`).
 
         Raises:
           DataValidationError: the anomalies artifact lists an anomaly (before
-            any work); the corpus has no records; or more than
-            `data.max_reject_fraction` of the records, or all of them, were
-            dropped (after the outputs above are written).
+            any work); a record's `source_name` is not a source of `data.sources`;
+            the corpus has no records; a mixture's source has no records, all of
+            them dropped, or more than its own `max_reject_fraction` (naming it,
+            `check_sources`); or more than `data.max_reject_fraction` of the
+            records, or all of them, were dropped (after the outputs above are
+            written).
         """
         config = PipelineConfig.from_json(exec_properties["pipeline_config"])
         examples = artifact_utils.get_single_instance(input_dict["examples"])
@@ -336,14 +361,21 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         bands, _ = cleaning.lsh_parameters(data.near_dedup_threshold, data.near_dedup_num_perm)
         num_bits = bloom_bits(sum(_input_bytes(p) for p in inputs.values()), bands)
 
+        settings = {name: data.for_source(name) for name in source_names(data.sources)}
+
         def clean(r):
+            source_data = settings.get(r["source_name"])
+            if source_data is None:
+                raise DataValidationError(
+                    f"{r['source']} record {r['record']}: source_name '{r['source_name']}' "
+                    f"is not a source of data.sources ({', '.join(settings)})")
             if r["prompt"] is None:
                 text, reason, repairs = cleaning.clean_document(r["text"], r["reject_reason"],
-                                                                data)
+                                                                source_data)
                 r = dict(r, text=text, reason=reason, repairs=r["repairs"] + repairs)
             else:
                 prompt, text, reason, repairs = cleaning.clean_sft_record(
-                    r["prompt"], r["text"], r["reject_reason"], data)
+                    r["prompt"], r["text"], r["reject_reason"], source_data)
                 r = dict(r, prompt=prompt, text=text, reason=reason,
                          repairs=r["repairs"] + repairs)
             tag = "clean" if reason == cleaning.KEPT else "dropped"
@@ -354,9 +386,12 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
         def drop_duplicates(serialized, duplicates, split):
             r = _parse(serialized, split)
-            reason = duplicates.get(doc_key(ordered.index(split), r["source"], r["record"]))
-            if reason:
-                return beam.pvalue.TaggedOutput("dropped", dict(r, text="", reason=reason))
+            found = duplicates.get(doc_key(ordered.index(split), r["source"], r["record"],
+                                           r["source_name"]))
+            if found:
+                reason, kept_key = found
+                return beam.pvalue.TaggedOutput("dropped", dict(
+                    r, text="", reason=reason, kept=parse_doc_key(kept_key, ordered)[1:]))
             return beam.pvalue.TaggedOutput("kept", (serialized, r))
 
         # Every split is its own chain, and only small things (file names, counts,
@@ -367,17 +402,19 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
             def count_and_sample(name, dropped, kept=None):
                 counted = [dropped | f"DroppedKey[{name}]" >> beam.Map(
-                    lambda r: ((r["split"], r["reason"]), 1))]
+                    lambda r: ((r["split"], r["source_name"], r["reason"]), 1))]
                 if kept is not None:
                     counted.append(kept | f"KeptKey[{name}]" >> beam.FlatMap(
-                        lambda r: [((r["split"], cleaning.KEPT), 1)]
-                        + [((r["split"], REPAIR_PREFIX + x), 1) for x in r["repairs"]]))
+                        lambda r: [((r["split"], r["source_name"], cleaning.KEPT), 1)]
+                        + [((r["split"], r["source_name"], REPAIR_PREFIX + x), 1)
+                           for x in r["repairs"]]))
                 for i, part in enumerate(counted):
                     counts.append(part | f"Count[{name}.{i}]" >> beam.CombinePerKey(sum))
                 samples.append(
                     dropped
                     | f"SampleKey[{name}]" >> beam.Map(
-                        lambda r: (r["reason"], (r["source"], r["record"])))
+                        lambda r: ((r["source_name"], r["reason"]),
+                                   (r["source"], r["record"], tuple(r.get("kept", ())))))
                     | f"Sample[{name}]" >> beam.combiners.Top.SmallestPerKey(_SAMPLES_PER_REASON))
 
             # pass 1: clean; count what a rule drops; keep the text on disk, not in memory.
@@ -464,32 +501,84 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             tf.io.gfile.rmtree(tmp)
         with tf.io.gfile.GFile(report_prefix) as f:
             raw = json.loads(f.read())
-        report = build_report(raw["counts"], raw["samples"], splits)
+        report = build_report([(tuple(k), n) for k, n in raw["counts"]],
+                              [(tuple(k), [tuple(tuple(v) if isinstance(v, list) else v
+                                                 for v in x) for x in xs])
+                               for k, xs in raw["samples"]],
+                              splits, names=source_names(data.sources))
         report["dedup_bloom_bits"] = num_bits
         with tf.io.gfile.GFile(os.path.join(output.uri, REPORT_FILE), "w") as f:
             json.dump(report, f, indent=2, sort_keys=True)
         record_report(output, report)
+        check_sources(report, data)
         check_reject_fraction(report, data.max_reject_fraction)
 
 
-def build_report(counts, samples, splits) -> dict[str, Any]:
-    """Per-split and total counts: read = kept + dropped, dropped by reason."""
+def _sample(source_name: str, sample) -> dict[str, Any]:
+    """A rejected record's sample as the report writes it: {"source_name", "source",
+    "record"} and, for a duplicate, "kept": the same of the copy that was kept."""
+    source, record, kept = sample
+    out = {"source_name": source_name, "source": source, "record": record}
+    if kept:
+        out["kept"] = dict(zip(("source_name", "source", "record"), kept, strict=True))
+    return out
+
+
+def build_report(counts, samples, splits, names=()) -> dict[str, Any]:
+    """Per-split, per-source and total counts: read = kept + dropped, dropped by reason.
+
+    Args:
+      counts: [((split, source_name, reason or KEPT or "repair:<kind>"), n)].
+      samples: [((source_name, reason), [(source, record, kept copy's (source_name,
+        source, record) or ())])], a few per key.
+      splits: the split names.
+      names: the sources to report even when they have no records (`data.sources`).
+
+    Returns:
+      {"total", "splits": {split: counts}, "by_source": {name: {"records_read",
+      "records_kept", "records_dropped", "dropped": {reason: n}, "repaired": {kind: n},
+      "rejected_samples": {reason: [sample]}}}, "rejected_samples": {reason: [[source,
+      record]]} (the first few over every source), "rejected_records": {reason:
+      [sample]} (the same with their source names and kept copies)}; a sample is
+      {"source_name", "source", "record"} with "kept" (the same) for a duplicate.
+    """
     per_split: dict[str, dict[str, Any]] = {
         s: {"read": 0, "kept": 0, "dropped": 0, "dropped_by_reason": {}, "repaired": {}}
         for s in splits
     }
-    for (split, reason), n in counts:
-        entry = per_split[split]
+    by_source: dict[str, dict[str, Any]] = {}
+
+    def source_entry(name: str) -> dict[str, Any]:
+        return by_source.setdefault(name, {
+            "records_read": 0, "records_kept": 0, "records_dropped": 0, "dropped": {},
+            "repaired": {}, "rejected_samples": {}})
+
+    for name in names:
+        source_entry(name)
+    for (split, source_name, reason), n in counts:
+        entry, source = per_split[split], source_entry(source_name)
         if reason.startswith(REPAIR_PREFIX):  # a change to a kept record, not a record
-            name = reason[len(REPAIR_PREFIX):]
-            entry["repaired"][name] = entry["repaired"].get(name, 0) + n
+            kind = reason[len(REPAIR_PREFIX):]
+            entry["repaired"][kind] = entry["repaired"].get(kind, 0) + n
+            source["repaired"][kind] = source["repaired"].get(kind, 0) + n
             continue
         entry["read"] += n
+        source["records_read"] += n
         if reason == cleaning.KEPT:
             entry["kept"] += n
+            source["records_kept"] += n
         else:
             entry["dropped"] += n
             entry["dropped_by_reason"][reason] = entry["dropped_by_reason"].get(reason, 0) + n
+            source["records_dropped"] += n
+            source["dropped"][reason] = source["dropped"].get(reason, 0) + n
+    merged: dict[str, list] = {}
+    for (source_name, reason), xs in samples:
+        ordered = sorted(xs)
+        source_entry(source_name)["rejected_samples"][reason] = [
+            _sample(source_name, x) for x in ordered]
+        merged.setdefault(reason, []).extend((x[0], x[1], source_name, x) for x in ordered)
+    firsts = {reason: sorted(xs)[:_SAMPLES_PER_REASON] for reason, xs in merged.items()}
     total: dict[str, Any] = {"read": 0, "kept": 0, "dropped": 0, "dropped_by_reason": {},
                              "repaired": {}}
     for entry in per_split.values():
@@ -502,7 +591,11 @@ def build_report(counts, samples, splits) -> dict[str, Any]:
     return {
         "total": total,
         "splits": per_split,
-        "rejected_samples": {reason: [list(x) for x in xs] for reason, xs in samples},
+        "by_source": dict(sorted(by_source.items())),
+        "rejected_samples": {reason: [[source, record] for source, record, _, _ in xs]
+                             for reason, xs in firsts.items()},
+        "rejected_records": {reason: [_sample(name, x) for _, _, name, x in xs]
+                             for reason, xs in firsts.items()},
     }
 
 
@@ -516,7 +609,48 @@ def record_report(artifact: types.Artifact, report: dict[str, Any]) -> None:
         artifact.set_int_custom_property(f"dropped_{reason}", n)
     for repair, n in sorted(total["repaired"].items()):
         artifact.set_int_custom_property(f"repaired_{repair}", n)
+    artifact.set_json_value_custom_property("by_source", {
+        name: {k: v for k, v in counts.items() if k != "rejected_samples"}
+        for name, counts in report.get("by_source", {}).items()})
     artifact.set_json_value_custom_property("cleaning_report", report)
+
+
+def _reasons(dropped: dict[str, int], samples: dict[str, list]) -> list[str]:
+    """One line per reason, most frequent first: `reason: n (e.g. file record r, ...)`."""
+    lines = []
+    for reason, n in sorted(dropped.items(), key=lambda kv: (-kv[1], kv[0])):
+        where = ", ".join(f"{x['source']} record {x['record']}" + (
+            f" (kept: source '{x['kept']['source_name']}', {x['kept']['source']} record "
+            f"{x['kept']['record']})" if "kept" in x else "") for x in samples.get(reason, []))
+        lines.append(f"{reason}: {n}" + (f" (e.g. {where})" if where else ""))
+    return lines
+
+
+def check_sources(report: dict[str, Any], data: DataConfig) -> None:
+    """A mixture's per-source checks (none without `data.sources`: the total is that
+    one source's, `check_reject_fraction`).
+
+    Raises:
+      DataValidationError: a source has no records, every record of a source was
+        rejected, or more than its own `max_reject_fraction` (`data.for_source`) was;
+        the message names the source, its record counts and its reasons.
+    """
+    if not data.sources:
+        return
+    by_source = report.get("by_source", {})
+    for name in source_names(data.sources):
+        counts = by_source.get(name)
+        if not counts or counts["records_read"] == 0:
+            raise DataValidationError(f"data source '{name}' has no records")
+        read, dropped = counts["records_read"], counts["records_dropped"]
+        max_fraction = data.for_source(name).max_reject_fraction
+        fraction = dropped / read
+        if counts["records_kept"] == 0 or fraction > max_fraction:
+            what = ("all rejected" if counts["records_kept"] == 0
+                    else f"{fraction:.1%} > its max_reject_fraction={max_fraction:.1%}")
+            raise DataValidationError(
+                f"data source '{name}': {dropped} of {read} records rejected ({what}):\n  "
+                + "\n  ".join(_reasons(counts["dropped"], counts["rejected_samples"])))
 
 
 def check_reject_fraction(report: dict[str, Any], max_fraction: float) -> None:

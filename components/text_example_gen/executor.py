@@ -5,12 +5,19 @@ the TFRecord writing and the input fingerprints recorded in ML Metadata); this
 file only turns the files of one split pattern into tf.Examples with features:
 
   text           bytes   the document (UTF-8), "" for a rejected record
-  source         bytes   file path relative to the input directory
+  source         bytes   file path relative to the input directory (of its source)
+  source_name    bytes   the mixture source's name (`data.sources`), "default" without
   record         int64   record number within that file
   reject_reason  bytes   "" or why the record cannot be used
   repairs        bytes   comma-separated changes made while reading ("" if none)
 
-and, in a supervised fine-tuning run (`data.task = "sft"`, schema
+A mixture (`data.sources` not empty) reads every source's files, whatever the
+split pattern TFX passes (create_pipeline gives it the first source's): each source's
+path is a file, a directory or a glob (`common.files.split_input_path`), read with
+that source's settings (`DataConfig.for_source`), its records tagged with its name.
+Without sources, `input_base`/the split pattern are read as one source, "default".
+
+In a supervised fine-tuning run (`data.task = "sft"`, schema
 `data/schema/sft_schema.pbtxt`), where `text` is the response:
 
   prompt         bytes   the prompt rendered by the chat template ("" if rejected)
@@ -23,6 +30,7 @@ this component the `tokenizer` section of the config too.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from typing import Any
 
@@ -36,7 +44,8 @@ from tfx.components.util import examples_utils
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 
-from common.files import special_file_kind
+from common.files import special_file_kind, split_input_path
+from config import DEFAULT_SOURCE
 from corpus.documents import document_to_example, read_documents
 from tokenization.chat_template import chat_format
 
@@ -58,11 +67,35 @@ def list_input_files(input_base: str, split_pattern: str) -> list[str]:
     return files
 
 
-def config_from_exec_properties(exec_properties: dict[str, Any]):
-    """The PipelineConfig packed by `component.make_custom_config` (a JSON string
-    inside `CustomConfig.custom_config`, a `google.protobuf.StringValue` Any)."""
-    from config import PipelineConfig
+def source_inputs(data) -> list[tuple[str, str, str]]:
+    """[(source name, input_base, pattern)] of a mixture's sources, in `data.sources`
+    order (`common.files.split_input_path` of each path; nothing is listed)."""
+    return [(source.name, *split_input_path(source.path, isdir=tf.io.gfile.isdir))
+            for source in data.sources]
 
+
+def list_source_files(name: str, path: str, input_base: str, pattern: str) -> list[str]:
+    """The files of one mixture source, sorted; directories are skipped.
+
+    Raises:
+      FileNotFoundError: nothing matches (names the source and its path).
+    """
+    try:
+        return list_input_files(input_base, pattern)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"data source '{name}': no input files match its path "
+                                f"{path}") from None
+
+
+def unpack_custom_config(exec_properties: dict[str, Any]) -> dict[str, Any]:
+    """{"pipeline_config": JSON text, "input_fingerprint": {...} or None} of the
+    `CustomConfig` packed by `component.make_custom_config`: a StringValue Any holding
+    `{"pipeline_config": ..., "input_fingerprint": ...}`, or the PipelineConfig JSON
+    itself (the form before mixtures; fingerprint None).
+
+    Raises:
+      ValueError: no custom_config.
+    """
     custom_config = exec_properties.get(standard_component_specs.CUSTOM_CONFIG_KEY)
     if not custom_config:
         raise ValueError("TextExampleGen needs custom_config with the pipeline config")
@@ -70,7 +103,19 @@ def config_from_exec_properties(exec_properties: dict[str, Any]):
     json_format.Parse(custom_config, proto)
     value = wrappers_pb2.StringValue()
     proto.custom_config.Unpack(value)
-    return PipelineConfig.from_json(value.value)
+    packed = json.loads(value.value)
+    if isinstance(packed, dict) and set(packed) == {"pipeline_config", "input_fingerprint"}:
+        return packed
+    return {"pipeline_config": value.value, "input_fingerprint": None}
+
+
+def config_from_exec_properties(exec_properties: dict[str, Any]):
+    """The PipelineConfig packed by `component.make_custom_config` (a JSON string
+    inside `CustomConfig.custom_config`, a `google.protobuf.StringValue` Any; either
+    form of `unpack_custom_config`)."""
+    from config import PipelineConfig
+
+    return PipelineConfig.from_json(unpack_custom_config(exec_properties)["pipeline_config"])
 
 
 def sft_chat_format(config):
@@ -92,14 +137,23 @@ def _TextToExample(  # noqa: N802 (TFX naming)
     pipeline: beam.Pipeline, exec_properties: dict[str, Any], split_pattern: str
 ) -> beam.pvalue.PCollection:
     config = config_from_exec_properties(exec_properties)
-    input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
-    files = list_input_files(input_base, split_pattern)
     data = config.data
-    chat = sft_chat_format(config) if data.task == "sft" else None
+    # (source name, input_base, file) of every file to read.
+    if data.sources:
+        files = [(name, base, path) for (name, base, pattern), source
+                 in zip(source_inputs(data), data.sources, strict=True)
+                 for path in list_source_files(name, source.path, base, pattern)]
+    else:
+        input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
+        files = [(DEFAULT_SOURCE, input_base, path)
+                 for path in list_input_files(input_base, split_pattern)]
+    settings = {name: data.for_source(name) for name, _, _ in files}
+    chat = sft_chat_format(config) if data.task == "sft" else None  # no source sets it
 
-    def read(path: str):
+    def read(item: tuple[str, str, str]):
+        name, input_base, path = item
         source = os.path.relpath(path, input_base)
-        for doc in read_documents(path, source, data, chat):
+        for doc in read_documents(path, source, settings[name], chat, name):
             yield document_to_example(doc)
 
     return (
@@ -133,8 +187,9 @@ def file_fingerprints(files: list[str], input_base: str) -> list[dict[str, Any]]
 class Executor(BaseExampleGenExecutor):
     """FileBasedExampleGen executor for text, JSONL, CSV and Parquet corpora.
 
-    Besides TFX's own `input_fingerprint` (file count, sizes, mtimes), the
-    Examples artifact records `input_base` and `input_files`: every input
+    Besides TFX's own `input_fingerprint` (file count, sizes, mtimes; of the first
+    source only in a mixture, whose every source's files `component.make_custom_config`
+    fingerprints into the custom config), the Examples artifact records `input_base` and `input_files`: every input
     file's path, size and SHA-256, for lineage (`deepseek-tfx mlmd lineage`).
     """
 
@@ -192,10 +247,12 @@ class Executor(BaseExampleGenExecutor):
         Writes `examples/Split-<s>/data_tfrecord-*.gz` (the features in the
         module docstring) and sets on `examples` its split names, payload and
         file format, and the custom properties `input_base` and `input_files`
-        ([{"path", "bytes", "sha256"}] of every input file, `file_fingerprints`).
+        ([{"path", "bytes", "sha256", "source_name"}] of every input file of every
+        source, `file_fingerprints`; "path" relative to its source's directory).
 
         Raises:
-          FileNotFoundError: a split pattern matches no file.
+          FileNotFoundError: a split pattern, or a mixture source's path, matches no
+            file (names the source and its path).
           ValueError: "custom_config" is missing, or an input file cannot be
             used as configured (plain text in an SFT run, a CSV or Parquet file
             without the configured column, ...).
@@ -206,9 +263,19 @@ class Executor(BaseExampleGenExecutor):
         input_config = example_gen_pb2.Input()
         json_format.Parse(exec_properties[standard_component_specs.INPUT_CONFIG_KEY],
                           input_config)
-        files = sorted({f for split in input_config.splits
-                        for f in list_input_files(input_base, split.pattern)})
+        data = config_from_exec_properties(exec_properties).data
+        if data.sources:
+            fingerprints = [
+                dict(f, source_name=name)
+                for (name, base, pattern), source in zip(source_inputs(data), data.sources,
+                                                         strict=True)
+                for f in file_fingerprints(list_source_files(name, source.path, base, pattern),
+                                           base)]
+        else:
+            files = sorted({f for split in input_config.splits
+                            for f in list_input_files(input_base, split.pattern)})
+            fingerprints = [dict(f, source_name=DEFAULT_SOURCE)
+                            for f in file_fingerprints(files, input_base)]
         for examples in output_dict[standard_component_specs.EXAMPLES_KEY]:
             examples.set_string_custom_property("input_base", input_base)
-            examples.set_json_value_custom_property(
-                "input_files", file_fingerprints(files, input_base))
+            examples.set_json_value_custom_property("input_files", fingerprints)

@@ -86,16 +86,17 @@ def test_minhash_estimates_jaccard():
     assert bands * rows <= 128 and len(C.lsh_bands(a, bands, rows)) == bands
 
 
-def _find_duplicates(records, data, tmp_path):
+def _find_duplicates(records, data, tmp_path, kept=False):
     """Runs the executor's `_FindDuplicates` on records as the executor builds them."""
     from components.text_cleaner.executor import doc_key, pack_keys
 
     packed = [
-        pack_keys(doc_key(0, r["source"], r["record"]), C.content_key(r["text"]),
+        pack_keys(doc_key(0, r["source"], r["record"], r.get("source_name", "default")),
+                  C.content_key(r["text"]),
                   C.minhash_signature(r["text"], data.near_dedup_num_perm, data.near_dedup_ngram))
         for r in records
     ]
-    return _find_duplicates_packed(packed, data, tmp_path)
+    return _find_duplicates_packed(packed, data, tmp_path, kept)
 
 
 def test_near_duplicates_are_removed_and_distinct_documents_kept(shakespeare, tmp_path):
@@ -140,10 +141,13 @@ def test_doc_keys_sort_in_keep_first_order():
     splits = split_order(["eval", "extra", "train"])
     assert splits == ["train", "eval", "extra"]
     keys = [doc_key(1, "a.txt", 0), doc_key(0, "b.txt", 5), doc_key(0, "a.txt", 300),
-            doc_key(0, "a.txt", 2), doc_key(0, "ab.txt", 0)]
+            doc_key(0, "a.txt", 2), doc_key(0, "ab.txt", 0),
+            doc_key(0, "a.txt", 0, "web"), doc_key(0, "唐诗.txt", 7, "poems")]
     assert [parse_doc_key(k, splits) for k in sorted(keys)] == [
-        ("train", "a.txt", 2), ("train", "a.txt", 300), ("train", "ab.txt", 0),
-        ("train", "b.txt", 5), ("eval", "a.txt", 0)]
+        ("train", "default", "a.txt", 2), ("train", "default", "a.txt", 300),
+        ("train", "default", "ab.txt", 0), ("train", "default", "b.txt", 5),
+        ("train", "poems", "唐诗.txt", 7), ("train", "web", "a.txt", 0),
+        ("eval", "default", "a.txt", 0)]
 
 
 @pytest.mark.parametrize("input_bytes", [0, 1_000, 46_600_000, 10**10])
@@ -282,8 +286,10 @@ def test_sft_duplicates_are_keyed_on_the_pair(shakespeare, tmp_path):
     assert C.sft_content_key("a", "b") != C.content_key("b")
 
 
-def _find_duplicates_packed(packed, data, tmp_path):
-    """(source, record), reason of each duplicate `_FindDuplicates` finds in `pack_keys` records."""
+def _find_duplicates_packed(packed, data, tmp_path, kept=False):
+    """((source, record), reason) of each duplicate `_FindDuplicates` finds in `pack_keys`
+    records; with `kept`, ((source_name, source, record), reason, the kept copy's
+    (source_name, source, record))."""
     import apache_beam as beam
 
     from components.text_cleaner.executor import _FindDuplicates, parse_doc_key
@@ -294,18 +300,127 @@ def _find_duplicates_packed(packed, data, tmp_path):
         _ = (p | beam.Create(packed)
              | beam.io.WriteToTFRecord(str(tmp_path / "keys"))
              | _FindDuplicates(data, num_bits=1 << 16)
-             | beam.Map(lambda kv: json.dumps([kv[0].hex(), kv[1]]))
+             | beam.Map(lambda kv: json.dumps([kv[0].hex(), kv[1][0], kv[1][1].hex()]))
              | beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
     found = [json.loads(line) for line in open(out)]
-    return sorted((parse_doc_key(bytes.fromhex(k), ["train"])[1:], reason) for k, reason in found)
+    if kept:
+        return sorted((parse_doc_key(bytes.fromhex(k), ["train"])[1:], reason,
+                       parse_doc_key(bytes.fromhex(first), ["train"])[1:])
+                      for k, reason, first in found)
+    return sorted((parse_doc_key(bytes.fromhex(k), ["train"])[2:], reason)
+                  for k, reason, _ in found)
 
 
 def test_sft_examples_round_trip_through_the_cleaner_parser():
     from components.text_cleaner.executor import _parse, _to_example
 
     record = dict(split="train", text="疑是地上霜", source="a.jsonl", record=3,
-                  reject_reason="", repairs=["unicode_normalized"], prompt=_p("床前明月光"))
+                  reject_reason="", repairs=["unicode_normalized"], prompt=_p("床前明月光"),
+                  source_name="poems")
     parsed = _parse(_to_example(record), "train")
     assert parsed == record
+    # An example written before mixtures (no source_name) is the "default" source's.
+    import tensorflow as tf
+
+    old = tf.train.Example.FromString(_to_example(record))
+    del old.features.feature["source_name"]
+    assert _parse(old.SerializeToString(), "train")["source_name"] == "default"
     plain = _parse(_to_example(dict(record, prompt=None)), "train")
     assert plain["prompt"] is None
+
+
+def test_a_document_in_two_sources_is_dropped_once_naming_the_kept_source(
+        shakespeare, chinese_poems, tmp_path):
+    """Deduplication runs across sources: a poem copied into the `web` source, exactly and
+    with one character changed, is dropped there (the `poems` copy is kept: lower source
+    name first) and each dropped copy names the kept one; the same file name in two
+    sources is two documents."""
+    poems = [p for p in dict.fromkeys(chinese_poems) if _han(p) >= 150][:4]
+    speeches = [p for p in shakespeare.split("\n\n") if len(p.split()) >= 80][:4]
+    records = [dict(source_name="poems", source="唐诗.txt", record=i, text=p)
+               for i, p in enumerate(poems)]
+    records += [dict(source_name="web", source="唐诗.txt", record=i, text=p)
+                for i, p in enumerate(speeches)]
+    chars = list(poems[1])
+    chars[len(chars) // 2] = "某"
+    records += [dict(source_name="web", source="copy.txt", record=0, text=poems[0]),
+                dict(source_name="web", source="copy.txt", record=1, text="".join(chars))]
+    found = _find_duplicates(records, DataConfig(near_dedup_threshold=0.8), tmp_path,
+                             kept=True)
+    assert found == [
+        (("web", "copy.txt", 0), C.DROP_EXACT_DUPLICATE, ("poems", "唐诗.txt", 0)),
+        (("web", "copy.txt", 1), C.DROP_NEAR_DUPLICATE, ("poems", "唐诗.txt", 1))]
+
+
+def _counts(rows):
+    """build_report's counts from (split, source, reason, n) rows."""
+    return [((split, source, reason), n) for split, source, reason, n in rows]
+
+
+def test_cleaning_report_counts_per_source():
+    from components.text_cleaner.executor import build_report
+
+    counts = _counts([("train", "poems", "kept", 8), ("eval", "poems", "kept", 1),
+                      ("train", "poems", "too_short", 3), ("train", "web", "kept", 5),
+                      ("train", "web", "exact_duplicate", 2),
+                      ("train", "web", "repair:redacted_email", 1)])
+    samples = [(("web", "exact_duplicate"),
+                [("copy.txt", 4, ("poems", "唐诗.txt", 0)), ("copy.txt", 1, ("poems", "唐诗.txt", 2))]),
+               (("poems", "too_short"), [("唐诗.txt", 9, ())])]
+    report = build_report(counts, samples, ["train", "eval"], names=("web", "poems", "code"))
+    assert report["total"]["read"] == 19 and report["total"]["dropped"] == 5
+    assert report["by_source"]["poems"] == {
+        "records_read": 12, "records_kept": 9, "records_dropped": 3,
+        "dropped": {"too_short": 3}, "repaired": {},
+        "rejected_samples": {"too_short": [
+            {"source_name": "poems", "source": "唐诗.txt", "record": 9}]}}
+    web = report["by_source"]["web"]
+    assert (web["records_read"], web["records_kept"], web["dropped"], web["repaired"]) == (
+        7, 5, {"exact_duplicate": 2}, {"redacted_email": 1})
+    assert web["rejected_samples"]["exact_duplicate"][0] == {
+        "source_name": "web", "source": "copy.txt", "record": 1,
+        "kept": {"source_name": "poems", "source": "唐诗.txt", "record": 2}}
+    assert report["by_source"]["code"]["records_read"] == 0  # named, without records
+    # The old two-element samples stay (readers unpack `src, rec`); the full ones beside.
+    assert report["rejected_samples"]["exact_duplicate"] == [["copy.txt", 1], ["copy.txt", 4]]
+    assert report["rejected_records"]["exact_duplicate"][1]["kept"]["record"] == 0
+
+
+def test_a_source_whose_records_are_all_rejected_stops_the_run_by_name():
+    from components.text_cleaner.executor import (
+        DataValidationError,
+        build_report,
+        check_reject_fraction,
+        check_sources,
+    )
+    from config import DataSource
+
+    data = DataConfig(max_reject_fraction=0.5, sources=(
+        DataSource("plays", "/d/plays.txt", 9.0),
+        DataSource("poems", "/d/poems.jsonl", 1.0, min_chars=500)))
+    counts = _counts([("train", "plays", "kept", 90), ("train", "poems", "too_short", 6),
+                      ("eval", "poems", "invalid_json", 1)])
+    samples = [(("poems", "too_short"), [("poems.jsonl", 0, ())])]
+    report = build_report(counts, samples, ["train", "eval"], names=("plays", "poems"))
+    check_reject_fraction(report, data.max_reject_fraction)  # 7 of 97: the mixture passes
+    with pytest.raises(DataValidationError) as e:
+        check_sources(report, data)
+    message = str(e.value)
+    assert message.startswith("data source 'poems': 7 of 7 records rejected (all rejected)")
+    assert "too_short: 6 (e.g. poems.jsonl record 0)" in message
+    assert "invalid_json: 1" in message
+    # Its own max_reject_fraction, not the mixture's: 3 of 10 passes 0.5 but not 0.2.
+    counts = _counts([("train", "plays", "kept", 90), ("train", "poems", "kept", 7),
+                      ("train", "poems", "too_short", 3)])
+    report = build_report(counts, [], ["train"], names=("plays", "poems"))
+    check_sources(report, data)
+    strict = DataConfig(max_reject_fraction=0.5, sources=(
+        data.sources[0], DataSource("poems", "/d/poems.jsonl", max_reject_fraction=0.2)))
+    with pytest.raises(DataValidationError, match=r"^data source 'poems': 3 of 10 records "
+                       r"rejected \(30\.0% > its max_reject_fraction=20\.0%\)"):
+        check_sources(report, strict)
+    report = build_report(_counts([("train", "plays", "kept", 9)]), [], ["train"],
+                          names=("plays", "poems"))
+    with pytest.raises(DataValidationError, match="data source 'poems' has no records"):
+        check_sources(report, data)
+    check_sources(report, DataConfig())  # one source: the total's check only

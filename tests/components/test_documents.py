@@ -184,3 +184,16 @@ def test_a_fifo_is_one_rejected_record_never_opened(tmp_path, task):
     assert [(d.reject_reason, d.text, d.source) for d in got] == [
         (D.REJECT_NOT_REGULAR_FILE, "", "pipe.jsonl")]
     assert got[0].prompt == ("" if task == "sft" else None)
+
+
+def test_documents_carry_their_source_name_into_the_example(tmp_path):
+    p = _write(tmp_path / "诗.txt", "床前明月光\n\n疑是地上霜\n")
+    docs = list(D.read_documents(p, "诗.txt", source_name="poems"))
+    assert [d.source_name for d in docs] == ["poems", "poems"]
+    empty = list(D.read_documents(_write(tmp_path / "e.txt", ""), "e.txt", source_name="web"))
+    assert [(d.reject_reason, d.source_name) for d in empty] == [(D.REJECT_EMPTY_FILE, "web")]
+    assert {d.source_name for d in D.read_documents(p, "诗.txt")} == {"default"}
+    feature = D.document_to_example(docs[1]).features.feature
+    assert feature["source_name"].bytes_list.value == [b"poems"]
+    assert feature["source"].bytes_list.value == ["诗.txt".encode()]
+    assert feature["text"].bytes_list.value == ["疑是地上霜\n".encode()]
