@@ -29,10 +29,17 @@ pytestmark = pytest.mark.slow
 P, T = preprocessing.PROMPT_KEY, preprocessing.TEXT_KEY
 
 
+def source_of(prompt: str) -> str:
+    """The mixture source the `learned` fixture gives a pair: "poems" for Chinese text."""
+    return "poems" if any("\u4e00" <= c <= "\u9fff" for c in prompt) else "shakespeare"
+
+
 def run_sft_transform(config, pairs, temp):
-    """AnalyzeAndTransformDataset over (prompt, response) pairs; returns (rows, transform dir)."""
-    return tft_runs.run_transform(config, [{P: p, T: r} for p, r in pairs], temp,
-                                  desired_batch_size=32)
+    """AnalyzeAndTransformDataset over (prompt, response) pairs, each with its
+    `source_name` (`source_of`); returns (rows, transform dir)."""
+    return tft_runs.run_transform(
+        config, [{P: p, T: r, preprocessing.SOURCE_NAME_KEY: source_of(p)} for p, r in pairs],
+        temp, desired_batch_size=32)
 
 
 def _records(path, records, config, chat=None):
@@ -75,6 +82,13 @@ def learned(shakespeare, chinese_poems, tmp_path_factory):
     pairs = _records(temp / "r.jsonl", records, config)
     rows, transform_dir = run_sft_transform(config, pairs, temp)
     return config, pairs, rows, transform_dir
+
+
+def test_sft_rows_keep_their_source_name(learned):
+    _, pairs, rows, _ = learned
+    got = sorted(r[preprocessing.SOURCE_NAME_KEY] for r in rows)
+    assert got == sorted(source_of(p).encode() for p, _ in pairs)
+    assert {b"poems", b"shakespeare"} <= set(got)
 
 
 def test_sft_features_are_hugging_face_ids(learned):
