@@ -85,6 +85,7 @@ def run_fn(fn_args) -> None:
         base_model=base_model.model_dir(base) if base else "",
         teacher_model=base_model.model_dir(teacher) if teacher else "",
     )
+    job_lib.check_mixture(config)  # before any work: what the Trainer cannot sample
     sft = {}
     if config.data.task == "sft":  # records that do not fit seq_len: counted, with the reason
         counts = data.count_sft_records(fn_args.train_files, tc.seq_len)
