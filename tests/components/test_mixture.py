@@ -227,6 +227,7 @@ def mixture_config(weights=(("b", 1), ("a", 3)), **train):
         "train.warmup_steps": 2, **{f"train.{k}": v for k, v in train.items()}})
 
 
+@pytest.mark.slow  # trains the tiny preset several times
 def test_a_mixture_trains_and_resumes_on_the_batches_of_an_uninterrupted_run(tmp_path,
                                                                             make_documents):
     """The Trainer's stream for 2 sources (`job.make_dataset_fn`: the mixture of one split's
@@ -272,6 +273,7 @@ def test_a_mixture_trains_and_resumes_on_the_batches_of_an_uninterrupted_run(tmp
     assert resumed.source_token_shares == reference.source_token_shares
 
 
+@pytest.mark.slow  # trains the tiny preset several times
 def test_stop_ends_training_at_the_last_full_batch_with_a_checkpoint(tmp_path, make_documents):
     """train.on_source_exhausted=stop: source "a" (12 windows of 33 tokens) runs out at 1:1
     after ~24 sequences, so 10 steps of 8 stop at step ~3: checkpointed there, the figures
