@@ -309,3 +309,47 @@ def test_stop_ends_training_at_the_last_full_batch_with_a_checkpoint(tmp_path, m
     again = run()
     assert again["resumed_from_step"] == step and again["steps_run"] == 0
     assert again["source_tokens"] == first["source_tokens"]
+
+
+def test_the_trainer_samples_by_weight_only_for_pretraining_mixtures():
+    from components.trainer import job as job_lib
+    from config import get_config
+
+    assert not job_lib.is_mixture(get_config("tiny"))  # one source: today's stream
+    assert job_lib.is_mixture(mixture_config())
+    assert job_lib.is_mixture(get_config("tiny", {"train.on_source_exhausted": "stop"}))
+    job_lib.check_mixture(get_config("tiny", {"data.task": "sft"}))
+    sft = get_config("tiny", {"data.task": "sft", "data.sources": [
+        {"name": "chat", "path": "/c"}, {"name": "code", "path": "/d", "weight": 2}]})
+    with pytest.raises(ValueError, match=r"data.task=sft with data.sources \['chat', 'code'\]"):
+        job_lib.check_mixture(sft)
+    with pytest.raises(ValueError, match="data.sources"):
+        job_lib.make_dataset_fn(sft, ["/none"], EOS_ID, 2)
+
+
+@pytest.mark.slow  # imports tfx
+def test_the_model_artifact_records_the_mixture_as_json():
+    from components.trainer.executor import record_summary
+
+    class Artifact:
+        def __init__(self):
+            self.properties = {}
+
+        def set_string_custom_property(self, key, value):
+            self.properties[key] = value
+
+        set_int_custom_property = set_float_custom_property = set_string_custom_property
+        set_bool_custom_property = set_string_custom_property
+
+    artifact = Artifact()
+    record_summary(artifact, {
+        "source_weights": {"web": 0.9, "poems": 0.1}, "source_tokens": {"web": 90, "poems": 10},
+        "source_token_shares": {"web": 0.9, "poems": 0.1},
+        "source_epochs": {"web": 0.5, "poems": 2.0}, "source_sequences": {"web": 3},
+        "stopped_early": "source 'poems' exhausted at step 7"})
+    assert json.loads(artifact.properties["source_weights"]) == {"poems": 0.1, "web": 0.9}
+    assert json.loads(artifact.properties["source_tokens"]) == {"poems": 10, "web": 90}
+    assert json.loads(artifact.properties["source_token_shares"])["web"] == 0.9
+    assert json.loads(artifact.properties["source_epochs"]) == {"poems": 2.0, "web": 0.5}
+    assert artifact.properties["stopped_early"] == "source 'poems' exhausted at step 7"
+    assert "source_sequences" not in artifact.properties
