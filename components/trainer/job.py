@@ -117,6 +117,26 @@ def make_dataset_fn(config, train_files: list[str], eos_id: int, pad_id: int):
     return dataset_fn
 
 
+def check_sources_have_records(config, train_files: list[str]) -> None:
+    """For a mixture: every source has a record in the train split (a source with none
+    ends the sampled stream at once).
+
+    Raises:
+      ValueError: naming the sources without a record, and the files.
+    """
+    from components.trainer import mixture
+
+    if config.data.task == "sft" or not is_mixture(config):
+        return
+    sources = mixture.split_sources(train_files, sorted(config.data.source_weights()))
+    empty = [name for name, source in sources.items()
+             if next(iter(mixture.read_source(source).take(1)), None) is None]
+    if empty:
+        raise ValueError(f"data sources {empty} have no record in the train split "
+                         f"{train_files}: were all their records rejected, or is the name "
+                         "wrong?")
+
+
 def source_figures(config, train_files: list[str], result) -> dict:
     """The run's per-source figures beside `result`'s (source_weights, source_tokens,
     source_token_shares): {"source_epochs": {name: epochs of that source drawn}}
@@ -194,9 +214,13 @@ def run(job: TrainingJob):
              peak / 1e9, source, devices, total_peak / 1e9)
 
     dataset_fn = make_dataset_fn(config, job.train_files, job.eos_id, job.pad_id)
-    result = train_loop.train(config, dataset_fn, job.checkpoint_dir, job.log_dir, strategy=dist,
-                              precision=policy, peak_flops=total_peak,
-                              base_model=job.base_model, teacher_model=job.teacher_model)
+    try:
+        result = train_loop.train(config, dataset_fn, job.checkpoint_dir, job.log_dir,
+                                  strategy=dist, precision=policy, peak_flops=total_peak,
+                                  base_model=job.base_model, teacher_model=job.teacher_model)
+    except tf.errors.OutOfRangeError:
+        check_sources_have_records(config, job.train_files)  # the likely cause, named
+        raise
     if strategy.is_chief(dist):
         figures = {**result.figures(), **source_figures(config, job.train_files, result),
                    "precision_reason": reason,

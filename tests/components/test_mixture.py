@@ -353,3 +353,17 @@ def test_the_model_artifact_records_the_mixture_as_json():
     assert json.loads(artifact.properties["source_epochs"]) == {"poems": 2.0, "web": 0.5}
     assert artifact.properties["stopped_early"] == "source 'poems' exhausted at step 7"
     assert "source_sequences" not in artifact.properties
+
+
+@pytest.mark.slow  # builds and traces the tiny model
+def test_a_source_without_records_is_named(tmp_path, make_documents):
+    from components.trainer import job as job_lib
+
+    path = str(tmp_path / "train-00000-of-00001.gz")
+    split_file(path, [("a", make_documents(n_docs=40, seed=0))])  # no record of "b"
+    job = job_lib.TrainingJob(
+        pipeline_config=mixture_config().to_json(), train_files=[path],
+        checkpoint_dir=str(tmp_path / "ckpt"), log_dir=str(tmp_path / "logs"),
+        result_path=str(tmp_path / "result.json"), peak_flops_per_device=1e11)
+    with pytest.raises(ValueError, match=r"data sources \['b'\] have no record"):
+        job_lib.run(job)
