@@ -100,7 +100,7 @@ def test_sft_features_are_hugging_face_ids(learned):
     assert len(rows) == len(pairs) > 150
     assert _got(rows) == _expected(hf, pairs, tokenizer.EOS_ID)
     assert set(rows[0]) == {preprocessing.INPUT_IDS_KEY, preprocessing.PROMPT_LENGTH_KEY,
-                            preprocessing.NUM_BYTES_KEY}
+                            preprocessing.NUM_BYTES_KEY, preprocessing.SOURCE_NAME_KEY}
     # The template's BOS text is the BOS id; no other BOS; the last id is EOS.
     for r in rows:
         ids = list(r[preprocessing.INPUT_IDS_KEY])
