@@ -3,8 +3,10 @@
 The directory itself (one per training data and config, so that a re-run
 resumes) is chosen by `checkpointing.py`. A checkpoint holds the model, the
 optimizer (slots, step, loss scale), the global step and the count of skipped
-steps (`tf.train.Checkpoint` keys model, optimizer, step, skipped_steps), as
-`ckpt-<step>`; the last `MAX_TO_KEEP` are kept.
+steps (`tf.train.Checkpoint` keys model, optimizer, step, skipped_steps), and the
+loop's other counters (`extra`: the tokens and sequences per mixture source), as
+`ckpt-<step>`; the last `MAX_TO_KEEP` are kept. A checkpoint written before an
+`extra` key existed restores without it (that counter keeps its initial value).
 
 Every worker restores from the chief's directory; only the chief writes there.
 The other workers write to a temporary directory of their own, removed at the
@@ -43,13 +45,15 @@ class Checkpointer:
         self.write_dir = self.manager = None  # set by `restore`
 
     def restore(self, model: keras.Model, optimizer: keras.optimizers.Optimizer,
-                step: tf.Variable, skipped_steps: tf.Variable) -> int:
+                step: tf.Variable, skipped_steps: tf.Variable,
+                extra: dict[str, tf.Variable] | None = None) -> int:
         """Tracks the training state for `save`, and restores it from `latest` if any.
 
         Args:
           model, optimizer: the model trained and its optimizer.
           step: int64 scalar, the optimizer steps done (the global step).
           skipped_steps: int64 scalar, the steps skipped as not finite.
+          extra: {key: variable} saved too, and restored where `latest` has the key.
 
         Returns:
           The step restored (`step`'s value: 0 for a fresh run).
@@ -58,13 +62,19 @@ class Checkpointer:
           AssertionError: a tracked object has no value in the checkpoint (another
             architecture, trainable selection or optimizer).
         """
+        extra = extra or {}
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step,
-                                         skipped_steps=skipped_steps)
+                                         skipped_steps=skipped_steps, **extra)
         self.write_dir = (self.checkpoint_dir if self.chief
                           else tempfile.mkdtemp(prefix="ckpt-worker-"))
         self.manager = tf.train.CheckpointManager(checkpoint, self.write_dir,
                                                   max_to_keep=MAX_TO_KEEP)
         if self.latest:
+            saved = {name.split("/")[0] for name, _ in tf.train.list_variables(self.latest)}
+            if not set(extra) <= saved:  # written before those counters existed
+                checkpoint = tf.train.Checkpoint(
+                    model=model, optimizer=optimizer, step=step, skipped_steps=skipped_steps,
+                    **{k: v for k, v in extra.items() if k in saved})
             checkpoint.restore(self.latest).assert_existing_objects_matched()
         return int(step.numpy())
 

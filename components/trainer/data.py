@@ -11,6 +11,11 @@ seed, and keeps the rows of its own replicas; so N workers together train on
 exactly the global batches of a one-device run, in the same order, and the
 loss is the per-token mean over the global batch however it is split.
 
+Sources (issue 28): every transformed example names its mixture source
+(`source_name`; "default" for examples written without one). `read_documents` and
+`read_sft_records` read all of a split, or one source's records of it
+(`source_name=`); a mixture (`mixture.py`) reads the one split once per source.
+
 Resuming: the data position is recomputed, not stored. The stream is a
 deterministic function of the files and the seed, so a run resumed after
 step s skips the first s global batches (`skip_steps`) and continues with the
@@ -22,13 +27,21 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY, PROMPT_LENGTH_KEY
+from components.transform.preprocessing import (
+    DEFAULT_SOURCE_NAME,
+    INPUT_IDS_KEY,
+    NUM_BYTES_KEY,
+    PROMPT_LENGTH_KEY,
+    SOURCE_NAME_KEY,
+)
 from tokenization.tokenizer import EOS_ID
 
 IGNORE_LABEL = -100
 TRANSFORMED_FEATURE_SPEC = {
     INPUT_IDS_KEY: tf.io.VarLenFeature(tf.int64),
     NUM_BYTES_KEY: tf.io.FixedLenFeature([], tf.int64),
+    # Examples transformed before mixtures existed have none: the one source, "default".
+    SOURCE_NAME_KEY: tf.io.FixedLenFeature([], tf.string, default_value=DEFAULT_SOURCE_NAME),
 }
 SFT_FEATURE_SPEC = {**TRANSFORMED_FEATURE_SPEC,
                     PROMPT_LENGTH_KEY: tf.io.FixedLenFeature([], tf.int64)}
@@ -43,15 +56,27 @@ def _files(file_pattern: str | list[str]) -> list[str]:
     return sorted(files)
 
 
-def read_documents(file_pattern: str | list[str]) -> tf.data.Dataset:
-    """Transformed TFRecords (gzip) -> dataset of int32 [tokens] documents."""
+def _records(file_pattern: str | list[str], spec: dict, source_name: str | None):
+    """Parsed examples of the files (in file order), only those of `source_name` if given."""
     ds = tf.data.TFRecordDataset(_files(file_pattern), compression_type="GZIP")
+    ds = ds.map(lambda serialized: tf.io.parse_single_example(serialized, spec),
+                num_parallel_calls=tf.data.AUTOTUNE)
+    if source_name is not None:
+        ds = ds.filter(lambda f: tf.equal(f[SOURCE_NAME_KEY], source_name))
+    return ds
 
-    def parse(serialized):
-        features = tf.io.parse_single_example(serialized, TRANSFORMED_FEATURE_SPEC)
-        return tf.cast(tf.sparse.to_dense(features[INPUT_IDS_KEY]), tf.int32)
 
-    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+def read_documents(file_pattern: str | list[str],
+                   source_name: str | None = None) -> tf.data.Dataset:
+    """Transformed TFRecords (gzip) -> dataset of int32 [tokens] documents, in file order:
+    all of them, or those whose `source_name` is `source_name` (examples without the
+    feature are source "default").
+
+    Raises:
+      FileNotFoundError: no file matches.
+    """
+    return _records(file_pattern, TRANSFORMED_FEATURE_SPEC, source_name).map(
+        lambda f: tf.cast(tf.sparse.to_dense(f[INPUT_IDS_KEY]), tf.int32))
 
 
 def pack(documents: tf.data.Dataset, seq_len: int, eos_id: int = EOS_ID) -> tf.data.Dataset:
@@ -115,16 +140,13 @@ def make_eval_dataset(file_pattern, seq_len: int, batch_size: int,
 # ids does not fit and is left out, counted by `count_sft_records`.
 
 
-def read_sft_records(file_pattern: str | list[str]) -> tf.data.Dataset:
-    """Transformed SFT TFRecords -> (ids int32 [n], prompt_length int32 scalar)."""
-    ds = tf.data.TFRecordDataset(_files(file_pattern), compression_type="GZIP")
-
-    def parse(serialized):
-        f = tf.io.parse_single_example(serialized, SFT_FEATURE_SPEC)
-        return (tf.cast(tf.sparse.to_dense(f[INPUT_IDS_KEY]), tf.int32),
-                tf.cast(f[PROMPT_LENGTH_KEY], tf.int32))
-
-    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+def read_sft_records(file_pattern: str | list[str],
+                     source_name: str | None = None) -> tf.data.Dataset:
+    """Transformed SFT TFRecords -> (ids int32 [n], prompt_length int32 scalar): all of
+    them, or those of `source_name` (as `read_documents`)."""
+    return _records(file_pattern, SFT_FEATURE_SPEC, source_name).map(
+        lambda f: (tf.cast(tf.sparse.to_dense(f[INPUT_IDS_KEY]), tf.int32),
+                   tf.cast(f[PROMPT_LENGTH_KEY], tf.int32)))
 
 
 def sft_example(ids, prompt_length, seq_len: int, pad_id: int) -> dict:
@@ -183,9 +205,10 @@ def count_sft_records(file_pattern, seq_len: int) -> dict:
             "response_tokens": targets}
 
 
-def write_sft_examples(path: str, records) -> None:
+def write_sft_examples(path: str, records, source_name: str | None = None) -> None:
     """Writes (ids, prompt_length, num_bytes) records as transformed SFT examples (gzip
-    TFRecords), for tests and benchmarks that train without running Transform."""
+    TFRecords), for tests and benchmarks that train without running Transform; with
+    `source_name`, each names that source (else none: source "default")."""
     with tf.io.TFRecordWriter(path, options="GZIP") as writer:
         for ids, prompt_length, num_bytes in records:
             feature = {
@@ -195,6 +218,7 @@ def write_sft_examples(path: str, records) -> None:
                     value=[int(prompt_length)])),
                 NUM_BYTES_KEY: tf.train.Feature(int64_list=tf.train.Int64List(
                     value=[int(num_bytes)])),
+                **_source_feature(source_name),
             }
             writer.write(tf.train.Example(features=tf.train.Features(
                 feature=feature)).SerializeToString())
@@ -272,7 +296,7 @@ def distribute_global_batches(strategy: tf.distribute.Strategy, dataset_fn, micr
     return strategy.distribute_datasets_from_function(input_fn)
 
 
-def write_examples(path: str, documents) -> None:
+def write_examples(path: str, documents, source_name: str | None = None) -> None:
     """Writes token-id documents as transformed examples (gzip TFRecords), for
     tests and benchmarks that train without running Transform.
 
@@ -280,6 +304,8 @@ def write_examples(path: str, documents) -> None:
       path: output file.
       documents: iterable of int sequences (token ids); `num_bytes` is set to
         the number of tokens.
+      source_name: the mixture source every document names (`source_name`), or None
+        for none (the examples of the one source, "default", as before mixtures).
     """
     with tf.io.TFRecordWriter(path, options="GZIP") as writer:
         for ids in documents:
@@ -287,5 +313,13 @@ def write_examples(path: str, documents) -> None:
             example = tf.train.Example(features=tf.train.Features(feature={
                 INPUT_IDS_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
                 NUM_BYTES_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=[len(ids)])),
+                **_source_feature(source_name),
             }))
             writer.write(example.SerializeToString())
+
+
+def _source_feature(source_name: str | None) -> dict:
+    if source_name is None:
+        return {}
+    return {SOURCE_NAME_KEY: tf.train.Feature(bytes_list=tf.train.BytesList(
+        value=[source_name.encode()]))}

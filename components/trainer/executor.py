@@ -7,8 +7,10 @@ trained" without opening files: steps, resume point, tokens, wall time,
 tokens/s, MFU, strategy, replicas, workers, precision, batch layout, XLA
 (`jit_compile`), the MoE dropped fraction, the skipped (not finite) steps, the
 restarts of the worker group and their reasons, the precision of each part
-(frozen weights, trained weights, optimizer states, compute, the exported model), and
-the experts kept by pruning (before and after, and the eval tokens measured).
+(frozen weights, trained weights, optimizer states, compute, the exported model),
+the experts kept by pruning (before and after, and the eval tokens measured), and the
+data mixture: each source's weight, tokens trained, realized token share and epochs
+drawn (JSON {source: value}), and why a run stopped early (`stopped_early`).
 """
 
 from __future__ import annotations
@@ -43,16 +45,22 @@ MODEL_PROPERTIES = {
     # experts pruned after training (`train.prune_keep_experts`, `pruning.py`)
     "pruned_experts_kept": int, "n_routed_experts_before": int, "pruning_tokens": int,
     "trainer_eval_loss_before_pruning": float,
+    # data mixtures (issue 28): JSON {source: value} (`train_loop.TrainResult`, `job.py`)
+    "source_weights": dict, "source_tokens": dict, "source_token_shares": dict,
+    "source_epochs": dict, "stopped_early": str,
 }
 
 
 def record_summary(model_artifact, summary: dict[str, Any]) -> None:
-    """Sets `MODEL_PROPERTIES` found in `summary` as custom properties (non-finite floats skipped)."""
+    """Sets `MODEL_PROPERTIES` found in `summary` as custom properties (non-finite floats
+    skipped; a dict as its JSON text, keys sorted)."""
     for key, kind in MODEL_PROPERTIES.items():
         value = summary.get(key)
         if value is None:
             continue
-        if kind is bool:
+        if kind is dict:
+            model_artifact.set_string_custom_property(key, json.dumps(value, sort_keys=True))
+        elif kind is bool:
             model_artifact.set_bool_custom_property(key, bool(value))
         elif kind is int:
             model_artifact.set_int_custom_property(key, int(value))

@@ -64,6 +64,109 @@ class TrainingJob:
         return cls(**json.loads(text))
 
 
+def is_mixture(config) -> bool:
+    """Whether the run samples by weight (`mixture.py`): 2+ sources, or one source
+    that stops when it runs out (`train.on_source_exhausted="stop"`). Otherwise the
+    stream is exactly `data.make_train_dataset`'s (one source, repeated)."""
+    return (len(config.data.source_weights()) > 1
+            or config.train.on_source_exhausted == "stop")
+
+
+def check_mixture(config) -> None:
+    """Refuses what the Trainer cannot sample by weight.
+
+    Raises:
+      ValueError: `data.task="sft"` with 2+ `data.sources` (or "stop"), one line.
+    """
+    if config.data.task == "sft" and is_mixture(config):
+        raise ValueError(
+            f"data.task=sft with data.sources {sorted(config.data.source_weights())} "
+            f"(train.on_source_exhausted={config.train.on_source_exhausted!r}): the Trainer "
+            "samples SFT records from one source only; train on one source, repeated")
+
+
+def make_dataset_fn(config, train_files: list[str], eos_id: int, pad_id: int):
+    """() -> the run's dataset of global batches (see `train_loop.train`).
+
+    Pretraining with 2+ sources (`config.data.source_weights()`), or "stop": the
+    weighted mixture of the sources' records of the one train split
+    (`mixture.make_mixture_train_dataset`, `train.on_source_exhausted`; batches carry
+    "source", the index in sorted-name order). One source: `data.make_train_dataset`,
+    unchanged. SFT: `data.make_sft_train_dataset`.
+
+    Raises:
+      ValueError: `check_mixture`.
+    """
+    from components.trainer import data, mixture
+
+    check_mixture(config)
+    tc = config.train
+    weights = config.data.source_weights()
+
+    def dataset_fn():
+        if config.data.task == "sft":
+            return data.make_sft_train_dataset(train_files, tc.seq_len, tc.batch_size,
+                                               tc.shuffle_buffer, tc.seed, pad_id)
+        if is_mixture(config):
+            return mixture.make_mixture_train_dataset(
+                mixture.split_sources(train_files, weights), weights, tc.seq_len,
+                tc.batch_size, tc.shuffle_buffer, tc.seed, eos_id, tc.on_source_exhausted)
+        return data.make_train_dataset(train_files, tc.seq_len, tc.batch_size,
+                                       tc.shuffle_buffer, tc.seed, eos_id)
+
+    return dataset_fn
+
+
+def check_sources_have_records(config, train_files: list[str]) -> None:
+    """For a mixture: every source has a record in the train split (a source with none
+    ends the sampled stream at once).
+
+    Raises:
+      ValueError: naming the sources without a record, and the files.
+    """
+    from components.trainer import mixture
+
+    if config.data.task == "sft" or not is_mixture(config):
+        return
+    sources = mixture.split_sources(train_files, sorted(config.data.source_weights()))
+    empty = [name for name, source in sources.items()
+             if next(iter(mixture.read_source(source).take(1)), None) is None]
+    if empty:
+        raise ValueError(f"data sources {empty} have no record in the train split "
+                         f"{train_files}: were all their records rejected, or is the name "
+                         "wrong?")
+
+
+def source_figures(config, train_files: list[str], result) -> dict:
+    """The run's per-source figures beside `result`'s (source_weights, source_tokens,
+    source_token_shares): {"source_epochs": {name: epochs of that source drawn}}
+    (`mixture.measure_sources`: one more pass over the train split per source) and,
+    when the data ran out (`result.stopped_early`), "stopped_early": "source 'X'
+    exhausted at step s" (X: the source drawn furthest into its epoch, the one whose
+    last window was drawn). SFT runs: {} (records are not packed into windows).
+
+    Raises:
+      ValueError: a source has no record in the train split (`mixture.measure_sources`).
+    """
+    from components.trainer import mixture
+
+    if config.data.task == "sft":
+        return {}
+    names = list(result.source_tokens)
+    sources = (mixture.split_sources(train_files, names) if is_mixture(config)
+               else {names[0]: train_files})
+    epochs = mixture.epochs_drawn(result.source_sequences, mixture.measure_sources(sources),
+                                  config.train.seq_len)
+    figures = {"source_epochs": epochs}
+    if result.stopped_early:
+        exhausted = max(epochs, key=epochs.get)
+        figures["stopped_early"] = (f"source {exhausted!r} exhausted at step "
+                                    f"{result.train_steps}")
+        log.warning("train.on_source_exhausted=stop: %s of train.train_steps=%d",
+                    figures["stopped_early"], config.train.train_steps)
+    return figures
+
+
 def plan(job: TrainingJob):
     """(accelerator, strategy name, policy, policy reason) for this process's devices."""
     from components.trainer import hardware, precision, strategy
@@ -91,11 +194,10 @@ def run(job: TrainingJob):
 
     if job.intra_op_threads:
         tf.config.threading.set_intra_op_parallelism_threads(job.intra_op_threads)
-    from components.trainer import data, hardware, precision, strategy, train_loop
+    from components.trainer import hardware, precision, strategy, train_loop
     from config import PipelineConfig
 
     config = PipelineConfig.from_json(job.pipeline_config)
-    tc = config.train
     accelerator, name, policy, reason = plan(job)
     dist = strategy.make_strategy(name)
     log.info("devices: %s x %d (%s); strategy %s; precision %s (%s)", accelerator.kind,
@@ -111,18 +213,17 @@ def run(job: TrainingJob):
     log.info("peak %.1f GFLOP/s per device (%s) x %d = %.1f GFLOP/s for MFU",
              peak / 1e9, source, devices, total_peak / 1e9)
 
-    def dataset_fn():
-        if config.data.task == "sft":
-            return data.make_sft_train_dataset(job.train_files, tc.seq_len, tc.batch_size,
-                                               tc.shuffle_buffer, tc.seed, job.pad_id)
-        return data.make_train_dataset(job.train_files, tc.seq_len, tc.batch_size,
-                                       tc.shuffle_buffer, tc.seed, job.eos_id)
-
-    result = train_loop.train(config, dataset_fn, job.checkpoint_dir, job.log_dir, strategy=dist,
-                              precision=policy, peak_flops=total_peak,
-                              base_model=job.base_model, teacher_model=job.teacher_model)
+    dataset_fn = make_dataset_fn(config, job.train_files, job.eos_id, job.pad_id)
+    try:
+        result = train_loop.train(config, dataset_fn, job.checkpoint_dir, job.log_dir,
+                                  strategy=dist, precision=policy, peak_flops=total_peak,
+                                  base_model=job.base_model, teacher_model=job.teacher_model)
+    except tf.errors.OutOfRangeError:
+        check_sources_have_records(config, job.train_files)  # the likely cause, named
+        raise
     if strategy.is_chief(dist):
-        figures = {**result.figures(), "precision_reason": reason,
+        figures = {**result.figures(), **source_figures(config, job.train_files, result),
+                   "precision_reason": reason,
                    "peak_flops_source": f"{source} x {devices}",
                    "peak_probe": job.peak_probe,
                    "accelerator": f"{accelerator.kind}: {accelerator.name}"}

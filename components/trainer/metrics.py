@@ -17,6 +17,10 @@ and the expert load of the window: the tokens routed to each expert of each MoE
 layer, summed over its steps (float32 [M, E]; the load before any capacity drop).
 Skipped steps (`train_step.py`) never enter a window.
 
+`SourceCounts` keeps the run's tokens trained and sequences drawn per mixture source
+(issue 28), summed on the global batch (`train_step`'s all-reduced `source_tokens`,
+`source_sequences`): the same on 1 or N workers, and kept through a resume (checkpointed).
+
 `RunClock` times the run for its overall and steady-state tokens/s (the latter
 without the first step and without checkpoint writing).
 """
@@ -125,6 +129,63 @@ class MetricWindow:
     def final_loss(self) -> float:
         """The loss of the last step added, NaN when none was."""
         return float(self.last_terms[0]) if self.last_terms is not None else NAN
+
+
+class SourceCounts:
+    """Tokens trained and sequences drawn per source since the run's first step.
+
+    Tokens count the targets of applied steps; sequences count every sequence drawn
+    (a skipped step's batch was drawn too), for `mixture.epochs_drawn`. Per-step sums
+    stay on the device until `sync` (called at logging and checkpointing).
+
+    Args:
+      names: the sources, in index order (`mixture.source_names`).
+      tokens, sequences: int64 [S] variables, checkpointed with the run (their values:
+        the counts restored; `store` writes the counts back before a checkpoint).
+    """
+
+    def __init__(self, names: list[str], tokens: tf.Variable, sequences: tf.Variable):
+        self.names = list(names)
+        self.tokens_var, self.sequences_var = tokens, sequences
+        self.tokens = tokens.numpy().astype(np.int64)  # (S,)
+        self.sequences = sequences.numpy().astype(np.int64)  # (S,)
+        self._tokens = self._sequences = None  # device sums since the last `sync`
+
+    def add(self, out: dict, applied: bool) -> None:
+        """Adds a step's `source_tokens` (if `applied`) and `source_sequences`, float32 [S]."""
+        self._sequences = (out["source_sequences"] if self._sequences is None
+                           else self._sequences + out["source_sequences"])
+        if applied:
+            self._tokens = (out["source_tokens"] if self._tokens is None
+                            else self._tokens + out["source_tokens"])
+
+    def sync(self) -> None:
+        """Moves the device sums to the host counts."""
+        if self._tokens is not None:
+            self.tokens += np.rint(self._tokens.numpy()).astype(np.int64)
+        if self._sequences is not None:
+            self.sequences += np.rint(self._sequences.numpy()).astype(np.int64)
+        self._tokens = self._sequences = None
+
+    def store(self) -> None:
+        """`sync`, then the counts into the checkpointed variables."""
+        self.sync()
+        self.tokens_var.assign(self.tokens)
+        self.sequences_var.assign(self.sequences)
+
+    def token_counts(self) -> dict[str, int]:
+        """{name: tokens trained} (after `sync`)."""
+        return {n: int(t) for n, t in zip(self.names, self.tokens, strict=True)}
+
+    def sequence_counts(self) -> dict[str, int]:
+        """{name: sequences drawn} (after `sync`)."""
+        return {n: int(t) for n, t in zip(self.names, self.sequences, strict=True)}
+
+    def shares(self) -> dict[str, float]:
+        """{name: share of the tokens trained} (0.0 each before any)."""
+        total = int(self.tokens.sum())
+        return {n: (int(t) / total if total else 0.0)
+                for n, t in zip(self.names, self.tokens, strict=True)}
 
 
 class RunClock:

@@ -1,6 +1,9 @@
 """Data mixtures: global batches drawn from named sources in proportion to their weights.
 
-Each source (`sources = {name: file_pattern}`) is read and packed on its own, exactly as
+A source is a set of transformed files (`sources = {name: file_pattern}`), or the
+records of one `source_name` in a set of files (`{name: SourceFiles(files, name)}`):
+the Trainer's case, where Transform wrote every source into one train split
+(`split_sources`). Each source is read and packed on its own, exactly as
 `data.make_train_dataset` does for one corpus (documents shuffled, `[EOS]` after each, cut
 into windows of `seq_len + 1`, windows shuffled), so a window never mixes sources and its
 source is known. Windows are then drawn by weight with
@@ -44,6 +47,36 @@ ON_EXHAUSTED = ("repeat", "stop")
 SOURCE_KEY = "source"
 
 
+@dataclasses.dataclass(frozen=True)
+class SourceFiles:
+    """One source of a mixture: the records of `files` (a pattern or a list of them)
+    whose `source_name` is `source_name` (every record when None)."""
+
+    files: str | list[str]
+    source_name: str | None = None
+
+    def __str__(self) -> str:
+        where = f"records with source_name {self.source_name!r} in " if self.source_name else ""
+        return f"{where}{self.files}"
+
+
+def as_source_files(value) -> SourceFiles:
+    """A `sources` value as `SourceFiles`: a file pattern (or list) means all its records."""
+    return value if isinstance(value, SourceFiles) else SourceFiles(value)
+
+
+def split_sources(files: str | list[str], names) -> dict[str, SourceFiles]:
+    """{name: SourceFiles(files, name)} for each of `names`: the sources of one split
+    whose records name their source (Transform's `source_name`)."""
+    return {name: SourceFiles(files, name) for name in names}
+
+
+def read_source(source) -> tf.data.Dataset:
+    """A source's documents (int32 [tokens]), in file order (`data.read_documents`)."""
+    source = as_source_files(source)
+    return data.read_documents(source.files, source.source_name)
+
+
 def source_names(sources: Mapping[str, object]) -> list[str]:
     """The sources in index order (by name): `"source" == i` means `source_names(...)[i]`."""
     return sorted(sources)
@@ -73,8 +106,9 @@ def source_windows(file_pattern, seq_len: int, batch_size: int, shuffle_buffer: 
                    eos_id: int = EOS_ID, repeat: bool = True) -> tf.data.Dataset:
     """One source's shuffled windows {"input_ids", "labels"}: int32 [seq_len], packed
     as `data.make_train_dataset` packs (same seeds, same window shuffle buffer), before
-    batching; `repeat=False` reads the documents once."""
-    docs = data.read_documents(file_pattern).cache()
+    batching; `repeat=False` reads the documents once. `file_pattern`: a `sources`
+    value (a pattern, a list, or `SourceFiles`)."""
+    docs = read_source(file_pattern).cache()
     docs = docs.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         docs = docs.repeat()
@@ -89,7 +123,8 @@ def make_mixture_train_dataset(
     """Global batches drawn from `sources` by weight (see the module docstring).
 
     Args:
-      sources: {name: file_pattern} of transformed examples (a pattern or a list of them).
+      sources: {name: file_pattern} of transformed examples (a pattern or a list of them),
+        or {name: SourceFiles} (one source's records of a split: `split_sources`).
       weights: {name: weight > 0}, normalized; a source's expected share of sequences (and,
         every sequence being seq_len tokens, of tokens).
       seq_len, batch_size, shuffle_buffer, seed, eos_id: as `data.make_train_dataset`.
@@ -142,11 +177,12 @@ def measure_sources(sources: Mapping[str, object]) -> dict[str, SourceSize]:
     sizes = {}
     for name in source_names(sources):
         documents = tokens = 0
-        for ids in data.read_documents(sources[name]).as_numpy_iterator():
+        for ids in read_source(sources[name]).as_numpy_iterator():
             documents += 1
             tokens += len(ids) + 1
         if documents == 0:
-            raise ValueError(f"source {name!r} ({sources[name]}) has no document")
+            raise ValueError(f"source {name!r} has no document ({as_source_files(sources[name])}"
+                             "): were all its records rejected, or is it misnamed?")
         sizes[name] = SourceSize(documents, tokens)
     return sizes
 

@@ -85,6 +85,7 @@ def run_fn(fn_args) -> None:
         base_model=base_model.model_dir(base) if base else "",
         teacher_model=base_model.model_dir(teacher) if teacher else "",
     )
+    job_lib.check_mixture(config)  # before any work: what the Trainer cannot sample
     sft = {}
     if config.data.task == "sft":  # records that do not fit seq_len: counted, with the reason
         counts = data.count_sft_records(fn_args.train_files, tc.seq_len)
@@ -108,7 +109,9 @@ def run_fn(fn_args) -> None:
     model = model_io.to_export_dtype(config, model)  # train.export_dtype
     eval_loss, eval_tokens = train_loop.evaluate(model, eval_ds, tc.eval_batches)
     logging.info("trainer eval loss %.4f nats/token (%d tokens)", eval_loss, eval_tokens)
-    with tf.summary.create_file_writer(fn_args.model_run_dir).as_default(step=tc.train_steps):
+    # At the step training ended (fewer than train.train_steps when a source ran out).
+    with tf.summary.create_file_writer(fn_args.model_run_dir).as_default(
+            step=figures["train_steps"]):
         tf.summary.scalar("eval/loss", eval_loss)
     export_serving_model(model, fn_args.transform_output, config, fn_args.serving_model_dir)
     write_pruning_record(fn_args.serving_model_dir, pruned)

@@ -12,6 +12,9 @@ At the end of each logging window (`metrics.MetricWindow`), at its last step:
                                       routed to each expert in the window (the run
                                       report's heatmap)
     router_bias/<layer>/min|max|mean_abs   the router's bias b (DeepSeek-V3 §2.1.2)
+    data/token_share/<source>         scalar: the source's share of the tokens trained so
+                                      far (a record's "token_share"; issue 28)
+    data/tokens/<source>              scalar: its tokens trained so far
 
 <layer> is the name of the block holding the MoE layer (a decoder block, or an
 MTP module), in the order of the step's `expert_load` rows.
@@ -59,6 +62,9 @@ class TrainSummaries:
             for key in SCALARS:
                 if math.isfinite(record[key]):
                     tf.summary.scalar(f"train/{key}", record[key])
+            for name, share in record.get("token_share", {}).items():
+                tf.summary.scalar(f"data/token_share/{name}", share)
+                tf.summary.scalar(f"data/tokens/{name}", record["source_tokens"][name])
             self._write_moe(load)
 
     def _write_moe(self, load: np.ndarray) -> None:

@@ -36,6 +36,15 @@ The data position is not stored: a resumed run skips the global batches
 already drawn (`data.distribute_global_batches`): the steps done plus the
 skipped ones (`skipped_steps`, checkpointed).
 
+Mixtures (issue 28, `mixture.py`): the tokens trained and sequences drawn per source
+are counted on the global batch (`train_step`'s all-reduced counts, `metrics.SourceCounts`),
+logged with each window (the log line, `data/token_share/<source>` in TensorBoard),
+checkpointed (so a resumed run's totals are an uninterrupted run's) and returned
+(`source_tokens`, `source_token_shares`, `source_sequences`). With
+`train.on_source_exhausted="stop"` the stream may end before `train.train_steps`:
+training then ends at the last full global batch, checkpointed there, and the result
+says so (`stopped_early`). With "repeat" a stream that ends is an error, as before.
+
 XLA (`train.jit_compile`, `resolve_jit_compile`): the step is compiled and the
 MoE layers use the static-capacity dispatch; the dropped fraction of (token,
 expert) pairs is logged (`moe_dropped_fraction`).
@@ -54,7 +63,7 @@ import logging
 import keras
 import tensorflow as tf
 
-from components.trainer import data, metrics, trainable
+from components.trainer import data, metrics, mixture, trainable
 from components.trainer import precision as precision_lib
 from components.trainer import strategy as strategy_lib
 from components.trainer.checkpointer import Checkpointer
@@ -112,6 +121,11 @@ class TrainResult:
     trainable_weights_dtype: str = "float32"
     optimizer_states_dtype: str = "float32"
     compute_dtype: str = "float32"
+    source_weights: dict = dataclasses.field(default_factory=dict)
+    source_tokens: dict = dataclasses.field(default_factory=dict)
+    source_token_shares: dict = dataclasses.field(default_factory=dict)
+    source_sequences: dict = dataclasses.field(default_factory=dict)
+    stopped_early: str = ""
 
     def figures(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
@@ -127,11 +141,14 @@ class TrainingState:
     step: tf.Variable
     teacher: DeepSeekCausalLM | None
     skipped: tf.Variable  # steps skipped (not finite) so far: batches consumed = step + skipped
+    source_tokens: tf.Variable | None = None  # int64 [S]: tokens trained per source
+    source_sequences: tf.Variable | None = None  # int64 [S]: sequences drawn per source
 
 
 def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
-          base_model: str = "", teacher_model: str = "") -> TrainingState:
-    """Model (base weights when `warm_start`), trained variables, optimizer, step, teacher.
+          base_model: str = "", teacher_model: str = "", num_sources: int = 1) -> TrainingState:
+    """Model (base weights when `warm_start`), trained variables, optimizer, step, teacher,
+    and the per-source counters (int64 [num_sources]).
 
     Raises:
       ValueError: the base model's or teacher's config does not fit `config.model`
@@ -152,6 +169,10 @@ def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
         optimizer = make_optimizer(tc, selection.variables, loss_scale=precision == "mixed_float16")
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+        source_tokens = tf.Variable(tf.zeros([num_sources], tf.int64), trainable=False,
+                                    name="source_tokens")
+        source_sequences = tf.Variable(tf.zeros([num_sources], tf.int64), trainable=False,
+                                       name="source_sequences")
         teacher = None
         if teacher_model:
             teacher = base_model_lib.load_model(teacher_model)
@@ -164,7 +185,8 @@ def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
              selection.trainable_params, selection.total_params,
              100.0 * selection.trainable_params / selection.total_params, tc.trainable,
              tc.lora_rank)
-    return TrainingState(model, selection, optimizer, step, teacher, skipped)
+    return TrainingState(model, selection, optimizer, step, teacher, skipped, source_tokens,
+                         source_sequences)
 
 
 def _check_same_architecture(config: PipelineConfig, other, source: str, what: str) -> None:
@@ -246,14 +268,18 @@ class RunPlan:
 
 def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str | None,
           strategy: tf.distribute.Strategy | None = None, precision: str = "float32",
-          peak_flops: float = 0.0, base_model: str = "", teacher_model: str = "") -> TrainResult:
-    """Trains `config.model` until `config.train.train_steps` optimizer steps are done.
+          peak_flops: float = 0.0, base_model: str = "", teacher_model: str = "",
+          source_names: list[str] | None = None) -> TrainResult:
+    """Trains `config.model` until `config.train.train_steps` optimizer steps are done
+    (or, with `train.on_source_exhausted="stop"`, until the data ends).
 
     Args:
       config: the pipeline config (model + train sections are used).
       dataset_fn: () -> infinite dataset of global batches {"input_ids", "labels"}:
-        int32 [train.batch_size, train.seq_len], deterministic (called once per input
-        pipeline; a resumed run skips batches of it). Labels < 0 are not targets.
+        int32 [train.batch_size, train.seq_len], and optionally "source": int32
+        [train.batch_size], each sequence's index in `source_names`; deterministic
+        (called once per input pipeline; a resumed run skips batches of it). Labels
+        < 0 are not targets. Finite only with `train.on_source_exhausted="stop"`.
       checkpoint_dir: checkpoints are restored from and (chief) written to it.
       log_dir: TensorBoard event directory (chief), or None for none.
       strategy: a tf.distribute strategy (default: the current/default one).
@@ -264,6 +290,8 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
       base_model: a directory to warm-start from (`base_model.py`) when no checkpoint
         exists yet; "" for random weights.
       teacher_model: a directory holding a teacher for distillation, or "".
+      source_names: the sources a batch's "source" indexes (default: the names of
+        `config.data.source_weights()`, sorted: `mixture.source_names`).
 
     Returns:
       TrainResult with the trained model (its variables belong to `strategy`).
@@ -275,8 +303,11 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
         in a row were skipped (checkpoints written before are kept).
       Preempted: SIGTERM reached this process or another worker; the step reached
         was checkpointed first (`preemption.py`).
+      tf.errors.OutOfRangeError: the data ended with `train.on_source_exhausted="repeat"`.
     """
     tc = config.train
+    weights = config.data.source_weights()
+    names = list(source_names) if source_names else mixture.source_names(weights)
     strategy = strategy or tf.distribute.get_strategy()
     if base_model:  # LoRA on a bf16 base keeps it bf16 (as `job.plan` decides too)
         precision, _ = precision_lib.model_policy(
@@ -284,13 +315,16 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
     plan = RunPlan.make(config, strategy, precision, peak_flops)
     checkpoints = Checkpointer(checkpoint_dir, chief=strategy_lib.is_chief(strategy))
     state = setup(config, strategy, precision, warm_start=checkpoints.latest is None,
-                  base_model=base_model, teacher_model=teacher_model)
-    step = resumed_from = checkpoints.restore(state.model, state.optimizer, state.step,
-                                              state.skipped)
+                  base_model=base_model, teacher_model=teacher_model, num_sources=len(names))
+    step = resumed_from = checkpoints.restore(
+        state.model, state.optimizer, state.step, state.skipped,
+        {"source_tokens": state.source_tokens, "source_sequences": state.source_sequences})
     if checkpoints.latest:
         log.info("resumed from %s (step %d)", checkpoints.latest, resumed_from)
     plan.log(tc.seq_len)
-    train_step = _make_step(config, plan, strategy, state)
+    train_step = _make_step(config, plan, strategy, state, len(names))
+    sources = metrics.SourceCounts(names, state.source_tokens, state.source_sequences)
+    stopped_early = ""
     # Skipped steps consumed their batch too: resume after every batch already drawn.
     batches = iter(data.distribute_global_batches(
         strategy, dataset_fn, plan.grad_accum_steps, skip_steps=step + int(state.skipped.numpy())))
@@ -309,9 +343,24 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
             heartbeat.beat(step)
             if preemption.agreed():  # every worker, after the same steps
                 with progress.suspended():
-                    _save_and_stop(step, saved, guard, checkpoints)
-            out = train_step(batches)
-            if bool(out["skipped"]):
+                    _save_and_stop(step, saved, guard, checkpoints, sources)
+            try:
+                out = train_step(batches)
+            except (tf.errors.OutOfRangeError, StopIteration):
+                if tc.on_source_exhausted != "stop":
+                    raise
+                stopped_early = f"the data ended at step {step}"
+                progress.log("train.on_source_exhausted=stop: %s of %d; training ends there",
+                             stopped_early, tc.train_steps)
+                if saved != step:  # the last full global batch: checkpoint it
+                    guard.check_losses()
+                    guard.check_weights(step)
+                    sources.store()
+                    checkpoints.save(step)
+                break
+            applied = not bool(out["skipped"])
+            sources.add(out, applied)
+            if not applied:
                 guard.skip(step + 1, out)
                 continue
             step += 1
@@ -325,10 +374,14 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
                 guard.check_losses()
             if is_log:
                 record, load = window.close(step, int(state.skipped.numpy()), timed=not first)
+                sources.sync()
+                record["source_tokens"], record["token_share"] = (sources.token_counts(),
+                                                                  sources.shares())
                 progress.log_window(record, tc.train_steps, timed=not first)
                 tensorboard.write(record, load)
             if is_ckpt:
                 guard.check_weights(step)
+                sources.store()
                 with clock.saving(), progress.suspended():  # TensorFlow logs while it saves
                     checkpoints.save(step)
                 saved = step
@@ -337,14 +390,21 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
     clock.stop()
     tensorboard.flush()
     checkpoints.close()
-    return _result(config, plan, state, resumed_from, window, clock, checkpoints, base_model,
-                   teacher_model)
+    sources.sync()
+    result = _result(config, plan, state, resumed_from, step, window, clock, checkpoints,
+                     base_model, teacher_model)
+    return dataclasses.replace(
+        result, source_weights=weights if set(weights) == set(names) else {},
+        source_tokens=sources.token_counts(), source_token_shares=sources.shares(),
+        source_sequences=sources.sequence_counts(), stopped_early=stopped_early)
 
 
-def _save_and_stop(step: int, saved: int, guard: FiniteGuard, checkpoints: Checkpointer) -> None:
+def _save_and_stop(step: int, saved: int, guard: FiniteGuard, checkpoints: Checkpointer,
+                   sources: metrics.SourceCounts) -> None:
     """On preemption: checkpoints `step` (unless it is saved already) and raises `Preempted`."""
     if saved != step:
         guard.check_weights(step)
+        sources.store()
         checkpoints.save(step)
     path = f"{checkpoints.checkpoint_dir.rstrip('/')}/ckpt-{step}"
     checkpoints.close()
@@ -354,15 +414,16 @@ def _save_and_stop(step: int, saved: int, guard: FiniteGuard, checkpoints: Check
 
 
 def _result(config: PipelineConfig, plan: RunPlan, state: TrainingState, resumed_from: int,
-            window: metrics.MetricWindow, clock: metrics.RunClock, checkpoints: Checkpointer,
-            base_model: str, teacher_model: str) -> TrainResult:
-    """The `TrainResult` of a finished run (`clock` stopped)."""
+            step: int, window: metrics.MetricWindow, clock: metrics.RunClock,
+            checkpoints: Checkpointer, base_model: str, teacher_model: str) -> TrainResult:
+    """The `TrainResult` of a finished run (`clock` stopped) that ended at `step`
+    (`train.train_steps`, or fewer when the data ran out)."""
     tc = config.train
     tokens_per_step = tc.batch_size * tc.seq_len
-    steps_run = tc.train_steps - resumed_from
+    steps_run = step - resumed_from
     return TrainResult(
-        model=state.model, train_steps=tc.train_steps, resumed_from_step=resumed_from,
-        steps_run=steps_run, tokens_seen=tc.train_steps * tokens_per_step,
+        model=state.model, train_steps=step, resumed_from_step=resumed_from,
+        steps_run=steps_run, tokens_seen=step * tokens_per_step,
         **clock.figures(steps_run, tokens_per_step, plan.flops_per_token, plan.peak_flops),
         final_loss=window.final_loss, history=window.history, **dataclasses.asdict(plan),
         checkpoint_dir=checkpoints.checkpoint_dir, last_checkpoint=checkpoints.final(),
@@ -388,7 +449,8 @@ def precision_parts(state: TrainingState) -> dict[str, str]:
     }
 
 
-def _make_step(config: PipelineConfig, plan: RunPlan, strategy, state: TrainingState):
+def _make_step(config: PipelineConfig, plan: RunPlan, strategy, state: TrainingState,
+               num_sources: int):
     """`train_step.make_train_step` for this run."""
     tc = config.train
     return make_train_step(
@@ -398,7 +460,8 @@ def _make_step(config: PipelineConfig, plan: RunPlan, strategy, state: TrainingS
         teacher=state.teacher, distill_alpha=tc.distill_alpha,
         distill_temperature=tc.distill_temperature, moe_mask=state.selection.moe_mask,
         step_counter=state.step, jit_compile=plan.jit_compile,
-        moe_capacity_factor=plan.moe_capacity_factor if plan.jit_compile else None)
+        moe_capacity_factor=plan.moe_capacity_factor if plan.jit_compile else None,
+        num_sources=num_sources)
 
 
 def resolve_jit_compile(setting: str) -> bool:

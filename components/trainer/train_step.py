@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from components.trainer.data import IGNORE_LABEL
+from components.trainer.mixture import SOURCE_KEY
 from models.deepseek import losses
 
 LOSS_TERMS = ("loss", "lm_loss", "mtp_loss", "balance_loss", "distill_loss")
@@ -51,7 +53,8 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
                     grad_clip_norm: float, recompute: bool = False, loss_scaling: bool = False,
                     teacher=None, distill_alpha: float = 0.5, distill_temperature: float = 1.0,
                     moe_mask: list[bool] | None = None, step_counter=None,
-                    jit_compile: bool = False, moe_capacity_factor: float | None = None):
+                    jit_compile: bool = False, moe_capacity_factor: float | None = None,
+                    num_sources: int = 1):
     """Returns `train_step(iterator) -> dict`, a `tf.function` running one optimizer step.
 
     Args:
@@ -73,6 +76,8 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
       jit_compile: compile the step with XLA (see the module docstring).
       moe_capacity_factor: None for the dropless MoE dispatch; a float cf for the
         static-capacity dispatch (required by XLA).
+      num_sources: S, the mixture's sources; a batch's optional "source" (int32
+        (k, b), an index < S per sequence; absent: all source 0) is counted per source.
 
     Returns:
       The step function. Each call runs one step and returns a dict of tensors:
@@ -80,7 +85,10 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
         grad_norm: float32 scalar, the unscaled global gradient norm before clipping;
         expert_load: float32 (M, E), tokens routed to each expert in the global batch;
         moe_dropped: float32 (M,), (token, expert) pairs the capacity dropped;
-        skipped: bool scalar, True when the step changed nothing (not finite).
+        skipped: bool scalar, True when the step changed nothing (not finite);
+        source_tokens: float32 (S,), the global batch's target tokens per source;
+        source_sequences: float32 (S,), its sequences per source (float32: exact,
+          a step's counts being far below 2^24; summed over replicas as the terms).
     """
     mtp_depths = len(model.mtp_layers)
     mtp_weight = model.config.mtp_loss_weight
@@ -147,13 +155,22 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
     def replica_step(batch):
         """One optimizer step on this replica's [k, b, T] slice of the global batch."""
         ids, labels = batch["input_ids"], batch["labels"]  # (k, b, T)
+        source = batch.get(SOURCE_KEY)  # (k, b) or None (one source)
+        if source is None:
+            source = tf.zeros(tf.shape(labels)[:2], tf.int32)  # (k, b)
+        per_row = tf.reduce_sum(tf.cast(labels != IGNORE_LABEL, tf.float32), axis=-1)  # (k, b)
+        source_ids = tf.reshape(source, [-1])  # (k b,)
+        counts = tf.stack([
+            tf.math.unsorted_segment_sum(tf.reshape(per_row, [-1]), source_ids, num_sources),
+            tf.math.unsorted_segment_sum(tf.ones_like(source_ids, tf.float32), source_ids,
+                                         num_sources)])  # (2, S): tokens, sequences
         ctx = tf.distribute.get_replica_context()
         local = tf.add_n([losses.num_targets(labels[i], mtp_depths)
                           for i in range(micro_batches)])  # (1 + D,)
         targets = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)  # (1 + D,) global
         terms, load, dropped, grads = accumulate(ids, labels, targets)
-        terms, load, dropped, grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
-                                                     (terms, load, dropped, grads))
+        terms, load, dropped, counts, grads = ctx.all_reduce(
+            tf.distribute.ReduceOp.SUM, (terms, load, dropped, counts, grads))
         grad_norm = tf.linalg.global_norm(grads)  # of the (loss-scaled) global gradient
         finite = tf.logical_and(tf.math.is_finite(grad_norm),
                                 tf.reduce_all(tf.math.is_finite(terms)))
@@ -166,7 +183,8 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
         if whole_step_compiled:  # one replica: the rest of the step in the same XLA cluster
             tf.cond(finite, lambda: _then(update_router_biases(load), count_step()), tf.no_op)
         out = {"terms": terms, "grad_norm": grad_norm, "expert_load": load,
-               "moe_dropped": dropped, "skipped": tf.logical_not(finite)}
+               "moe_dropped": dropped, "skipped": tf.logical_not(finite),
+               "source_tokens": counts[0], "source_sequences": counts[1]}
         return out, (grads if replicas > 1 and not loss_scaling else [])
 
     def apply(grads, grad_norm, scale=None):

@@ -8,6 +8,8 @@ transform graph (`tokenizer_analyzer.py`), and the ids come from the in-graph
 
   input_ids  int64 [tokens]  (VarLen) token ids, no special tokens.
   num_bytes  int64 scalar    UTF-8 bytes of the document, for bits per byte.
+  source_name  bytes scalar  the mixture source the document came from (ExampleGen's
+                             `source_name`; "default" when the examples have none).
 
 A supervised fine-tuning run (`data.task = "sft"`: the examples have a `prompt`
 feature, the chat-rendered prompt, and `text` is the response) gives instead:
@@ -17,6 +19,7 @@ feature, the chat-rendered prompt, and `text` is the response) gives instead:
                                  are added tokens, so they become their ids.
   prompt_length  int64 scalar    len(encode(prompt)): the loss covers the ids after it.
   num_bytes      int64 scalar    UTF-8 bytes of the response, for bits per byte.
+  source_name    bytes scalar    as above.
 
 and records the chat template (`data.chat_template`, else `chat_template.resolve`)
 in the tokenizer_config.json asset, so the pushed model and `hf-export` keep it.
@@ -36,6 +39,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from components.transform.tokenizer_analyzer import CopyTokenizer, LearnByteLevelBpe
+from config.sources import DEFAULT_SOURCE
 from tokenization import chat_template, tokenizer
 from tokenization.byte_level_bpe import ByteLevelBpe
 from tokenization.byte_pair_encoder import BytePairEncoder
@@ -46,6 +50,9 @@ PROMPT_KEY = "prompt"  # SFT runs only; TEXT_KEY is then the response
 INPUT_IDS_KEY = "input_ids"
 NUM_BYTES_KEY = "num_bytes"
 PROMPT_LENGTH_KEY = "prompt_length"  # SFT runs only
+# The mixture source of each example (issue 28), passed through from ExampleGen.
+SOURCE_NAME_KEY = "source_name"
+DEFAULT_SOURCE_NAME = DEFAULT_SOURCE.encode()
 TOKENIZER_ANALYZER_NAME = "tokenizer"
 # Placeholder asset contents while the analyzer has not run (tf.Transform needs them).
 _DEFAULT_ASSETS = [b"{}", b"{}", b"-1\t-1\n"]
@@ -60,9 +67,11 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
       custom_config: `{"pipeline_config": <PipelineConfig JSON>}`.
 
     Returns:
-      `input_ids` (tf.SparseTensor int64 [batch, tokens]) and `num_bytes`
-      (int64 [batch]); in an SFT run (a `prompt` input, or `data.task = "sft"`)
-      also `prompt_length` (int64 [batch]).
+      `input_ids` (tf.SparseTensor int64 [batch, tokens]), `num_bytes`
+      (int64 [batch]) and `source_name` (tf.string [batch]: the input's
+      `source_name`, [batch, 1] dense or sparse, or "default" when the examples
+      have none); in an SFT run (a `prompt` input, or `data.task = "sft"`) also
+      `prompt_length` (int64 [batch]).
 
     Raises:
       ValueError: `data.task` is `sft` but the examples have no `prompt`.
@@ -123,10 +132,28 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
     else:
         encoder = BytePairEncoder(pre_tokenizer, added_tokens, tables_path)
         ids = encoder.encode(text)  # (B, tokens)
-    outputs = {INPUT_IDS_KEY: ids.to_sparse(), NUM_BYTES_KEY: num_bytes}
+    outputs = {INPUT_IDS_KEY: ids.to_sparse(), NUM_BYTES_KEY: num_bytes,
+               SOURCE_NAME_KEY: source_names(inputs, text)}
     if sft:
         outputs[PROMPT_LENGTH_KEY] = prompt_ids.row_lengths()  # (B,) int64
     return outputs
+
+
+def source_names(inputs: dict[str, Any], text: tf.Tensor) -> tf.Tensor:
+    """The `source_name` of each example, tf.string [batch]: the input feature (dense
+    [batch, 1] or sparse; a missing value is "default"), or "default" for every example
+    when the examples have no such feature (made before mixtures existed). `text`
+    (tf.string [batch]) gives the batch size."""
+    names = inputs.get(SOURCE_NAME_KEY)
+    if names is None:
+        return tf.fill(tf.shape(text), tf.constant(DEFAULT_SOURCE_NAME))  # (B,)
+    if isinstance(names, tf.SparseTensor):
+        names = tf.sparse.to_dense(names, default_value=DEFAULT_SOURCE_NAME)
+        names = tf.concat([names, tf.fill([tf.shape(text)[0], 1],
+                                          tf.constant(DEFAULT_SOURCE_NAME))], axis=1)  # (B, n+1)
+    if names.shape.rank == 1:
+        return names  # (B,)
+    return tf.reshape(names[:, :1], [-1])  # (B,)
 
 
 def _without_added_tokens(texts: tf.Tensor, added_tokens) -> tf.Tensor:

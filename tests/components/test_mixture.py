@@ -7,6 +7,8 @@ id 3 + b, a poem's byte b is id 259 + b, so every token names its source ([EOS] 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -174,32 +176,194 @@ def test_realized_shares_and_counter_arithmetic():
     assert counter.counts() == {"a": 15, "b": 9}
 
 
-def test_a_mixture_trains_and_resumes_on_the_batches_of_an_uninterrupted_run(tmp_path,
-                                                                            make_documents):
-    """The train loop takes mixture batches (their "source" rides along) and a run killed
-    after its step-3 checkpoint, resumed, trains on the batches of an uninterrupted run."""
-    from components.trainer import train_loop
+def test_sources_of_one_split_are_its_records_of_each_source_name(sources, tmp_path):
+    """Transform writes every source into one split: filtering it by `source_name` gives
+    each source's own documents and the same stream as separate files; examples without
+    the feature are source "default"; a source with no record is named in the error."""
+    docs = {name: [ids.tolist() for ids in data.read_documents(path).as_numpy_iterator()]
+            for name, path in sources.items()}
+    merged = str(tmp_path / "train-00000-of-00001.gz")
+    split_file(merged, [(name, docs[name]) for name in sorted(docs)])
+    split = mixture.split_sources(merged, sorted(docs))
+    for name in docs:
+        got = [ids.tolist() for ids in mixture.read_source(split[name]).as_numpy_iterator()]
+        assert got == docs[name]
+    assert mixture.measure_sources(split) == mixture.measure_sources(sources)
+    weights = {"shakespeare": 9, "poems": 1}
+    own = mixture.make_mixture_train_dataset(sources, weights, SEQ_LEN, 8, 64, 3).take(20)
+    one = mixture.make_mixture_train_dataset(split, weights, SEQ_LEN, 8, 64, 3).take(20)
+    for x, y in zip(own.as_numpy_iterator(), one.as_numpy_iterator(), strict=True):
+        for key in ("input_ids", "labels", "source"):
+            np.testing.assert_array_equal(x[key], y[key])
+    assert sum(1 for _ in data.read_documents(merged, "default")) == 0
+    old = str(tmp_path / "old.gz")
+    data.write_examples(old, [[5, 6, 7]])  # written before source_name existed
+    assert [d.tolist() for d in data.read_documents(old, "default").as_numpy_iterator()] == [
+        [5, 6, 7]]
+    with pytest.raises(ValueError, match="source 'web' has no document.*'web'"):
+        mixture.measure_sources(mixture.split_sources(merged, ["web"]))
+
+
+def split_file(path, parts) -> None:
+    """One transformed split holding several sources: (source_name, documents) pairs."""
+    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+        for name, documents in parts:
+            for ids in documents:
+                example = tf.train.Example(features=tf.train.Features(feature={
+                    "input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
+                    "num_bytes": tf.train.Feature(int64_list=tf.train.Int64List(
+                        value=[len(ids)])),
+                    "source_name": tf.train.Feature(bytes_list=tf.train.BytesList(
+                        value=[name.encode()]))}))
+                writer.write(example.SerializeToString())
+
+
+def mixture_config(weights=(("b", 1), ("a", 3)), **train):
     from config import get_config
 
-    files = {"a": str(tmp_path / "a.gz"), "b": str(tmp_path / "b.gz")}
-    data.write_examples(files["a"], make_documents(seed=0))
-    data.write_examples(files["b"], make_documents(n_docs=60, seed=1))
-    config = get_config("tiny", {"train.train_steps": 6, "train.log_every": 1,
-                                 "train.checkpoint_every": 3, "train.warmup_steps": 2})
+    return get_config("tiny", {
+        "data.sources": [{"name": n, "path": f"/{n}", "weight": w} for n, w in weights],
+        "train.train_steps": 6, "train.log_every": 1, "train.checkpoint_every": 3,
+        "train.warmup_steps": 2, **{f"train.{k}": v for k, v in train.items()}})
+
+
+@pytest.mark.slow  # trains the tiny preset several times
+def test_a_mixture_trains_and_resumes_on_the_batches_of_an_uninterrupted_run(tmp_path,
+                                                                            make_documents):
+    """The Trainer's stream for 2 sources (`job.make_dataset_fn`: the mixture of one split's
+    records by `source_name`) trains, counts tokens per source on the global batch, and a
+    run killed after its step-3 checkpoint, resumed, trains on the batches of an
+    uninterrupted run with the same per-source totals (checkpointed)."""
+    from components.trainer import job as job_lib
+    from components.trainer import train_loop
+
+    path = str(tmp_path / "train-00000-of-00001.gz")
+    split_file(path, [("a", make_documents(seed=0)), ("b", make_documents(n_docs=60, seed=1))])
+    config = mixture_config()
     tc = config.train
 
     def run(workdir, take=None):
+        full = job_lib.make_dataset_fn(config, [path], EOS_ID, 2)
+
         def dataset_fn():
-            ds = mixture.make_mixture_train_dataset(files, {"a": 3, "b": 1}, tc.seq_len,
-                                                    tc.batch_size, tc.shuffle_buffer, tc.seed)
-            return ds.take(take) if take else ds
+            return full().take(take) if take else full()
 
         return train_loop.train(config, dataset_fn, str(workdir / "ckpt"), str(workdir / "logs"))
 
     reference = run(tmp_path / "reference")
+    assert reference.source_weights == {"a": 0.75, "b": 0.25}
+    total = tc.train_steps * tc.batch_size * tc.seq_len  # 6 x 8 x 32 = 1,536 tokens
+    assert sum(reference.source_tokens.values()) == total
+    assert sum(reference.source_sequences.values()) == tc.train_steps * tc.batch_size
+    assert reference.source_tokens["a"] > reference.source_tokens["b"] > 0
+    assert reference.history[-1]["source_tokens"] == reference.source_tokens
+    # The counts are the batches' own: the stream's first 6 batches, counted on the host.
+    counter = mixture.SourceTokenCounter(["a", "b"])
+    for batch in job_lib.make_dataset_fn(config, [path], EOS_ID, 2)().take(6):
+        counter.add(batch)
+    assert counter.counts() == reference.source_tokens
     with pytest.raises((tf.errors.OutOfRangeError, StopIteration)):
         run(tmp_path / "killed", take=4)  # checkpoint at 3, no batch for step 5
     resumed = run(tmp_path / "killed")
     assert resumed.resumed_from_step == 3 and resumed.steps_run == 3
     np.testing.assert_allclose([h["loss"] for h in resumed.history],
                                [h["loss"] for h in reference.history][3:], rtol=1e-6)
+    assert resumed.source_tokens == reference.source_tokens
+    assert resumed.source_sequences == reference.source_sequences
+    assert resumed.source_token_shares == reference.source_token_shares
+
+
+@pytest.mark.slow  # trains the tiny preset several times
+def test_stop_ends_training_at_the_last_full_batch_with_a_checkpoint(tmp_path, make_documents):
+    """train.on_source_exhausted=stop: source "a" (12 windows of 33 tokens) runs out at 1:1
+    after ~24 sequences, so 10 steps of 8 stop at step ~3: checkpointed there, the figures
+    say which source and where, and a re-run resumes there and trains nothing more."""
+    from components.trainer import job as job_lib
+
+    path = str(tmp_path / "train-00000-of-00001.gz")
+    small = [[10 + d] * 40 for d in range(10)]  # 10 x (40 + 1 EOS) + 1 = 411 -> 12 windows
+    split_file(path, [("a", small), ("b", make_documents(n_docs=300, seed=2))])
+    config = mixture_config((("a", 1), ("b", 1)), train_steps=10, checkpoint_every=100,
+                            on_source_exhausted="stop")
+
+    def run():
+        job = job_lib.TrainingJob(
+            pipeline_config=config.to_json(), train_files=[path],
+            checkpoint_dir=str(tmp_path / "ckpt"), log_dir=str(tmp_path / "logs"),
+            result_path=str(tmp_path / "result.json"), peak_flops_per_device=1e11)
+        job_lib.run(job)
+        with open(job.result_path) as f:
+            return json.load(f)
+
+    first = run()
+    step = first["train_steps"]
+    assert 0 < step < 10, first["stopped_early"]
+    assert first["stopped_early"] == f"source 'a' exhausted at step {step}"
+    assert first["last_checkpoint"].endswith(f"ckpt-{step}")
+    assert first["tokens_seen"] == step * 8 * 32
+    windows_a = (1 + 10 * 41) // 33  # 12
+    drawn_a = first["source_sequences"]["a"]
+    assert windows_a - 8 < drawn_a <= windows_a  # all but a dropped partial batch
+    assert first["source_epochs"]["a"] == pytest.approx(drawn_a * 33 / (10 * 41))
+    assert 0 < first["source_epochs"]["b"] < 1
+    again = run()
+    assert again["resumed_from_step"] == step and again["steps_run"] == 0
+    assert again["source_tokens"] == first["source_tokens"]
+
+
+def test_the_trainer_samples_by_weight_only_for_pretraining_mixtures():
+    from components.trainer import job as job_lib
+    from config import get_config
+
+    assert not job_lib.is_mixture(get_config("tiny"))  # one source: today's stream
+    assert job_lib.is_mixture(mixture_config())
+    assert job_lib.is_mixture(get_config("tiny", {"train.on_source_exhausted": "stop"}))
+    job_lib.check_mixture(get_config("tiny", {"data.task": "sft"}))
+    sft = get_config("tiny", {"data.task": "sft", "data.sources": [
+        {"name": "chat", "path": "/c"}, {"name": "code", "path": "/d", "weight": 2}]})
+    with pytest.raises(ValueError, match=r"data.task=sft with data.sources \['chat', 'code'\]"):
+        job_lib.check_mixture(sft)
+    with pytest.raises(ValueError, match="data.sources"):
+        job_lib.make_dataset_fn(sft, ["/none"], EOS_ID, 2)
+
+
+@pytest.mark.slow  # imports tfx
+def test_the_model_artifact_records_the_mixture_as_json():
+    from components.trainer.executor import record_summary
+
+    class Artifact:
+        def __init__(self):
+            self.properties = {}
+
+        def set_string_custom_property(self, key, value):
+            self.properties[key] = value
+
+        set_int_custom_property = set_float_custom_property = set_string_custom_property
+        set_bool_custom_property = set_string_custom_property
+
+    artifact = Artifact()
+    record_summary(artifact, {
+        "source_weights": {"web": 0.9, "poems": 0.1}, "source_tokens": {"web": 90, "poems": 10},
+        "source_token_shares": {"web": 0.9, "poems": 0.1},
+        "source_epochs": {"web": 0.5, "poems": 2.0}, "source_sequences": {"web": 3},
+        "stopped_early": "source 'poems' exhausted at step 7"})
+    assert json.loads(artifact.properties["source_weights"]) == {"poems": 0.1, "web": 0.9}
+    assert json.loads(artifact.properties["source_tokens"]) == {"poems": 10, "web": 90}
+    assert json.loads(artifact.properties["source_token_shares"])["web"] == 0.9
+    assert json.loads(artifact.properties["source_epochs"]) == {"poems": 2.0, "web": 0.5}
+    assert artifact.properties["stopped_early"] == "source 'poems' exhausted at step 7"
+    assert "source_sequences" not in artifact.properties
+
+
+@pytest.mark.slow  # builds and traces the tiny model
+def test_a_source_without_records_is_named(tmp_path, make_documents):
+    from components.trainer import job as job_lib
+
+    path = str(tmp_path / "train-00000-of-00001.gz")
+    split_file(path, [("a", make_documents(n_docs=40, seed=0))])  # no record of "b"
+    job = job_lib.TrainingJob(
+        pipeline_config=mixture_config().to_json(), train_files=[path],
+        checkpoint_dir=str(tmp_path / "ckpt"), log_dir=str(tmp_path / "logs"),
+        result_path=str(tmp_path / "result.json"), peak_flops_per_device=1e11)
+    with pytest.raises(ValueError, match=r"data sources \['b'\] have no record"):
+        job_lib.run(job)

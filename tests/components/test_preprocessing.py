@@ -49,6 +49,11 @@ def test_beam_tokenizer_equals_one_pass_tokenizer(transformed):
     assert learned.vocab_size == config.tokenizer.vocab_size
 
 
+def test_examples_without_source_name_come_from_the_default_source(transformed):
+    _, docs, rows, _ = transformed
+    assert [r[preprocessing.SOURCE_NAME_KEY] for r in rows] == [b"default"] * len(docs)
+
+
 def test_units_give_the_pre_tokens_of_the_whole_text(transformed):
     """The analyze pass's units pre-tokenize to exactly the text's pre-tokens."""
     config, docs, _, _ = transformed

@@ -29,10 +29,17 @@ pytestmark = pytest.mark.slow
 P, T = preprocessing.PROMPT_KEY, preprocessing.TEXT_KEY
 
 
+def source_of(prompt: str) -> str:
+    """The mixture source the `learned` fixture gives a pair: "poems" for Chinese text."""
+    return "poems" if any("\u4e00" <= c <= "\u9fff" for c in prompt) else "shakespeare"
+
+
 def run_sft_transform(config, pairs, temp):
-    """AnalyzeAndTransformDataset over (prompt, response) pairs; returns (rows, transform dir)."""
-    return tft_runs.run_transform(config, [{P: p, T: r} for p, r in pairs], temp,
-                                  desired_batch_size=32)
+    """AnalyzeAndTransformDataset over (prompt, response) pairs, each with its
+    `source_name` (`source_of`); returns (rows, transform dir)."""
+    return tft_runs.run_transform(
+        config, [{P: p, T: r, preprocessing.SOURCE_NAME_KEY: source_of(p)} for p, r in pairs],
+        temp, desired_batch_size=32)
 
 
 def _records(path, records, config, chat=None):
@@ -77,6 +84,13 @@ def learned(shakespeare, chinese_poems, tmp_path_factory):
     return config, pairs, rows, transform_dir
 
 
+def test_sft_rows_keep_their_source_name(learned):
+    _, pairs, rows, _ = learned
+    got = sorted(r[preprocessing.SOURCE_NAME_KEY] for r in rows)
+    assert got == sorted(source_of(p).encode() for p, _ in pairs)
+    assert {b"poems", b"shakespeare"} <= set(got)
+
+
 def test_sft_features_are_hugging_face_ids(learned):
     import tokenizers
 
@@ -86,7 +100,7 @@ def test_sft_features_are_hugging_face_ids(learned):
     assert len(rows) == len(pairs) > 150
     assert _got(rows) == _expected(hf, pairs, tokenizer.EOS_ID)
     assert set(rows[0]) == {preprocessing.INPUT_IDS_KEY, preprocessing.PROMPT_LENGTH_KEY,
-                            preprocessing.NUM_BYTES_KEY}
+                            preprocessing.NUM_BYTES_KEY, preprocessing.SOURCE_NAME_KEY}
     # The template's BOS text is the BOS id; no other BOS; the last id is EOS.
     for r in rows:
         ids = list(r[preprocessing.INPUT_IDS_KEY])

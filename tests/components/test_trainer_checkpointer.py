@@ -67,3 +67,21 @@ def test_other_workers_read_the_chiefs_directory_and_write_apart(tmp_path):
     assert worker.final() == os.path.join(directory, "ckpt-3")
     worker.close()
     assert not os.path.exists(worker.write_dir)
+
+
+def test_extra_counters_are_saved_and_an_older_checkpoint_restores_without_them(tmp_path):
+    directory = str(tmp_path / "ckpt")
+    old = Checkpointer(directory, chief=True)
+    model, optimizer, step, skipped = state(1.0)
+    old.restore(model, optimizer, step, skipped)  # a checkpoint without the counters
+    old.save(2)
+    counter = tf.Variable([0, 0], dtype=tf.int64)
+    resumed = Checkpointer(directory, chief=True)
+    assert resumed.restore(*state(0.0)[:2], step, skipped, {"source_tokens": counter}) == 0
+    assert counter.numpy().tolist() == [0, 0]  # nothing to restore: it starts at 0
+    counter.assign([5, 7])
+    step.assign(4)
+    resumed.save(4)
+    again = tf.Variable([0, 0], dtype=tf.int64)
+    Checkpointer(directory, chief=True).restore(*state(0.0), {"source_tokens": again})
+    assert again.numpy().tolist() == [5, 7]

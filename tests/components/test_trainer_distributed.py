@@ -309,3 +309,53 @@ def test_sigterm_in_process_checkpoints_the_next_step_and_resumes_there(train_fi
     assert out["preempted"]["signal_at"] <= step <= out["preempted"]["signal_at"] + 1
     assert step % 25 and out["preempted"]["checkpoint"].endswith(f"ckpt-{step}")
     assert f"ckpt-{step}.index" in out["files"] and out["resumed_from"] == step
+
+
+@pytest.mark.parametrize("on_exhausted, poems", [("repeat", 60), ("stop", 6)])
+def test_a_mixture_on_two_workers_follows_one_worker(on_exhausted, poems, make_documents,
+                                                      tmp_path):
+    """2 sources at 3:1 from one split (records named by `source_name`): 2 loopback workers
+    train on the global batches of 1 worker (same losses within LOSS_TOLERANCE) and count
+    exactly the same tokens and sequences per source (all-reduced on the global batch).
+    With "stop" and 6 poems (a few windows), both stop at the same step, checkpointed."""
+    from components.trainer import data
+
+    both = [str(tmp_path / f"train-0000{i}-of-00002.gz") for i in range(2)]  # one split
+    data.write_examples(both[0], make_documents(seed=0), source_name="web")
+    data.write_examples(both[1], make_documents(n_docs=poems, seed=1), source_name="poems")
+    config = get_config("tiny", {
+        "data.sources": [{"name": "web", "path": "/w", "weight": 3},
+                         {"name": "poems", "path": "/p", "weight": 1}],
+        "train.train_steps": 10, "train.log_every": 1, "train.checkpoint_every": 5,
+        "train.on_source_exhausted": on_exhausted})
+    out = {}
+    for workers in (1, 2):
+        workdir = tmp_path / f"w{workers}"
+        job = job_lib.TrainingJob(
+            pipeline_config=config.to_json(), train_files=both,
+            checkpoint_dir=str(workdir / "ckpt"), log_dir=str(workdir / "logs"),
+            result_path=str(workdir / "result.json"), peak_flops_per_device=1e11)
+        launcher.run_workers(job, workers, job_dir=str(workdir / "logs"), timeout_s=900)
+        with open(job.result_path) as f:
+            out[workers] = json.load(f)
+    one, two = out[1], out[2]
+    assert two["num_workers"] == 2 and two["num_replicas"] == 2
+    diff = np.abs(np.array([h["loss"] for h in two["history"]])
+                  - np.array([h["loss"] for h in one["history"]]))
+    assert diff.max() < LOSS_TOLERANCE, diff
+    assert two["source_tokens"] == one["source_tokens"]
+    assert two["source_sequences"] == one["source_sequences"]
+    steps = one["train_steps"]
+    assert two["train_steps"] == steps and len(one["history"]) == steps
+    assert two["last_checkpoint"].endswith(f"ckpt-{steps}")
+    if on_exhausted == "stop":
+        assert 0 < steps < 10
+        assert one["stopped_early"] == two["stopped_early"] == (
+            f"source 'poems' exhausted at step {steps}")
+    else:
+        assert steps == 10 and one["stopped_early"] == ""
+    assert sum(one["source_tokens"].values()) == steps * 8 * 32
+    assert one["source_tokens"]["web"] > one["source_tokens"]["poems"] > 0
+    assert two["source_epochs"] == pytest.approx(one["source_epochs"])
+    assert [h["token_share"] for h in two["history"]] == [h["token_share"]
+                                                          for h in one["history"]]

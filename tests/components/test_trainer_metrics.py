@@ -143,3 +143,24 @@ def test_a_run_of_one_step_or_none(clock):
     figures = one.figures(1, 100, 1000, 0.0)
     # 1 step x 100 tokens / 2 s; no step after the first: steady = overall
     assert figures["steady_tokens_per_second"] == figures["tokens_per_second"] == 50.0
+
+
+def test_source_counts_add_applied_tokens_and_every_drawn_sequence():
+    tokens = tf.Variable([10, 0], dtype=tf.int64)  # restored from a checkpoint
+    sequences = tf.Variable([1, 0], dtype=tf.int64)
+    counts = metrics.SourceCounts(["a", "b"], tokens, sequences)
+    step = {"source_tokens": tf.constant([64.0, 192.0]),
+            "source_sequences": tf.constant([2.0, 6.0])}
+    counts.add(step, applied=True)
+    counts.add(step, applied=False)  # a skipped step drew its batch, trained nothing
+    assert counts.token_counts() == {"a": 10, "b": 0}  # still on the device
+    counts.sync()
+    assert counts.token_counts() == {"a": 74, "b": 192}
+    assert counts.sequence_counts() == {"a": 5, "b": 12}
+    assert counts.shares() == {"a": 74 / 266, "b": 192 / 266}
+    counts.add(step, applied=True)
+    counts.store()
+    assert tokens.numpy().tolist() == [138, 384] and sequences.numpy().tolist() == [7, 18]
+    empty = metrics.SourceCounts(["x"], tf.Variable([0], dtype=tf.int64),
+                                 tf.Variable([0], dtype=tf.int64))
+    assert empty.shares() == {"x": 0.0}

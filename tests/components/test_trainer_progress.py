@@ -77,3 +77,10 @@ def test_the_bar_draws_steps_and_the_loss_on_its_stream():
         progress.step(1, 1.5)
         progress.step(2, 1.25)  # the last step always refreshes the postfix
     assert "2/2" in stream.getvalue() and "loss 1.2500" in stream.getvalue()
+
+
+def test_the_log_line_gives_each_sources_token_share_with_two_or_more(caplog):
+    line = logged_line(caplog, record(token_share={"poems": 0.1, "shakespeare": 0.9}))
+    assert line.endswith("MFU 25.6%  tokens poems 10.0% shakespeare 90.0%")
+    caplog.clear()
+    assert logged_line(caplog, record(token_share={"default": 1.0})).endswith("MFU 25.6%")

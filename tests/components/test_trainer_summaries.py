@@ -62,3 +62,15 @@ def test_no_log_dir_writes_nothing(model, tmp_path):
     summaries.write(record(1), np.zeros((2, 8), np.float32))
     summaries.flush()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_mixture_window_writes_each_sources_token_share(model, tmp_path):
+    summaries = TrainSummaries(str(tmp_path), model)
+    load = np.zeros([2, 8], np.float32)
+    summaries.write(record(2, token_share={"poems": 0.25, "web": 0.75},
+                           source_tokens={"poems": 128, "web": 384}), load)
+    summaries.flush()
+    scalars, _ = read_events(str(tmp_path))
+    assert scalars["data/token_share/poems"] == ([2], [0.25])
+    assert scalars["data/token_share/web"] == ([2], [0.75])
+    assert scalars["data/tokens/web"] == ([2], [384.0])
