@@ -27,9 +27,11 @@ TOKEN_PROPERTIES = ("source_weights", "source_token_shares", "source_tokens", "s
 
 
 def _json_property(props: dict, key: str) -> dict:
-    """The JSON object of a string custom property, {} when absent or not a JSON object
-    (a report never fails on a property)."""
+    """The JSON object of a custom property (a JSON string, or a JSON value property as
+    read back), {} when absent or not a JSON object (a report never fails on a property)."""
     value = props.get(key)
+    if isinstance(value, dict):
+        return value
     if not isinstance(value, str):
         return {}
     try:
@@ -87,9 +89,15 @@ def cleaning_source_rows(cleaner_props: dict) -> list[dict]:
     by_source = _json_property(cleaner_props, "by_source")
     if not is_mixture(by_source):
         return []
-    return [{"source": name, "read": v.get("records_read"), "kept": v.get("records_kept"),
-             "dropped": v.get("records_dropped"), "reasons": v.get("dropped") or {}}
+    # A JSON value property reads back its numbers as floats: counts are ints.
+    return [{"source": name, "read": _count(v.get("records_read")),
+             "kept": _count(v.get("records_kept")), "dropped": _count(v.get("records_dropped")),
+             "reasons": {k: _count(n) for k, n in (v.get("dropped") or {}).items()}}
             for name, v in sorted(by_source.items()) if isinstance(v, dict)]
+
+
+def _count(value):
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _num(value, spec: str) -> str:

@@ -16,38 +16,16 @@ import json
 import os
 from typing import Any
 
-from google.protobuf import json_format
 from ml_metadata.proto import metadata_store_pb2
 
-from reporting.run_summary import open_store
+from reporting.run_summary import open_store, property_value
 
 _STATES = {v: k for k, v in metadata_store_pb2.Execution.State.items()}
 
 
-def _value(v: metadata_store_pb2.Value) -> Any:
-    kind = v.WhichOneof("value")
-    if kind in ("int_value", "double_value", "string_value", "bool_value"):
-        return getattr(v, kind)
-    if kind == "struct_value":
-        value = json_format.MessageToDict(v.struct_value)
-        # TFX wraps JSON values that are not objects as {"__value__": value}.
-        if set(value) == {"__value__"}:
-            inner = value["__value__"]
-            if isinstance(inner, str):
-                try:
-                    return json.loads(inner)
-                except json.JSONDecodeError:
-                    return inner
-            return inner
-        return value
-    if kind == "proto_value":
-        return f"<{v.proto_value.type_url}>"
-    return None
-
-
 def _properties(node) -> dict[str, Any]:
-    out = {k: _value(v) for k, v in node.properties.items()}
-    out.update({k: _value(v) for k, v in node.custom_properties.items()})
+    out = {k: property_value(v) for k, v in node.properties.items()}
+    out.update({k: property_value(v) for k, v in node.custom_properties.items()})
     return {k: v for k, v in out.items() if k not in ("tfx_version", "is_external")}
 
 

@@ -7,8 +7,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from typing import Any
 
+from google.protobuf import json_format
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
@@ -35,13 +38,33 @@ def open_store(metadata_path: str) -> metadata_store.MetadataStore:
     return metadata_store.MetadataStore(config)
 
 
+def property_value(v: metadata_store_pb2.Value) -> Any:
+    """An ML Metadata property value as Python: a number or string as it is, a JSON value
+    property (struct) as its JSON value."""
+    kind = v.WhichOneof("value")
+    if kind in ("int_value", "double_value", "string_value", "bool_value"):
+        return getattr(v, kind)
+    if kind == "struct_value":
+        value = json_format.MessageToDict(v.struct_value)
+        # TFX wraps JSON values that are not objects as {"__value__": value}.
+        if set(value) == {"__value__"}:
+            inner = value["__value__"]
+            if isinstance(inner, str):
+                try:
+                    return json.loads(inner)
+                except json.JSONDecodeError:
+                    return inner
+            return inner
+        return value
+    if kind == "proto_value":
+        return f"<{v.proto_value.type_url}>"
+    return None
+
+
 def _custom_properties(artifact) -> dict:
-    out = {}
-    for key, value in artifact.custom_properties.items():
-        kind = value.WhichOneof("value")
-        if kind in ("int_value", "double_value", "string_value", "bool_value"):
-            out[key] = getattr(value, kind)
-    return out
+    return {key: property_value(value) for key, value in artifact.custom_properties.items()
+            if value.WhichOneof("value") in ("int_value", "double_value", "string_value",
+                                             "bool_value", "struct_value")}
 
 
 def latest_run(metadata_path: str) -> list[ComponentRun]:

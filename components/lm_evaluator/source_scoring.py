@@ -15,13 +15,14 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-from components.transform.preprocessing import INPUT_IDS_KEY, NUM_BYTES_KEY, PROMPT_LENGTH_KEY
+from components.transform.preprocessing import (
+    INPUT_IDS_KEY,
+    NUM_BYTES_KEY,
+    PROMPT_LENGTH_KEY,
+    SOURCE_NAME_KEY,
+)
 from config import DEFAULT_SOURCE, PipelineConfig
 from savedmodel import scoring
-
-# Transform's feature naming an example's mixture source
-# (components.transform.preprocessing.SOURCE_NAME_KEY, issue 28).
-SOURCE_NAME_KEY = "source_name"
 
 
 def _eval_features(transformed_examples, split: str):

@@ -88,11 +88,13 @@ class Executor(tfx_trainer_executor.GenericExecutor):
           exec_properties: TFX Trainer's properties, "train_args", "eval_args",
             "module_path" / "run_fn" and "custom_config" (dict or JSON:
             "pipeline_config", "num_workers", "checkpoint_root", optional
-            "teacher_model", see `run_fn.run_fn`).
+            "teacher_model", "replay_lineage", see `run_fn.run_fn`).
 
         Sets on the Model the custom properties `MODEL_PROPERTIES` found in
         `training_summary.json` (`record_summary`), and `base_model_uri`,
-        `base_model_id` and `teacher_model_uri` for a warm start or distillation.
+        `base_model_id` and `teacher_model_uri` for a warm start or distillation, and
+        `replay_examples_id` and `replay_base_model_id` when the base run's data is
+        replayed through ML Metadata lineage (custom_config "replay_lineage").
 
         Raises:
           ValueError: from `run_fn` (which may raise others): TrainArgs.num_steps
@@ -110,8 +112,12 @@ class Executor(tfx_trainer_executor.GenericExecutor):
             model.set_string_custom_property("base_model_uri", bases[0].uri)
             if bases[0].id:
                 model.set_int_custom_property("base_model_id", bases[0].id)
-        teacher = (exec_properties.get("custom_config") or {})
-        if isinstance(teacher, str):
-            teacher = json.loads(teacher)
-        if teacher.get("teacher_model"):
-            model.set_string_custom_property("teacher_model_uri", teacher["teacher_model"])
+        custom_config = (exec_properties.get("custom_config") or {})
+        if isinstance(custom_config, str):
+            custom_config = json.loads(custom_config)
+        if custom_config.get("teacher_model"):
+            model.set_string_custom_property("teacher_model_uri", custom_config["teacher_model"])
+        replay = custom_config.get("replay_lineage") or {}
+        if replay:  # the base run's data, replayed (pipeline/replay.py)
+            model.set_int_custom_property("replay_examples_id", int(replay["examples_id"]))
+            model.set_int_custom_property("replay_base_model_id", int(replay["base_model_id"]))
