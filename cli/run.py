@@ -37,6 +37,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, replay_lineage = replay(args, config, base_model,
                                     os.path.join(input_base, pattern), output_dir)
     config, teacher = distillation(args, config)
+    from components.trainer.job import check_mixture
+
+    try:
+        check_mixture(config)  # what the Trainer would refuse, before anything runs
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
     _print_data(config, input_base, pattern)
     print(f"              outputs under {os.path.abspath(output_dir)}")

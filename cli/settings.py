@@ -141,6 +141,10 @@ def replay(args: argparse.Namespace, config, base_model: str | None, data_path: 
 
                 base_model, _ = latest_blessed_model_in(store, output_dir)
             origin = rp.replay_origin(store, base_model)
+            if origin.task != config.data.task:
+                raise rp.ReplayError(f"replay: the base model was trained with data.task="
+                                     f"{origin.task}, this run has data.task="
+                                     f"{config.data.task}; its data cannot be replayed")
             rp.check_unchanged(origin)
             old_sources = origin.sources
             lineage = {"examples_uri": origin.examples_uri, "examples_id": origin.examples_id,

@@ -58,6 +58,7 @@ class ReplayOrigin:
       input_files: the files ExampleGen read, as it recorded them ([{"path", "bytes",
         "sha256", ...}], paths relative to `input_base`).
       input_base: the directory those paths are relative to.
+      task: the base run's `data.task` ("pretrain" or "sft").
     """
 
     base_model_id: int
@@ -67,6 +68,7 @@ class ReplayOrigin:
     sources: tuple[DataSource, ...]
     input_files: tuple[dict, ...]
     input_base: str
+    task: str = "pretrain"
 
 
 def open_store(metadata_path: str):
@@ -78,13 +80,9 @@ def open_store(metadata_path: str):
     if not os.path.exists(metadata_path):
         raise ReplayError(f"no ML Metadata at {metadata_path}: the base model has no lineage "
                           "in this run's store; name the old data with --replay-data PATH")
-    from ml_metadata import metadata_store
-    from ml_metadata.proto import metadata_store_pb2
+    from pipeline.warm_start import open_readonly_store
 
-    connection = metadata_store_pb2.ConnectionConfig()
-    connection.sqlite.filename_uri = metadata_path
-    connection.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READONLY
-    return metadata_store.MetadataStore(connection)
+    return open_readonly_store(metadata_path)
 
 
 def _strip(path: str) -> str:
@@ -181,7 +179,7 @@ def replay_origin(store, base_model: str) -> ReplayOrigin:
         sources = (DataSource(REPLAY_SOURCE, os.path.join(input_base, _pattern(execution)),
                               **{k: getattr(data, k) for k in SOURCE_SETTINGS}),)
     return ReplayOrigin(model.id, model.uri, examples.id, examples.uri, sources, files,
-                        input_base)
+                        input_base, data.task)
 
 
 def check_unchanged(origin: ReplayOrigin) -> None:
@@ -226,8 +224,7 @@ def with_replay(config: PipelineConfig, old: tuple[DataSource, ...], data_path: 
     where they differ from this run's (`SOURCE_SETTINGS`).
 
     Raises:
-      ReplayError: `data.replay_fraction` is 0, a name clash with this run's sources, or
-        the base run was supervised fine-tuning and this one is not (or the reverse).
+      ReplayError: `data.replay_fraction` is 0, or a name clash with this run's sources.
     """
     fraction = config.data.replay_fraction
     if not fraction > 0:

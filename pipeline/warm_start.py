@@ -30,13 +30,18 @@ def latest_blessed_model(metadata_path: str) -> tuple[str, int]:
     if not os.path.exists(metadata_path):
         raise ValueError(f"--base-model latest: no ML Metadata at {metadata_path} yet; run "
                          f"once without --base-model into the same --output")
+    return latest_blessed_model_in(open_readonly_store(metadata_path), metadata_path)
+
+
+def open_readonly_store(metadata_path: str):
+    """A read-only `ml_metadata.MetadataStore` on an existing SQLite file."""
     from ml_metadata import metadata_store
     from ml_metadata.proto import metadata_store_pb2
 
     connection = metadata_store_pb2.ConnectionConfig()
     connection.sqlite.filename_uri = metadata_path
     connection.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READONLY
-    return latest_blessed_model_in(metadata_store.MetadataStore(connection), metadata_path)
+    return metadata_store.MetadataStore(connection)
 
 
 def latest_blessed_model_in(store, where: str) -> tuple[str, int]:

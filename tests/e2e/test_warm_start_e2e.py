@@ -27,6 +27,7 @@ import cli
 from pipeline.local_runner import run_paths
 
 HALF_BYTES = 60_000  # the shared run's slice (tests/e2e/conftest.py SLICE_BYTES)
+REPLAY_FRACTION = 0.3
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
 
@@ -80,15 +81,18 @@ def continued(run, tmp_path_factory, shakespeare):
     half with the same steps."""
     d = tmp_path_factory.mktemp("continued")
     second = _second_half(shakespeare, d)
-    out, scratch = d / "out", d / "scratch"
-    out.mkdir()
-    shutil.copy(run["metadata_path"], out / "metadata.db")
+    out, scratch, replayed = d / "out", d / "scratch", d / "replayed"
+    for directory in (out, replayed):
+        directory.mkdir()
+        shutil.copy(run["metadata_path"], directory / "metadata.db")
     _runs(["--data", str(second), "--output", str(out), "--base-model", "latest",
            "--accept-drift"],
-          ["--data", str(second), "--output", str(scratch)])
+          ["--data", str(second), "--output", str(scratch)],
+          ["--data", str(second), "--output", str(replayed), "--base-model", "latest",
+           "--accept-drift", "--set", f"data.replay_fraction={REPLAY_FRACTION}"])
     store = _store(out)
     first_model = min(store.get_artifacts_by_type("Model"), key=lambda a: a.id)
-    return {"out": out, "scratch": scratch, "first_model": first_model}
+    return {"out": out, "scratch": scratch, "replayed": replayed, "first_model": first_model}
 
 
 def test_continued_pretraining_starts_where_the_base_stopped(continued):
@@ -129,6 +133,35 @@ def test_lineage_shows_the_base_model_as_a_trainer_input(continued):
     # The evaluator compared the new model with its base on the same eval data.
     blessing = _newest(store, "ModelBlessing")
     assert blessing.custom_properties["baseline_model_id"].int_value == base.id
+
+
+def test_replay_mixes_in_the_base_runs_data_found_through_lineage(continued):
+    """`data.replay_fraction`: the base run's own data (found in ML Metadata) is the source
+    "replay"; the new Model names the base run's Examples, the pipeline run's Importer
+    holds that very artifact, and the Evaluator scores "replay" before and after."""
+    from ml_metadata.proto import metadata_store_pb2 as pb
+
+    store = _store(continued["replayed"])
+    base, model = continued["first_model"], _newest(store, "Model")
+    # The base run's raw Examples: the ExampleGen output upstream of the base model.
+    (base_examples,) = [a for a in store.get_artifacts_by_type("Examples")
+                        if "input_files" in a.custom_properties and a.id < base.id]
+    assert model.custom_properties["replay_examples_id"].int_value == base_examples.id
+    assert model.custom_properties["replay_base_model_id"].int_value == base.id
+    newest_run = max(store.get_contexts_by_type("pipeline_run"), key=lambda c: c.id)
+    imported = {e.artifact_id for e in store.get_events_by_execution_ids(
+        [x.id for x in store.get_executions_by_context(newest_run.id)]) if e.type == pb.Event.OUTPUT}
+    assert base_examples.id in imported  # reused, not a copy: the lineage is the artifact
+    weights = json.loads(model.custom_properties["source_weights"].string_value)
+    assert weights == pytest.approx({"default": 1 - REPLAY_FRACTION, "replay": REPLAY_FRACTION})
+    shares = json.loads(model.custom_properties["source_token_shares"].string_value)
+    assert set(shares) == {"default", "replay"} and 0 < shares["replay"] < 1
+    evaluation = _newest(store, "ModelEvaluation").custom_properties
+    before = evaluation["baseline_bits_per_byte_replay"].double_value
+    after = evaluation["bits_per_byte_replay"].double_value
+    print(f"\nreplayed data (the base run's eval split), bits per byte: base {before:.4f}, "
+          f"after continuing with {REPLAY_FRACTION:.0%} replay {after:.4f}")
+    assert before > 0 and after > 0
 
 
 # ------------------------------------------------------------------ Hugging Face base model

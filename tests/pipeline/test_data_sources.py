@@ -368,3 +368,10 @@ def test_a_bucket_path_stays_a_path_and_is_split_for_examplegen():
     assert split_data_path("gs://corpora/k=v/poems.txt") == ("gs://corpora/k=v", "poems.txt")
     with pytest.raises(SystemExit, match="name the files in the bucket"):
         split_data_path("gs://corpora")
+
+
+def test_sft_from_two_sources_is_refused_before_anything_runs(corpora):
+    message = _refusal(["run", "--preset", "tiny", "--task", "sft", "--output",
+                        str(corpora / "out"), "--data", "web=web.txt",
+                        "--data", "poems=poems.jsonl"])
+    assert message.startswith("error: data.task=sft with data.sources ['poems', 'web']")
