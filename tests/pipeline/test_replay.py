@@ -149,3 +149,30 @@ def test_a_base_model_without_lineage_is_refused_with_the_reason(tmp_path, chine
         replay.replay_origin(store, str(tmp_path / "hf" / "DeepSeek-V2-Lite"))
     with pytest.raises(replay.ReplayError, match="no ML Metadata at"):
         replay.open_store(str(tmp_path / "nothing.db"))
+
+
+def test_replay_data_names_the_old_data_of_a_base_without_lineage(tmp_path, chinese_poems,
+                                                                   capsys):
+    """`--replay-data PATH` (e.g. beside a Hugging Face base model): the old data is that
+    path, checked and made absolute, as the source "replay"; no ML Metadata is read."""
+    import argparse
+
+    from cli.settings import replay as cli_replay
+
+    old = tmp_path / "old" / "poems.txt"
+    old.parent.mkdir()
+    old.write_text("\n\n".join(chinese_poems[:10]), encoding="utf-8")
+    args = argparse.Namespace(replay_data=str(old))
+    config, lineage = cli_replay(args, _config("data.replay_fraction=0.2"), "/models/hf_base",
+                                 "/new/*.txt", str(tmp_path / "no_store_here"))
+    assert lineage is None
+    assert [(s.name, s.path) for s in config.data.sources] == [
+        ("default", "/new/*.txt"), ("replay", str(old))]
+    assert config.data.source_weights() == pytest.approx({"default": 0.8, "replay": 0.2})
+    assert "replay: 20% of the tokens from --replay-data" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--replay-data needs data.replay_fraction > 0"):
+        cli_replay(args, _config(), "/models/hf_base", "/new/*.txt", str(tmp_path))
+    with pytest.raises(SystemExit, match="source 'replay': --data '.*missing.txt': no such"):
+        cli_replay(argparse.Namespace(replay_data=str(tmp_path / "missing.txt")),
+                   _config("data.replay_fraction=0.2"), "/models/hf_base", "/new/*.txt",
+                   str(tmp_path))
