@@ -13,6 +13,38 @@ from config import PIPELINE_NAME, PipelineConfig
 # Beam pipeline args of every Beam-based component unless the caller passes its
 # own: DirectRunner, in this process, one worker.
 DEFAULT_BEAM_PIPELINE_ARGS = ("--direct_num_workers=1",)
+# The Beam options TFX reads as "the dependencies are given" (tfx.utils.dependency_utils
+# `make_beam_dependency_flags`).
+_DEPENDENCY_FLAGS = ("extra_packages", "setup_file", "requirements_file",
+                     "worker_harness_container_image", "sdk_container_image")
+_LOCAL_RUNNERS = (None, "DirectRunner", "direct", "BundleBasedDirectRunner")
+
+
+def with_local_dependencies(beam_pipeline_args: list[str]) -> list[str]:
+    """`beam_pipeline_args`, plus `--sdk_container_image` (Beam's own default image for
+    this Python and Beam) when they run on the DirectRunner and name no dependencies.
+
+    Why: given Beam args without dependency flags, every TFX Beam executor re-packages
+    the whole installed TFX (`tfx.utils.dependency_utils.build_ephemeral_package`: a copy
+    of ~42 MB and a `setup.py sdist` in a fresh temp directory, never removed) so that
+    remote workers could import it. The DirectRunner's workers are this process (or its
+    children): the package is never used, and a run of ten components left ~400 MB in
+    /tmp. Naming Beam's default image changes nothing the DirectRunner does, and TFX then
+    builds nothing. Remote runners (Dataflow, Flink, Spark, Portable) are left as given:
+    they need the dependencies named by the user (README, "Runners").
+    """
+    import sys
+
+    import apache_beam as beam
+
+    options = beam.options.pipeline_options.PipelineOptions(
+        flags=beam_pipeline_args).get_all_options()
+    if options.get("runner") not in _LOCAL_RUNNERS or any(
+            options.get(flag) for flag in _DEPENDENCY_FLAGS):
+        return list(beam_pipeline_args)
+    image = (f"apache/beam_python{sys.version_info.major}.{sys.version_info.minor}_sdk:"
+             f"{beam.version.__version__}")
+    return [*beam_pipeline_args, f"--sdk_container_image={image}"]
 
 
 def build_pipeline(
@@ -50,7 +82,8 @@ def build_pipeline(
         metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
             paths["metadata_path"]
         ),
-        beam_pipeline_args=list(beam_pipeline_args or DEFAULT_BEAM_PIPELINE_ARGS),
+        beam_pipeline_args=with_local_dependencies(
+            list(beam_pipeline_args or DEFAULT_BEAM_PIPELINE_ARGS)),
         **({"schema_path": schema_path} if schema_path else {}),
         **options,
     )

@@ -203,12 +203,28 @@ def test_beam_args_reach_the_pipeline_default_one_direct_worker(tmp_path):
     args = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
     pipeline, paths = build_pipeline(get_config("tiny"), "/in", "*", str(tmp_path),
                                      beam_pipeline_args=args, until="Transform")
-    assert pipeline.beam_pipeline_args == args
+    image = "--sdk_container_image=apache/beam_python3.10_sdk:2.59.0"
+    assert pipeline.beam_pipeline_args == [*args, image]
     assert pipeline.components[-1].id == "Transform"
     assert paths["metadata_path"] == str(tmp_path / "metadata.db")
     pipeline, _ = build_pipeline(get_config("tiny"), "/in", "*", str(tmp_path))
-    assert pipeline.beam_pipeline_args == list(DEFAULT_BEAM_PIPELINE_ARGS) == [
-        "--direct_num_workers=1"]
+    assert pipeline.beam_pipeline_args == [*DEFAULT_BEAM_PIPELINE_ARGS, image] == [
+        "--direct_num_workers=1", image]
+
+
+def test_local_beam_args_name_a_dependency_so_tfx_packages_nothing():
+    """Without a dependency flag every TFX Beam executor copies all of TFX to a temp
+    directory it never removes (~42 MB a component); the DirectRunner needs none."""
+    from tfx.utils import dependency_utils
+
+    from pipeline.local_runner import with_local_dependencies
+
+    local = with_local_dependencies(["--direct_num_workers=1"])
+    assert dependency_utils.make_beam_dependency_flags(local) == local  # nothing built
+    for remote in (["--runner=DataflowRunner", "--project=p"],
+                   ["--runner=PortableRunner", "--job_endpoint=localhost:8099"],
+                   ["--direct_num_workers=2", "--setup_file=./setup.py"]):
+        assert with_local_dependencies(remote) == remote
 
 
 @pytest.mark.parametrize("runner, module, function", [
