@@ -22,7 +22,8 @@ _LOCAL_RUNNERS = (None, "DirectRunner", "direct", "BundleBasedDirectRunner")
 
 def with_local_dependencies(beam_pipeline_args: list[str]) -> list[str]:
     """`beam_pipeline_args`, plus `--sdk_container_image` (Beam's own default image for
-    this Python and Beam) when they run on the DirectRunner and name no dependencies.
+    this Python and Beam) when they run on this machine (the DirectRunner, or a
+    PortableRunner with `--environment_type=LOOPBACK`) and name no dependencies.
 
     Why: given Beam args without dependency flags, every TFX Beam executor re-packages
     the whole installed TFX (`tfx.utils.dependency_utils.build_ephemeral_package`: a copy
@@ -30,7 +31,8 @@ def with_local_dependencies(beam_pipeline_args: list[str]) -> list[str]:
     remote workers could import it. The DirectRunner's workers are this process (or its
     children): the package is never used, and a run of ten components left ~400 MB in
     /tmp. Naming Beam's default image changes nothing the DirectRunner does, and TFX then
-    builds nothing. Remote runners (Dataflow, Flink, Spark, Portable) are left as given:
+    builds nothing. Remote runners (Dataflow, Flink, Spark, Portable with workers in
+    containers) are left as given:
     they need the dependencies named by the user (README, "Runners").
     """
     import sys
@@ -39,7 +41,9 @@ def with_local_dependencies(beam_pipeline_args: list[str]) -> list[str]:
 
     options = beam.options.pipeline_options.PipelineOptions(
         flags=beam_pipeline_args).get_all_options()
-    if options.get("runner") not in _LOCAL_RUNNERS or any(
+    loopback = (options.get("runner") == "PortableRunner"
+                and str(options.get("environment_type")).upper() == "LOOPBACK")
+    if (options.get("runner") not in _LOCAL_RUNNERS and not loopback) or any(
             options.get(flag) for flag in _DEPENDENCY_FLAGS):
         return list(beam_pipeline_args)
     image = (f"apache/beam_python{sys.version_info.major}.{sys.version_info.minor}_sdk:"

@@ -15,10 +15,10 @@ def _examples(texts, source_name=None, first_record=0):
 
     out = []
     for i, t in enumerate(texts, start=first_record):
-        example = document_to_example(Document(t, f"{source_name or 'corpus'}.txt", i))
-        if source_name is not None:
-            example.features.feature["source_name"].bytes_list.value.append(
-                source_name.encode())
+        example = document_to_example(Document(t, f"{source_name or 'corpus'}.txt", i,
+                                               source_name=source_name or "default"))
+        if source_name is None:  # as examples made before mixtures
+            del example.features.feature["source_name"]
         out.append(example.SerializeToString())
     return out
 

@@ -221,6 +221,8 @@ def test_local_beam_args_name_a_dependency_so_tfx_packages_nothing():
 
     local = with_local_dependencies(["--direct_num_workers=1"])
     assert dependency_utils.make_beam_dependency_flags(local) == local  # nothing built
+    loopback = ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]
+    assert with_local_dependencies(loopback) == [*loopback, local[-1]]
     for remote in (["--runner=DataflowRunner", "--project=p"],
                    ["--runner=PortableRunner", "--job_endpoint=localhost:8099"],
                    ["--direct_num_workers=2", "--setup_file=./setup.py"]):
