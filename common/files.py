@@ -54,6 +54,24 @@ def split_input_path(path: str,
     return split(path)
 
 
+def file_sha256(path: str) -> str:
+    """SHA-256 (hex) of a file's bytes, read 1 MiB at a time through TensorFlow's file
+    system (a local path or a URL such as gs://...; TensorFlow is imported here only).
+
+    Raises:
+      tf.errors.NotFoundError: no such file.
+    """
+    import hashlib
+
+    import tensorflow as tf
+
+    digest = hashlib.sha256()
+    with tf.io.gfile.GFile(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def shown(text: str) -> str:
     """`text` printable whatever its bytes: the bytes of a file name or command-line
     argument that are not UTF-8 (which Python holds as lone surrogates, `surrogateescape`)

@@ -29,11 +29,11 @@ data instead (`replay_data_sources`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
 
+from common.files import file_sha256
 from config import REPLAY_SOURCE, SOURCE_SETTINGS, DataSource, PipelineConfig
 
 _OUTPUT, _INPUT = 4, 3  # ml_metadata Event.OUTPUT, Event.INPUT
@@ -197,13 +197,10 @@ def check_unchanged(origin: ReplayOrigin) -> None:
         if not tf.io.gfile.exists(path):
             raise ReplayError(f"replay: {path}, which the base model was trained on, is gone; "
                               "name the old data with --replay-data PATH")
-        digest = hashlib.sha256()
-        with tf.io.gfile.GFile(path, "rb") as f:
-            for chunk in iter(lambda f=f: f.read(1 << 20), b""):
-                digest.update(chunk)
-        if digest.hexdigest() != entry["sha256"]:
+        digest = file_sha256(path)
+        if digest != entry["sha256"]:
             raise ReplayError(f"replay: {path} changed since the base model was trained on it "
-                              f"(SHA-256 {digest.hexdigest()[:12]}..., recorded "
+                              f"(SHA-256 {digest[:12]}..., recorded "
                               f"{entry['sha256'][:12]}...); name the old data with "
                               "--replay-data PATH")
 

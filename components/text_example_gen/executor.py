@@ -29,7 +29,6 @@ this component the `tokenizer` section of the config too.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any
@@ -44,7 +43,7 @@ from tfx.components.util import examples_utils
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 
-from common.files import special_file_kind, split_input_path
+from common.files import file_sha256, special_file_kind, split_input_path
 from config import DEFAULT_SOURCE
 from corpus.documents import document_to_example, read_documents
 from tokenization.chat_template import chat_format
@@ -175,12 +174,8 @@ def file_fingerprints(files: list[str], input_base: str) -> list[dict[str, Any]]
             out.append({"path": os.path.relpath(path, input_base), "bytes": 0, "sha256": "",
                         "refused": kind})
             continue
-        digest = hashlib.sha256()
-        with tf.io.gfile.GFile(path, "rb") as f:
-            for chunk in iter(lambda f=f: f.read(1 << 20), b""):
-                digest.update(chunk)
         out.append({"path": os.path.relpath(path, input_base),
-                    "bytes": tf.io.gfile.stat(path).length, "sha256": digest.hexdigest()})
+                    "bytes": tf.io.gfile.stat(path).length, "sha256": file_sha256(path)})
     return out
 
 
