@@ -123,6 +123,22 @@ class TrainConfig:
         embedding, norms and router float32). Applied after training (and pruning),
         before the Trainer's eval, so the Evaluator gates the model that is pushed; the
         checkpoint directory ignores it.
+      dpo_beta: DPO's beta (`data.task="dpo"`; Rafailov et al. 2023, eq. 7): how far the
+        policy may move from the reference (the base model) for a given preference.
+      grpo_group_size: G, completions sampled per prompt (`data.task="grpo"`;
+        DeepSeekMath §4.1); `train.batch_size` counts prompts, so a step scores
+        batch_size x G completions.
+      grpo_kl_beta: beta, the coefficient of the k3 KL to the reference (DeepSeekMath eq. 3).
+      grpo_clip_epsilon: the clip range of the policy ratio (PPO's epsilon).
+      grpo_inner_steps: mu, optimizer updates per sampled batch (DeepSeekMath Alg. 1); each
+        counts as one step of `train.train_steps`.
+      grpo_max_new_tokens: the most tokens sampled per completion; a prompt longer than
+        seq_len - grpo_max_new_tokens is not used (counted).
+      grpo_temperature: the sampling temperature of the completions.
+      grpo_rewards: comma-separated built-in rewards, summed (`components/trainer/rewards.py`:
+        exact_match, format).
+      reward_module_file: a Python file defining `reward_fn(prompt, completion, answer) ->
+        float`, added to the built-ins (as TFX passes `run_fn` in a module file); "" for none.
     """
 
     seq_len: int = 128
@@ -159,8 +175,25 @@ class TrainConfig:
     prune_keep_experts: int = 0
     export_dtype: str = "auto"
     on_source_exhausted: str = "repeat"
+    dpo_beta: float = 0.1
+    grpo_group_size: int = 8
+    grpo_kl_beta: float = 0.04
+    grpo_clip_epsilon: float = 0.2
+    grpo_inner_steps: int = 1
+    grpo_max_new_tokens: int = 16
+    grpo_temperature: float = 1.0
+    grpo_rewards: str = "exact_match"
+    reward_module_file: str = ""
 
     def __post_init__(self) -> None:
+        for name in ("dpo_beta", "grpo_group_size", "grpo_inner_steps", "grpo_max_new_tokens",
+                     "grpo_temperature", "grpo_clip_epsilon"):
+            check_positive(f"train.{name}", getattr(self, name))
+        if self.grpo_group_size < 2:
+            raise ValueError(f"train.grpo_group_size={self.grpo_group_size} must be >= 2: "
+                             "advantages are relative to the group")
+        if self.grpo_kl_beta < 0:
+            raise ValueError(f"train.grpo_kl_beta={self.grpo_kl_beta} must be >= 0")
         check_choice("train.jit_compile", self.jit_compile, JIT_COMPILE)
         check_choice("train.export_dtype", self.export_dtype, EXPORT_DTYPES)
         check_choice("train.on_source_exhausted", self.on_source_exhausted, ON_SOURCE_EXHAUSTED)
@@ -238,6 +271,12 @@ class EvalConfig:
         mixture (`data.sources`, "replay", or "default"): the model's bits per byte on
         that source's own eval examples must be at most the threshold, on top of
         `max_bits_per_byte` on the whole eval split.
+      min_reward_accuracy: DPO (`data.task="dpo"`): the least held-out reward accuracy (the
+        share of eval pairs whose chosen response gets the larger implicit reward
+        beta log(pi/pi_ref)) for the blessing; the chosen responses' bits per byte are held
+        to `max_bits_per_byte`.
+      min_pass_at_1: GRPO (`data.task="grpo"`): the least held-out pass@1 (greedy decoding,
+        the `exact_match` reward) for the blessing.
     """
 
     max_bits_per_byte: float = 3.0
@@ -248,9 +287,14 @@ class EvalConfig:
     min_scores: dict[str, float] = dataclasses.field(default_factory=dict)
     task_tolerance: float = 0.02
     max_bits_per_byte_by_source: dict[str, float] = dataclasses.field(default_factory=dict)
+    min_reward_accuracy: float = 0.5
+    min_pass_at_1: float = 0.0
 
     def __post_init__(self) -> None:
         check_positive("eval.max_bits_per_byte", self.max_bits_per_byte)
+        for name in ("min_reward_accuracy", "min_pass_at_1"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"eval.{name}={getattr(self, name)} must be in [0, 1]")
         if self.baseline_tolerance < 0:
             raise ValueError(f"eval.baseline_tolerance={self.baseline_tolerance} must be >= 0")
         check_positive("eval.batch_size", self.batch_size)
