@@ -13,7 +13,7 @@ NORMALIZATION_FORMS = ("NFC", "NFKC", "none")
 # The names of `tokenization.pre_tokenizer.PRE_TOKENIZERS` (this package stays light).
 PRE_TOKENIZER_NAMES = ("deepseek_v3",)
 INVALID_UTF8_POLICIES = ("replace", "reject")
-TASKS = ("pretrain", "sft")
+TASKS = ("pretrain", "sft", "dpo", "grpo")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,6 +39,8 @@ class TrainingJob:
       pad_id: the tokenizer's padding id (SFT rows are padded with it).
       base_model: a directory to warm-start from (`base_model.py`), or "".
       teacher_model: a directory holding a distillation teacher, or "".
+      tokenizer_dir: Transform's output directory, whose assets hold the run's tokenizer
+        (GRPO decodes its sampled completions with it), or "".
     """
 
     pipeline_config: str
@@ -55,6 +57,7 @@ class TrainingJob:
     pad_id: int = 2
     base_model: str = ""
     teacher_model: str = ""
+    tokenizer_dir: str = ""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
@@ -76,13 +79,14 @@ def check_mixture(config) -> None:
     """Refuses what the Trainer cannot sample by weight.
 
     Raises:
-      ValueError: `data.task="sft"` with 2+ `data.sources` (or "stop"), one line.
+      ValueError: `data.task` sft, dpo or grpo with 2+ `data.sources` (or "stop"), one line.
     """
-    if config.data.task == "sft" and is_mixture(config):
+    task = config.data.task
+    if task != "pretrain" and is_mixture(config):
         raise ValueError(
-            f"data.task=sft with data.sources {sorted(config.data.source_weights())} "
+            f"data.task={task} with data.sources {sorted(config.data.source_weights())} "
             f"(train.on_source_exhausted={config.train.on_source_exhausted!r}): the Trainer "
-            "samples SFT records from one source only; train on one source, repeated")
+            f"samples {task} records from one source only; train on one source, repeated")
 
 
 def make_dataset_fn(config, train_files: list[str], eos_id: int, pad_id: int):
@@ -92,7 +96,8 @@ def make_dataset_fn(config, train_files: list[str], eos_id: int, pad_id: int):
     weighted mixture of the sources' records of the one train split
     (`mixture.make_mixture_train_dataset`, `train.on_source_exhausted`; batches carry
     "source", the index in sorted-name order). One source: `data.make_train_dataset`,
-    unchanged. SFT: `data.make_sft_train_dataset`.
+    unchanged. SFT: `data.make_sft_train_dataset`; DPO: `data.make_dpo_train_dataset`
+    (pairs); GRPO: `data.make_grpo_train_dataset` (prompts and answers).
 
     Raises:
       ValueError: `check_mixture`.
@@ -107,6 +112,12 @@ def make_dataset_fn(config, train_files: list[str], eos_id: int, pad_id: int):
         if config.data.task == "sft":
             return data.make_sft_train_dataset(train_files, tc.seq_len, tc.batch_size,
                                                tc.shuffle_buffer, tc.seed, pad_id)
+        if config.data.task == "dpo":
+            return data.make_dpo_train_dataset(train_files, tc.seq_len, tc.batch_size,
+                                               tc.shuffle_buffer, tc.seed, pad_id)
+        if config.data.task == "grpo":
+            return data.make_grpo_train_dataset(train_files, tc.seq_len, tc.grpo_max_new_tokens,
+                                                tc.batch_size, tc.shuffle_buffer, tc.seed, pad_id)
         if is_mixture(config):
             return mixture.make_mixture_train_dataset(
                 mixture.split_sources(train_files, weights), weights, tc.seq_len,
@@ -126,7 +137,7 @@ def check_sources_have_records(config, train_files: list[str]) -> None:
     """
     from components.trainer import mixture
 
-    if config.data.task == "sft" or not is_mixture(config):
+    if config.data.task != "pretrain" or not is_mixture(config):
         return
     sources = mixture.split_sources(train_files, sorted(config.data.source_weights()))
     empty = [name for name, source in sources.items()
@@ -143,14 +154,15 @@ def source_figures(config, train_files: list[str], result) -> dict:
     (`mixture.measure_sources`: one more pass over the train split per source) and,
     when the data ran out (`result.stopped_early`), "stopped_early": "source 'X'
     exhausted at step s" (X: the source drawn furthest into its epoch, the one whose
-    last window was drawn). SFT runs: {} (records are not packed into windows).
+    last window was drawn). SFT, DPO and GRPO runs: {} (records are not packed into
+    windows).
 
     Raises:
       ValueError: a source has no record in the train split (`mixture.measure_sources`).
     """
     from components.trainer import mixture
 
-    if config.data.task == "sft":
+    if config.data.task != "pretrain":
         return {}
     names = list(result.source_tokens)
     sources = (mixture.split_sources(train_files, names) if is_mixture(config)
@@ -214,10 +226,16 @@ def run(job: TrainingJob):
              peak / 1e9, source, devices, total_peak / 1e9)
 
     dataset_fn = make_dataset_fn(config, job.train_files, job.eos_id, job.pad_id)
+    tokenizer = None
+    if config.data.task == "grpo":
+        from tokenization.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(job.tokenizer_dir)
     try:
         result = train_loop.train(config, dataset_fn, job.checkpoint_dir, job.log_dir,
                                   strategy=dist, precision=policy, peak_flops=total_peak,
-                                  base_model=job.base_model, teacher_model=job.teacher_model)
+                                  base_model=job.base_model, teacher_model=job.teacher_model,
+                                  tokenizer=tokenizer)
     except tf.errors.OutOfRangeError:
         check_sources_have_records(config, job.train_files)  # the likely cause, named
         raise

@@ -52,8 +52,10 @@ class MetricWindow:
       history: the records of the closed windows, in order.
     """
 
-    def __init__(self, schedule, tokens_per_step: int, flops_per_token: int, peak_flops: float):
+    def __init__(self, schedule, tokens_per_step: int, flops_per_token: int, peak_flops: float,
+                 figure_names: tuple[str, ...] = ()):
         self.schedule = schedule
+        self.figure_names = tuple(figure_names)
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
@@ -67,6 +69,7 @@ class MetricWindow:
     def _reset(self) -> None:
         self.steps = 0
         self.load = self.dropped = None  # float32 [M, E] and [M] tensors, summed
+        self.figures = None  # float32 [F], summed
         self.grad_norm = None
 
     def restart(self) -> None:
@@ -83,6 +86,9 @@ class MetricWindow:
         self.load = load if self.load is None else self.load + load
         self.dropped = dropped if self.dropped is None else self.dropped + dropped
         self.last_terms, self.grad_norm = out["terms"], out["grad_norm"]
+        if self.figure_names:
+            figures = out["figures"]
+            self.figures = figures if self.figures is None else self.figures + figures
 
     def close(self, step: int, skipped_steps: int, timed: bool) -> tuple[dict, np.ndarray]:
         """Ends the window at optimizer step `step`, adding its record to `history` (call
@@ -97,8 +103,9 @@ class MetricWindow:
         Returns:
           (record, load): the record (floats; keys "step", LOSS_TERMS,
           "grad_norm", "learning_rate", "tokens_per_second", "mfu",
-          "moe_dropped_fraction", "skipped_steps") and the window's expert
-          load, float32 numpy [M, E].
+          "moe_dropped_fraction", "skipped_steps"; with `figure_names`, "figures":
+          {name: the mean over the window's steps} — DPO's reward accuracy, GRPO's
+          reward and KL, ...) and the window's expert load, float32 numpy [M, E].
         """
         now = time.perf_counter()
         load = self.load.numpy()  # routed pairs = the load before dropping
@@ -114,6 +121,10 @@ class MetricWindow:
                           if self.peak_flops and timed_steps else NAN),
                   "moe_dropped_fraction": dropped / routed if routed else 0.0,
                   "skipped_steps": skipped_steps}
+        if self.figure_names:
+            means = self.figures.numpy() / self.steps
+            record["figures"] = {n: float(v) for n, v in zip(self.figure_names, means,
+                                                             strict=True)}
         self.history.append(record)
         self.routed_pairs += routed
         self.dropped_pairs += dropped

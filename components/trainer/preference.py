@@ -18,6 +18,22 @@ import tensorflow as tf
 IGNORE_LABEL = -100  # as components.trainer.data.IGNORE_LABEL: a prompt or padding target
 
 
+def token_logps(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """log p(label) per position, 0 where the label is IGNORE_LABEL.
+
+    Args:
+      logits: float [B, T, V]; labels: int32 [B, T] (IGNORE_LABEL: not a target).
+
+    Returns:
+      float32 [B, T], in nats.
+    """
+    mask = tf.not_equal(labels, IGNORE_LABEL)  # (B, T)
+    safe = tf.where(mask, labels, tf.zeros_like(labels))  # (B, T)
+    logp = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)  # (B, T, V)
+    token = tf.gather(logp, safe, batch_dims=2)  # (B, T)
+    return tf.where(mask, token, tf.zeros_like(token))
+
+
 def sequence_logps(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
     """Sum of log p(label) over the targets that are not IGNORE_LABEL, per sequence.
 
@@ -29,11 +45,7 @@ def sequence_logps(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
     Returns:
       float32 [B]: log pi(response | prompt), in nats.
     """
-    mask = tf.not_equal(labels, IGNORE_LABEL)  # (B, T)
-    safe = tf.where(mask, labels, tf.zeros_like(labels))  # (B, T)
-    logp = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)  # (B, T, V)
-    token = tf.gather(logp, safe, batch_dims=2)  # (B, T)
-    return tf.reduce_sum(tf.where(mask, token, tf.zeros_like(token)), axis=-1)  # (B,)
+    return tf.reduce_sum(token_logps(logits, labels), axis=-1)  # (B,)
 
 
 def dpo_loss(policy_chosen: tf.Tensor, policy_rejected: tf.Tensor, ref_chosen: tf.Tensor,
@@ -71,16 +83,16 @@ def grpo_advantages(rewards: tf.Tensor, eps: float = 1e-4) -> tf.Tensor:
     """Group-relative advantages: (r - mean(group)) / (std(group) + eps).
 
     Args:
-      rewards: float32 [G, n], the rewards of n completions of each of G prompts.
+      rewards: float32 [P, G], the rewards of the G completions of each of P prompts.
       eps: added to the standard deviation (population std, as DeepSeekMath and TRL).
 
     Returns:
-      float32 [G, n]; a group whose rewards are all equal gets advantage 0 throughout.
+      float32 [P, G]; a group whose rewards are all equal gets advantage 0 throughout.
     """
     rewards = tf.cast(rewards, tf.float32)
-    mean = tf.reduce_mean(rewards, axis=1, keepdims=True)  # (G, 1)
-    std = tf.math.reduce_std(rewards, axis=1, keepdims=True)  # (G, 1)
-    return (rewards - mean) / (std + eps)  # (G, n)
+    mean = tf.reduce_mean(rewards, axis=1, keepdims=True)  # (P, 1)
+    std = tf.math.reduce_std(rewards, axis=1, keepdims=True)  # (P, 1)
+    return (rewards - mean) / (std + eps)  # (P, G)
 
 
 def k3_kl(logp: tf.Tensor, ref_logp: tf.Tensor) -> tf.Tensor:

@@ -111,7 +111,8 @@ class Progress:
         `timed` is False for the window of the first step (it includes tracing:
         no tokens/s or MFU). The distillation loss, the dropped MoE fraction and
         the skipped steps appear only when not 0; the token share of each source
-        (the record's "token_share") only with 2+ sources.
+        (the record's "token_share") only with 2+ sources; DPO's and GRPO's figures
+        (the record's "figures") when there are any.
         """
         speed = (f"  {record['tokens_per_second']:.0f} tok/s  MFU {100 * record['mfu']:.1f}%"
                  if timed else "  (first step: tracing)")
@@ -123,9 +124,11 @@ class Progress:
         shares = record.get("token_share", {})
         sources = ("  tokens " + " ".join(f"{n} {100 * v:.1f}%" for n, v in shares.items())
                    if len(shares) > 1 else "")
-        self.log("step %5d/%d  loss %.4f  lm_loss %.4f%s  lr %.2e  grad_norm %.3f%s%s%s%s",
+        figures = "".join(f"  {n} {v:.4f}" for n, v in record.get("figures", {}).items())
+        self.log("step %5d/%d  loss %.4f  lm_loss %.4f%s%s  lr %.2e  grad_norm %.3f%s%s%s%s",
                  record["step"], total_steps, record["loss"], record["lm_loss"], distill,
-                 record["learning_rate"], record["grad_norm"], speed, dropped, skipped, sources)
+                 figures, record["learning_rate"], record["grad_norm"], speed, dropped, skipped,
+                 sources)
 
     def suspended(self):
         """A context in which the bar is cleared (for other writers to the terminal)."""

@@ -62,6 +62,8 @@ class TrainSummaries:
             for key in SCALARS:
                 if math.isfinite(record[key]):
                     tf.summary.scalar(f"train/{key}", record[key])
+            for name, value in record.get("figures", {}).items():  # DPO, GRPO
+                tf.summary.scalar(f"train/{name}", value)
             for name, share in record.get("token_share", {}).items():
                 tf.summary.scalar(f"data/token_share/{name}", share)
                 tf.summary.scalar(f"data/tokens/{name}", record["source_tokens"][name])

@@ -61,9 +61,10 @@ import dataclasses
 import logging
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from components.trainer import data, metrics, mixture, trainable
+from components.trainer import data, metrics, mixture, preference_objectives, trainable
 from components.trainer import precision as precision_lib
 from components.trainer import strategy as strategy_lib
 from components.trainer.checkpointer import Checkpointer
@@ -80,6 +81,7 @@ from models.deepseek import DeepSeekCausalLM, flops
 from savedmodel import base_model as base_model_lib
 
 log = logging.getLogger(__name__)
+PREFERENCE_TASKS = ("dpo", "grpo")  # from a base model, which is also the frozen reference
 
 
 @dataclasses.dataclass
@@ -143,6 +145,7 @@ class TrainingState:
     skipped: tf.Variable  # steps skipped (not finite) so far: batches consumed = step + skipped
     source_tokens: tf.Variable | None = None  # int64 [S]: tokens trained per source
     source_sequences: tf.Variable | None = None  # int64 [S]: sequences drawn per source
+    reference: DeepSeekCausalLM | None = None  # DPO, GRPO: the frozen base model
 
 
 def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
@@ -166,6 +169,8 @@ def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
         else:
             model = build_model(config, dtype=precision)
         selection = trainable.prepare(model, tc)
+        if config.data.task in PREFERENCE_TASKS:
+            selection = _without_mtp(model, selection)
         optimizer = make_optimizer(tc, selection.variables, loss_scale=precision == "mixed_float16")
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
@@ -181,12 +186,36 @@ def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
                     f"teacher {teacher_model} has vocab_size={teacher.config.vocab_size}, the "
                     f"student {config.model.vocab_size}: distillation needs the same tokenizer")
             log.info("teacher: %s (%d parameters)", teacher_model, teacher.count_params())
+        reference = None
+        if config.data.task in PREFERENCE_TASKS:
+            if not base_model:
+                raise ValueError(f"data.task={config.data.task} starts from a base model (usually "
+                                 "an SFT model), which is also the frozen reference policy: "
+                                 "give --base-model latest|PATH")
+            reference = base_model_lib.load_model(base_model, dtype=precision)
+            reference.trainable = False
+            log.info("reference policy (frozen): %s", base_model)
     log.info("trainable parameters: %d of %d (%.2f%%; train.trainable=%s, lora_rank=%d)",
              selection.trainable_params, selection.total_params,
              100.0 * selection.trainable_params / selection.total_params, tc.trainable,
              tc.lora_rank)
     return TrainingState(model, selection, optimizer, step, teacher, skipped, source_tokens,
-                         source_sequences)
+                         source_sequences, reference)
+
+
+def _without_mtp(model: DeepSeekCausalLM, selection: trainable.Selection) -> trainable.Selection:
+    """`selection` without the MTP modules' weights: DPO's and GRPO's objectives score the
+    main head's next token only, so the MTP modules get no gradient and stay as they are
+    (no optimizer slot, no weight decay); their router biases are not updated either."""
+    mtp = {id(v) for module in model.mtp_layers for v in module.weights}
+    kept = [v for v in selection.variables if id(v) not in mtp]
+    n_mtp_moe = sum(1 for module in model.mtp_layers if module.block.is_moe)
+    mask = list(selection.moe_mask)
+    if n_mtp_moe:
+        mask[-n_mtp_moe:] = [False] * n_mtp_moe
+    return dataclasses.replace(
+        selection, variables=kept, moe_mask=mask,
+        trainable_params=int(sum(np.prod(v.shape) for v in kept)))
 
 
 def _check_same_architecture(config: PipelineConfig, other, source: str, what: str) -> None:
@@ -269,7 +298,7 @@ class RunPlan:
 def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str | None,
           strategy: tf.distribute.Strategy | None = None, precision: str = "float32",
           peak_flops: float = 0.0, base_model: str = "", teacher_model: str = "",
-          source_names: list[str] | None = None) -> TrainResult:
+          source_names: list[str] | None = None, tokenizer=None) -> TrainResult:
     """Trains `config.model` until `config.train.train_steps` optimizer steps are done
     (or, with `train.on_source_exhausted="stop"`, until the data ends).
 
@@ -292,6 +321,12 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
       teacher_model: a directory holding a teacher for distillation, or "".
       source_names: the sources a batch's "source" indexes (default: the names of
         `config.data.source_weights()`, sorted: `mixture.source_names`).
+      tokenizer: GRPO only: the run's `ByteLevelBpe` (completions are decoded and
+        rewarded as text).
+
+    Tasks: `data.task` "pretrain" and "sft" train the language-model loss; "dpo" the DPO
+    loss on pairs and "grpo" GRPO on completions sampled in the loop (`grpo.py`), both
+    against `base_model` as the frozen reference (`preference_objectives.py`).
 
     Returns:
       TrainResult with the trained model (its variables belong to `strategy`).
@@ -322,14 +357,18 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
     if checkpoints.latest:
         log.info("resumed from %s (step %d)", checkpoints.latest, resumed_from)
     plan.log(tc.seq_len)
-    train_step = _make_step(config, plan, strategy, state, len(names))
+    consumed = step + int(state.skipped.numpy())
+    train_step, figure_names = _make_step(config, plan, strategy, state, len(names),
+                                          tokenizer=tokenizer, consumed=consumed)
     sources = metrics.SourceCounts(names, state.source_tokens, state.source_sequences)
     stopped_early = ""
-    # Skipped steps consumed their batch too: resume after every batch already drawn.
+    # Skipped steps consumed their batch too: resume after every batch already drawn
+    # (GRPO: one batch of prompts per train.grpo_inner_steps steps).
+    per_batch = tc.grpo_inner_steps if config.data.task == "grpo" else 1
     batches = iter(data.distribute_global_batches(
-        strategy, dataset_fn, plan.grad_accum_steps, skip_steps=step + int(state.skipped.numpy())))
+        strategy, dataset_fn, plan.grad_accum_steps, skip_steps=consumed // per_batch))
     window = metrics.MetricWindow(make_learning_rate_schedule(tc), tc.batch_size * tc.seq_len,
-                                  plan.flops_per_token, peak_flops)
+                                  plan.flops_per_token, peak_flops, figure_names)
     tensorboard = TrainSummaries(log_dir if checkpoints.chief else None, state.model)
     clock = metrics.RunClock()
     heartbeat = Heartbeat.from_env()
@@ -450,10 +489,22 @@ def precision_parts(state: TrainingState) -> dict[str, str]:
 
 
 def _make_step(config: PipelineConfig, plan: RunPlan, strategy, state: TrainingState,
-               num_sources: int):
-    """`train_step.make_train_step` for this run."""
+               num_sources: int, tokenizer=None, consumed: int = 0):
+    """(step, figure names): `train_step.make_train_step` for this run, with the task's
+    objective; for GRPO wrapped in a `grpo.GRPOStep` (sampling and rewards)."""
     tc = config.train
-    return make_train_step(
+    task = config.data.task
+    forward_kwargs = ({"moe_capacity_factor": plan.moe_capacity_factor}
+                      if plan.jit_compile and state.model.num_moe_layers else {})
+    objective = None
+    if task == "dpo":
+        objective = preference_objectives.DPOObjective(
+            state.model, state.reference, tc.dpo_beta, tc.recompute_activations, forward_kwargs)
+    elif task == "grpo":
+        objective = preference_objectives.GRPOObjective(
+            state.model, state.reference, tc.grpo_group_size, tc.grpo_clip_epsilon,
+            tc.grpo_kl_beta, tc.recompute_activations, forward_kwargs)
+    step = make_train_step(
         state.model, state.optimizer, state.selection.variables, strategy,
         micro_batches=plan.grad_accum_steps, grad_clip_norm=tc.grad_clip_norm,
         recompute=tc.recompute_activations, loss_scaling=plan.precision == "mixed_float16",
@@ -461,7 +512,19 @@ def _make_step(config: PipelineConfig, plan: RunPlan, strategy, state: TrainingS
         distill_temperature=tc.distill_temperature, moe_mask=state.selection.moe_mask,
         step_counter=state.step, jit_compile=plan.jit_compile,
         moe_capacity_factor=plan.moe_capacity_factor if plan.jit_compile else None,
-        num_sources=num_sources)
+        num_sources=num_sources, objective=objective)
+    names = objective.figure_names if objective is not None else ()
+    if task != "grpo":
+        return step, names
+    if tokenizer is None:
+        raise ValueError("data.task=grpo needs the run's tokenizer (train(..., tokenizer=))")
+    from components.trainer.grpo import GRPOStep
+    from components.trainer.rewards import Reward
+
+    reward = Reward(tc.grpo_rewards, tc.reward_module_file)
+    return GRPOStep(state.model, strategy, step, tokenizer, reward, config,
+                    micro_batches=plan.grad_accum_steps, eos_id=tokenizer.eos_id,
+                    pad_id=tokenizer.pad_id, consumed=consumed), names
 
 
 def resolve_jit_compile(setting: str) -> bool:
