@@ -1,6 +1,7 @@
 """The LmEvaluator for preference training (issue 29): held-out DPO figures against a
 numpy computation on tiny Keras models, GRPO pass@1 and mean reward with a fake
-generate_fn on Chinese prompts, and the dpo/grpo blessing rules. No pipeline, no TFX."""
+generate_fn on Chinese prompts, and the dpo/grpo blessing rules, without TFX; and one
+slow test of Executor.Do on two tiny SavedModels (no pipeline)."""
 
 from __future__ import annotations
 
