@@ -1,7 +1,8 @@
 """The LmEvaluator's blessing rule (`eval` section of the config): bits per byte against
 an absolute threshold and the last blessed model, benchmark task scores against
-`eval.min_scores` and the last blessed model's scores. Kept apart from the executor so
-that it is tested without importing TFX.
+`eval.min_scores` and the last blessed model's scores, and for preference training
+(`data.task` dpo or grpo, issue 29) its own held-out figures (`preference_checks`). Kept
+apart from the executor so that it is tested without importing TFX.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from config import PipelineConfig
 from savedmodel.tasks import PRIMARY_METRIC
 
 NOISE_STDERRS = 2.0  # a drop within this many standard errors of the difference is noise
+PREFERENCE_TASKS = ("dpo", "grpo")  # data.task values gated by `preference_checks`
 
 
 def _stderr(values: dict, metric: str) -> float:
@@ -86,33 +88,103 @@ def source_checks(metrics: dict, config: PipelineConfig) -> tuple[list[str], lis
     return failed, met
 
 
+def _metric(metrics: dict, name: str, task: str) -> float:
+    """metrics[name], or a ValueError naming the missing figure and the task."""
+    if name not in metrics:
+        raise ValueError(f"data.task={task}: the evaluation has no {name!r} to gate on "
+                         f"(figures: {sorted(metrics)})")
+    return metrics[name]
+
+
+def preference_checks(metrics: dict, baseline: dict | None,
+                      config: PipelineConfig) -> tuple[list[str], list[str]]:
+    """(failed, met) sentences of the held-out figures of preference training
+    (`components/lm_evaluator/preference_scoring.py`); no sentences for other tasks.
+
+    - dpo: `reward_accuracy` (share of eval pairs whose chosen response gets the larger
+      implicit reward, strictly) >= `eval.min_reward_accuracy`.
+    - grpo: `pass_at_1` (greedy, exact_match) >= `eval.min_pass_at_1` and, with a
+      baseline that has one, not lower than the baseline's `pass_at_1` by more than
+      max(`eval.task_tolerance`, NOISE_STDERRS x sqrt(se_candidate^2 + se_baseline^2)),
+      the rule of `task_checks`.
+
+    Raises:
+      ValueError: the figure the task gates on is missing from `metrics`.
+    """
+    task, failed, met = config.data.task, [], []
+    if task == "dpo":
+        accuracy, least = _metric(metrics, "reward_accuracy", task), config.eval.min_reward_accuracy
+        if accuracy >= least:
+            met.append(f"reward_accuracy {accuracy:.4f} >= eval.min_reward_accuracy "
+                       f"{least:.4f} (reward_margin {metrics.get('reward_margin', math.nan):.4f})")
+        else:
+            failed.append(f"reward_accuracy {accuracy:.4f} < eval.min_reward_accuracy {least:.4f}")
+    elif task == "grpo":
+        value, least = _metric(metrics, "pass_at_1", task), config.eval.min_pass_at_1
+        if value >= least:
+            met.append(f"pass_at_1 {value:.4f} >= eval.min_pass_at_1 {least:.4f}")
+        else:
+            failed.append(f"pass_at_1 {value:.4f} < eval.min_pass_at_1 {least:.4f}")
+        if baseline is not None and "pass_at_1" in baseline:
+            previous, tolerance = baseline["pass_at_1"], config.eval.task_tolerance
+            noise = NOISE_STDERRS * math.hypot(_stderr(metrics, "pass_at_1"),
+                                               _stderr(baseline, "pass_at_1"))
+            allowed = previous - max(tolerance, noise)
+            if value >= allowed:
+                met.append(f"pass_at_1 {value:.4f} vs the baseline's {previous:.4f} "
+                           f"(allowed down to {allowed:.4f})")
+            else:
+                failed.append(
+                    f"pass_at_1 {value:.4f} is worse than the last blessed model's "
+                    f"{previous:.4f} (allowed down to {allowed:.4f}: the larger of "
+                    f"eval.task_tolerance {tolerance} and {NOISE_STDERRS:g} standard errors "
+                    f"of the difference, {noise:.4f})")
+    return failed, met
+
+
 def decide_blessing(metrics: dict, baseline: dict | None, config: PipelineConfig) -> tuple[bool, str]:
     """Blessed iff bits/byte <= the absolute threshold and not worse than the baseline,
     each source's bits/byte <= its `eval.max_bits_per_byte_by_source` threshold
-    (`source_checks`; `metrics["by_source"]`), and every task check holds
-    (`task_checks`). The message names each failed condition with both numbers (and
-    the source), or, when blessed, the conditions met."""
+    (`source_checks`; `metrics["by_source"]`), every task check holds (`task_checks`)
+    and, for dpo and grpo, every preference check holds (`preference_checks`). The
+    message names each failed condition with both numbers (and the source), or, when
+    blessed, the conditions met.
+
+    For `data.task` dpo and grpo, bits/byte is that of the chosen responses (dpo) or of
+    the reference answers (grpo), scored as SFT responses, and is held to
+    `eval.max_bits_per_byte` only: the relative rule against the baseline does not
+    apply, because preference training moves likelihoods by design (DPO lowers the
+    likelihood of rejected and often of chosen responses too; GRPO sharpens the policy
+    on its own completions), so a rise in bits/byte over the base model is expected and
+    is not a regression."""
     bpb, limit = metrics["bits_per_byte"], config.eval.max_bits_per_byte
+    preference = config.data.task in PREFERENCE_TASKS
     failures = []
     source_failures, source_met = source_checks(metrics, config)
+    preference_failures, preference_met = preference_checks(metrics, baseline, config)
     if not bpb <= limit:
         failures.append(f"bits_per_byte {bpb:.4f} > eval.max_bits_per_byte {limit:.4f}")
-    if baseline is not None:
+    if baseline is not None and not preference:
         allowed = baseline["bits_per_byte"] * (1 + config.eval.baseline_tolerance)
         if not bpb <= allowed:
             failures.append(
                 f"bits_per_byte {bpb:.4f} is worse than the last blessed model's "
                 f"{baseline['bits_per_byte']:.4f} (allowed up to {allowed:.4f})")
+    failures += preference_failures
     failures += source_failures
     failures += task_checks(metrics, baseline, config)
     if failures:
         return False, "; ".join(failures)
     tasks = metrics.get("tasks", {})
-    scored = "".join(f"; {line}" for line in source_met)
+    scored = "".join(f"; {line}" for line in preference_met + source_met)
     scored += "".join(f"; task {name} {PRIMARY_METRIC[m['type']]} "
                       f"{m[PRIMARY_METRIC[m['type']]]:.4f}" for name, m in tasks.items())
     gates = f" and eval.min_scores met ({len(config.eval.min_scores)})" \
         if config.eval.min_scores else ""
+    if preference:
+        return True, (f"bits_per_byte {bpb:.4f} <= {limit:.4f} (data.task="
+                      f"{config.data.task}: no rule against the baseline's bits_per_byte)"
+                      f"{gates}{scored}")
     if baseline is not None:
         return True, (
             f"bits_per_byte {bpb:.4f} <= {limit:.4f} and <= baseline "

@@ -13,10 +13,20 @@ documents packed on their own, its bits per byte beside the mixture's, and
 A baseline model whose tokenizer differs from the candidate's (another run that
 learned another tokenizer) scores the same text: the candidate's ids are decoded
 (lossless) and encoded again with the baseline's own `tokenize` signature.
+
+Preference training (`data.task` dpo or grpo, issue 29; `preference_scoring.py`): the
+eval split's chosen responses (dpo) or reference answers (grpo) are scored exactly as
+SFT responses (bits per byte), and beside them
+  dpo   the held-out implicit-reward figures of the candidate against its reference
+        (the base model named by `training_summary.json["base_model"]`);
+  grpo  pass@1 and the run's mean reward of greedy completions, the candidate's and,
+        with a baseline, the baseline's (so the rise is visible), with a few samples
+        in `grpo_samples.json`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -29,7 +39,15 @@ from tfx.types import artifact_utils
 from tfx.utils import io_utils, path_utils
 
 from components.lm_evaluator.blessing import decide_blessing
+from components.lm_evaluator.preference_scoring import (
+    evaluate_dpo,
+    evaluate_grpo,
+    grpo_eval_records,
+    read_eval_pairs,
+)
 from components.lm_evaluator.source_scoring import evaluate_sources, read_eval_sources
+from components.trainer.rewards import Reward
+from components.trainer.run_fn import TRAINING_SUMMARY
 from config import PipelineConfig
 from savedmodel import scoring, task_models
 from savedmodel.layout import read_tokenizer
@@ -40,6 +58,90 @@ from tokenization.byte_level_bpe import ByteLevelBpe
 METRICS_FILE = "metrics.json"
 TASK_SAMPLES_FILE = "task_samples.json"
 TASK_PROPERTY_METRICS = ("acc", "acc_norm", "acc_bytes", "exact_match", "chance")
+GRPO_SAMPLES_FILE = "grpo_samples.json"
+RESPONSE_TASKS = ("sft", "dpo", "grpo")  # eval examples are (prompt ++ response ++ [EOS]) records
+PREFERENCE_PROPERTIES = ("reward_accuracy", "reward_margin", "pass_at_1", "mean_reward")
+
+
+def response_scoring_config(config: PipelineConfig) -> PipelineConfig:
+    """The config the bits-per-byte scoring sees: for dpo and grpo the same with
+    `data.task = "sft"`, so that the chosen responses (dpo) and the answers (grpo) are
+    scored exactly as SFT responses (`source_scoring.score_documents`); else `config`."""
+    if config.data.task not in ("dpo", "grpo"):
+        return config
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, task="sft"))
+
+
+def reference_dir(model_uri: str) -> str:
+    """The DPO reference of the candidate Model artifact at `model_uri`: the directory
+    its Trainer trained against, `training_summary.json["base_model"]`.
+
+    Raises:
+      ValueError: no training_summary.json, or one without "base_model" (naming the file).
+    """
+    path = os.path.join(model_uri, TRAINING_SUMMARY)
+    if not tf.io.gfile.exists(path):
+        raise ValueError(f"{path}: no such file; data.task=dpo scores the candidate against "
+                         f"its reference, the Trainer's 'base_model' recorded there")
+    summary = json.loads(io_utils.read_string_file(path))
+    if not isinstance(summary, dict) or not summary.get("base_model"):
+        raise ValueError(f"{path}: no 'base_model' (the reference model's directory); "
+                         f"data.task=dpo needs it to score the implicit rewards")
+    return summary["base_model"]
+
+
+def baseline_task_model(baseline_uri: str, candidate_dir: str) -> task_models.TaskModel:
+    """The baseline (`evaluate_baseline`'s kinds) as a `TaskModel`: a SavedModel with its
+    own tokenizer, a Hugging Face checkpoint with the candidate's (refused when it does
+    not carry the candidate's tokenizer.json, as `evaluate_baseline` refuses it)."""
+    from savedmodel import base_model
+
+    baseline_dir = base_model.model_dir(baseline_uri)
+    if base_model.kind(baseline_dir) == base_model.SAVEDMODEL:
+        return task_models.from_saved_model(baseline_dir)
+    tokenizer_dir = base_model.tokenizer_path(baseline_dir)
+    candidate = read_tokenizer(candidate_dir)
+    if tokenizer_dir is None or ByteLevelBpe.from_file(tokenizer_dir).json != candidate.json:
+        raise ValueError(f"baseline {baseline_dir} (a Hugging Face checkpoint) does not carry "
+                         f"the candidate's tokenizer.json, so the two cannot score the same ids")
+    return task_models.from_keras_model(base_model.load_model(baseline_dir), candidate)
+
+
+def evaluate_dpo_pairs(candidate: task_models.TaskModel, model_uri: str, examples,
+                       config: PipelineConfig) -> dict:
+    """`preference_scoring.evaluate_dpo` of the candidate against its reference
+    (`reference_dir`, loaded with `base_model.load_model`) on the eval split's pairs."""
+    from savedmodel import base_model
+
+    reference = base_model.load_model(base_model.model_dir(reference_dir(model_uri)))
+    return evaluate_dpo(candidate.logits_fn, lambda x: reference(x, training=False),
+                        read_eval_pairs(examples), config.train.dpo_beta,
+                        config.eval.batch_size, seq_len=config.train.seq_len,
+                        pad_id=candidate.pad_id)
+
+
+def evaluate_grpo_prompts(model: task_models.TaskModel, records: list,
+                          config: PipelineConfig, name: str) -> tuple[dict, list[dict]]:
+    """`preference_scoring.evaluate_grpo` of `model` (`name`: "candidate" or "baseline",
+    for the message) on the eval split's SFT-shaped records: prompts and answers decoded
+    with the model's own tokenizer, its special tokens kept; the figures also hold
+    "grpo_skipped_too_long".
+
+    Raises:
+      ValueError: the model cannot generate (no `generate` signature).
+    """
+    if model.generate_fn is None:
+        raise ValueError(f"data.task=grpo: the {name} model has no generate signature, so "
+                         f"its pass@1 cannot be measured")
+    tokenizer, train = model.tokenizer, config.train
+    texts, skipped = grpo_eval_records(
+        records, lambda ids: tokenizer.decode(ids, skip_special_tokens=False), train.seq_len,
+        train.grpo_max_new_tokens)
+    metrics, samples = evaluate_grpo(
+        model.generate_fn, texts, Reward(train.grpo_rewards, train.reward_module_file),
+        train.grpo_max_new_tokens, config.eval.batch_size,
+        count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids))
+    return {**metrics, "grpo_skipped_too_long": skipped}, samples
 
 
 def _flatten(sources: Mapping[str, tuple[list, int]]) -> tuple[list, int]:
@@ -79,36 +181,33 @@ def evaluate_saved_model(model_dir: str, sources: Mapping[str, tuple[list, int]]
 
 def evaluate_baseline(baseline_uri: str, candidate_dir: str,
                       sources: Mapping[str, tuple[list, int]], config: PipelineConfig,
-                      tasks: Sequence[Task] = ()) -> tuple[dict, dict | None]:
+                      tasks: Sequence[Task] = (),
+                      model: task_models.TaskModel | None = None) -> tuple[dict, dict | None]:
     """`evaluate_saved_model` of a baseline: a Model artifact (a SavedModel in its
     `Format-Serving/`), an imported SavedModel directory, or a Hugging Face checkpoint
     directory (a warm start's `--base-model PATH`); `sources` hold the candidate's ids.
     A baseline SavedModel scores the same text in its own ids, and the tasks with its
     own tokenizer (task scores are measured on text); a Hugging Face one carries the
-    candidate's."""
+    candidate's. `model`: the baseline's `baseline_task_model`, if already loaded."""
     from savedmodel import base_model
 
     baseline_dir = base_model.model_dir(baseline_uri)
     if base_model.kind(baseline_dir) == base_model.SAVEDMODEL:
-        if config.data.task == "sft" and (read_tokenizer(baseline_dir).json
-                                          != read_tokenizer(candidate_dir).json):
+        if config.data.task in RESPONSE_TASKS and (read_tokenizer(baseline_dir).json
+                                                   != read_tokenizer(candidate_dir).json):
             raise ValueError(f"baseline {baseline_dir} has another tokenizer; response-only "
-                             f"scoring of SFT records needs the candidate's")
-        if config.data.task != "sft":
+                             f"scoring of {config.data.task} records needs the candidate's")
+        if config.data.task not in RESPONSE_TASKS:
             sources = {name: (scoring.retokenize(docs, candidate_dir, baseline_dir), n)
                        for name, (docs, n) in sources.items()}
-        return evaluate_saved_model(baseline_dir, sources, config, tasks)
-    tokenizer_dir = base_model.tokenizer_path(baseline_dir)
-    candidate = read_tokenizer(candidate_dir)
-    if tokenizer_dir is None or ByteLevelBpe.from_file(tokenizer_dir).json != candidate.json:
-        raise ValueError(f"baseline {baseline_dir} (a Hugging Face checkpoint) does not carry "
-                         f"the candidate's tokenizer.json, so the two cannot score the same ids")
-    model = base_model.load_model(baseline_dir)
-    metrics = evaluate_sources(lambda x: model(x, training=False), candidate, sources, config)
+        return evaluate_saved_model(baseline_dir, sources, response_scoring_config(config),
+                                    tasks, loaded=model.owner if model else None)
+    model = model or baseline_task_model(baseline_uri, candidate_dir)
+    metrics = evaluate_sources(model.logits_fn, read_tokenizer(candidate_dir), sources,
+                               response_scoring_config(config))
     if not tasks:
         return metrics, None
-    scored = score_tasks(task_models.from_keras_model(model, candidate), tasks,
-                         config.eval.batch_size)
+    scored = score_tasks(model, tasks, config.eval.batch_size)
     return {**metrics, "tasks": scored["tasks"]}, scored["samples"]
 
 
@@ -125,8 +224,9 @@ class Executor(base_executor.BaseExecutor):
           output_dict: "evaluation" (one ModelEvaluation) and "blessing" (one
             ModelBlessing).
           exec_properties: "pipeline_config" (PipelineConfig JSON; `data.task`
-            picks whole documents or SFT responses, the `eval` section holds the
-            blessing rule, see `decide_blessing`).
+            picks whole documents, SFT responses, or DPO pairs / GRPO prompts (module
+            docstring); the `eval` section holds the blessing rule, see
+            `decide_blessing`).
 
         The eval split is scored per mixture source (each example's `source_name`,
         "default" without it; `evaluate_sources`): the candidate's and the
@@ -139,7 +239,11 @@ class Executor(base_executor.BaseExecutor):
         properties bits_per_byte, perplexity, loss (mean NLL per token, nats), for
         SFT response_perplexity and response_bits_per_byte, eval_tokens,
         eval_bytes, bits_per_byte_<source> and with a baseline
-        baseline_bits_per_byte and baseline_bits_per_byte_<source>; and
+        baseline_bits_per_byte and baseline_bits_per_byte_<source>; for dpo
+        reward_accuracy and reward_margin, for grpo pass_at_1 and mean_reward (and
+        baseline_pass_at_1, baseline_mean_reward), on both artifacts, with the
+        figures in metrics.json's "candidate" / "baseline" and grpo's samples in
+        `evaluation/grpo_samples.json` ({"candidate", "baseline"}); and
         `blessing/BLESSED` or `blessing/NOT_BLESSED` with the custom properties
         TFX's Pusher reads (`blessed`, current and baseline model URI and id, the
         message), bits_per_byte and the same per-source properties.
@@ -150,7 +254,9 @@ class Executor(base_executor.BaseExecutor):
             one source), a malformed `source_name` feature, or the baseline
             cannot score the candidate's ids (an SFT baseline with another
             tokenizer, a Hugging Face baseline without the candidate's
-            tokenizer.json).
+            tokenizer.json); for dpo, no `rejected_ids` in the examples or no
+            `base_model` in the candidate's training_summary.json; for grpo, a
+            model without a generate signature, or no eval prompt that fits.
         """
         config = PipelineConfig.from_json(exec_properties["pipeline_config"])
         examples = artifact_utils.get_single_instance(input_dict["examples"])
@@ -159,14 +265,34 @@ class Executor(base_executor.BaseExecutor):
         evaluation = artifact_utils.get_single_instance(output_dict["evaluation"])
         blessing = artifact_utils.get_single_instance(output_dict["blessing"])
 
+        task = config.data.task
         tasks = load_tasks(config.eval.tasks, config.eval.min_scores)
-        sources = read_eval_sources(examples, sft=config.data.task == "sft")
+        sources = read_eval_sources(examples, sft=task in RESPONSE_TASKS)
         candidate_dir = path_utils.serving_model_path(model.uri)
-        metrics, samples = evaluate_saved_model(candidate_dir, sources, config, tasks)
+        loaded = tf.saved_model.load(candidate_dir)
+        metrics, samples = evaluate_saved_model(candidate_dir, sources,
+                                                response_scoring_config(config), tasks, loaded)
         baseline_metrics = baseline_samples = None
+        baseline = (baseline_task_model(baselines[0].uri, candidate_dir)
+                    if baselines and task == "grpo" else None)
         if baselines:
             baseline_metrics, baseline_samples = evaluate_baseline(
-                baselines[0].uri, candidate_dir, sources, config, tasks)
+                baselines[0].uri, candidate_dir, sources, config, tasks, baseline)
+        grpo_samples = None
+        if task in ("dpo", "grpo"):
+            candidate = task_models.from_saved_model(candidate_dir, loaded)
+            if task == "dpo":
+                metrics.update(evaluate_dpo_pairs(candidate, model.uri, examples, config))
+            else:
+                records = [r for items, _ in sources.values() for r in items]
+                figures, grpo_samples = evaluate_grpo_prompts(candidate, records, config,
+                                                              "candidate")
+                metrics.update(figures)
+                grpo_samples = {"candidate": grpo_samples, "baseline": None}
+                if baseline is not None:
+                    figures, grpo_samples["baseline"] = evaluate_grpo_prompts(
+                        baseline, records, config, "baseline")
+                    baseline_metrics.update(figures)
         blessed, message = decide_blessing(metrics, baseline_metrics, config)
 
         by_source = metrics.pop("by_source")
@@ -182,6 +308,9 @@ class Executor(base_executor.BaseExecutor):
                 os.path.join(evaluation.uri, TASK_SAMPLES_FILE),
                 json.dumps({"candidate": samples, "baseline": baseline_samples},
                            ensure_ascii=False))
+        if grpo_samples is not None:
+            io_utils.write_string_file(os.path.join(evaluation.uri, GRPO_SAMPLES_FILE),
+                                       json.dumps(grpo_samples, ensure_ascii=False, indent=2))
         for key in ("bits_per_byte", "perplexity", "loss", "response_perplexity",
                     "response_bits_per_byte"):
             if key in metrics:
@@ -194,6 +323,7 @@ class Executor(base_executor.BaseExecutor):
             set_task_properties(evaluation, baseline_metrics.get("tasks", {}), "baseline_task_")
         for artifact in (evaluation, blessing):
             set_source_properties(artifact, by_source, baseline_by_source)
+            set_preference_properties(artifact, metrics, baseline_metrics)
 
         io_utils.write_string_file(
             os.path.join(
@@ -228,6 +358,18 @@ def set_source_properties(artifact, by_source: dict, baseline_by_source: dict | 
     for name, values in (baseline_by_source or {}).items():
         artifact.set_float_custom_property(f"baseline_bits_per_byte_{name}",
                                            values["bits_per_byte"])
+
+
+def set_preference_properties(artifact, metrics: dict, baseline: dict | None) -> None:
+    """The float custom properties of preference training's figures that `metrics`
+    holds (`PREFERENCE_PROPERTIES`: reward_accuracy, reward_margin for dpo; pass_at_1,
+    mean_reward for grpo), and `baseline_pass_at_1` / `baseline_mean_reward` of the
+    baseline's."""
+    for key in PREFERENCE_PROPERTIES:
+        if key in metrics:
+            artifact.set_float_custom_property(key, metrics[key])
+        if baseline and key in baseline:
+            artifact.set_float_custom_property(f"baseline_{key}", baseline[key])
 
 
 def set_task_properties(artifact, task_metrics: dict, prefix: str) -> None:
