@@ -120,8 +120,49 @@ def evaluate_dpo_pairs(candidate: task_models.TaskModel, model_uri: str, example
                         pad_id=candidate.pad_id)
 
 
+def chat_generate_fn(model: task_models.TaskModel, model_dir: str | None):
+    """Greedy completions of GRPO's rendered prompts as the Trainer sampled them.
+
+    GRPO's prompts are rendered by the chat template (prefix + user text + suffix, as
+    SFT renders them), and the Trainer samples right after their ids. A chat model's
+    SavedModel renders a user text itself in its `generate` signature (the same affixes,
+    `layout.read_chat_prompt`), while `generate_raw` (what `TaskModel.generate_fn` uses)
+    starts a plain prompt from [EOS]: so for a chat SavedModel the affixes are taken off
+    and the user text goes to `generate`, which gives the Trainer's ids. Otherwise (no
+    chat template, or a Keras model) `model.generate_fn`.
+
+    Raises:
+      ValueError: (when called) a prompt without the chat template's affixes, naming it.
+    """
+    from savedmodel.layout import read_chat_prompt
+
+    loaded = model.owner
+    affixes = read_chat_prompt(model_dir) if model_dir else None
+    signatures = getattr(loaded, "signatures", {})
+    if affixes is None or "generate" not in signatures:
+        return model.generate_fn
+    prefix, suffix = affixes
+    generate = signatures["generate"]
+
+    def generate_fn(prompts, max_new_tokens: int) -> list[str]:
+        users = []
+        for p in prompts:
+            if not (p.startswith(prefix) and p.endswith(suffix)):
+                raise ValueError(f"GRPO eval prompt {p[:80]!r} is not rendered by the model's "
+                                 f"chat template (prefix {prefix!r}, suffix {suffix!r})")
+            users.append(p[len(prefix):len(p) - len(suffix)])
+        n = len(users)
+        out = generate(prompt=tf.constant(users), max_new_tokens=tf.fill([n], max_new_tokens),
+                       temperature=tf.zeros([n]), top_k=tf.zeros([n], tf.int32),
+                       top_p=tf.ones([n]), seed=tf.zeros([n], tf.int32))
+        return [c.decode("utf-8", errors="replace") for c in out["completion"].numpy()]
+
+    return generate_fn
+
+
 def evaluate_grpo_prompts(model: task_models.TaskModel, records: list,
-                          config: PipelineConfig, name: str) -> tuple[dict, list[dict]]:
+                          config: PipelineConfig, name: str,
+                          model_dir: str | None = None) -> tuple[dict, list[dict]]:
     """`preference_scoring.evaluate_grpo` of `model` (`name`: "candidate" or "baseline",
     for the message) on the eval split's SFT-shaped records: prompts and answers decoded
     with the model's own tokenizer, its special tokens kept; the figures also hold
@@ -138,7 +179,7 @@ def evaluate_grpo_prompts(model: task_models.TaskModel, records: list,
         records, lambda ids: tokenizer.decode(ids, skip_special_tokens=False), train.seq_len,
         train.grpo_max_new_tokens)
     metrics, samples = evaluate_grpo(
-        model.generate_fn, texts, Reward(train.grpo_rewards, train.reward_module_file),
+        chat_generate_fn(model, model_dir), texts, Reward(train.grpo_rewards, train.reward_module_file),
         train.grpo_max_new_tokens, config.eval.batch_size,
         count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids))
     return {**metrics, "grpo_skipped_too_long": skipped}, samples
@@ -286,12 +327,17 @@ class Executor(base_executor.BaseExecutor):
             else:
                 records = [r for items, _ in sources.values() for r in items]
                 figures, grpo_samples = evaluate_grpo_prompts(candidate, records, config,
-                                                              "candidate")
+                                                              "candidate", candidate_dir)
                 metrics.update(figures)
                 grpo_samples = {"candidate": grpo_samples, "baseline": None}
                 if baseline is not None:
+                    from savedmodel import base_model
+
+                    baseline_dir = base_model.model_dir(baselines[0].uri)
                     figures, grpo_samples["baseline"] = evaluate_grpo_prompts(
-                        baseline, records, config, "baseline")
+                        baseline, records, config, "baseline",
+                        baseline_dir if base_model.kind(baseline_dir) == base_model.SAVEDMODEL
+                        else None)
                     baseline_metrics.update(figures)
         blessed, message = decide_blessing(metrics, baseline_metrics, config)
 

@@ -48,6 +48,11 @@ MODEL_PROPERTIES = {
     # data mixtures (issue 28): JSON {source: value} (`train_loop.TrainResult`, `job.py`)
     "source_weights": dict, "source_tokens": dict, "source_token_shares": dict,
     "source_epochs": dict, "stopped_early": str,
+    # DPO and GRPO (issue 29): records used and too long, the last logging window's figures
+    # (DPO: reward_accuracy, reward_margin, ...; GRPO: reward_mean, kl, ...), as JSON
+    "dpo_records": int, "dpo_records_used": int, "dpo_rejected_too_long": int,
+    "dpo_response_tokens": int, "grpo_records": int, "grpo_records_used": int,
+    "grpo_rejected_too_long": int, "final_train_figures": dict,
 }
 
 
@@ -92,7 +97,9 @@ class Executor(tfx_trainer_executor.GenericExecutor):
 
         Sets on the Model the custom properties `MODEL_PROPERTIES` found in
         `training_summary.json` (`record_summary`), and `base_model_uri`,
-        `base_model_id` and `teacher_model_uri` for a warm start or distillation, and
+        `base_model_id` and `teacher_model_uri` for a warm start or distillation,
+        `reference_model_uri` and `reference_model_id` for DPO and GRPO (the base model,
+        which is the frozen reference policy), and
         `replay_examples_id` and `replay_base_model_id` when the base run's data is
         replayed through ML Metadata lineage (custom_config "replay_lineage").
 
@@ -115,6 +122,12 @@ class Executor(tfx_trainer_executor.GenericExecutor):
         custom_config = (exec_properties.get("custom_config") or {})
         if isinstance(custom_config, str):
             custom_config = json.loads(custom_config)
+        task = json.loads(custom_config["pipeline_config"])["data"]["task"] if \
+            custom_config.get("pipeline_config") else "pretrain"
+        if bases and task in ("dpo", "grpo"):  # the frozen reference policy is the base model
+            model.set_string_custom_property("reference_model_uri", bases[0].uri)
+            if bases[0].id:
+                model.set_int_custom_property("reference_model_id", bases[0].id)
         if custom_config.get("teacher_model"):
             model.set_string_custom_property("teacher_model_uri", custom_config["teacher_model"])
         replay = custom_config.get("replay_lineage") or {}

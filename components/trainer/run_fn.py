@@ -58,6 +58,10 @@ def run_fn(fn_args) -> None:
         )
     tokenizer = load_tokenizer(fn_args.transform_output)
     base = fn_args.base_model or ""
+    if config.data.task in train_loop.PREFERENCE_TASKS and not base:
+        raise ValueError(f"data.task={config.data.task} starts from a base model (usually an SFT "
+                         "model), which is also the frozen reference policy: give the Trainer "
+                         "a base_model (deepseek-tfx run --base-model latest|PATH)")
     teacher = custom.get("teacher_model", "")
     for role, path in (("base model", base), ("teacher", teacher)):
         if path:
@@ -84,26 +88,20 @@ def run_fn(fn_args) -> None:
         pad_id=tokenizer.pad_id,
         base_model=base_model.model_dir(base) if base else "",
         teacher_model=base_model.model_dir(teacher) if teacher else "",
+        tokenizer_dir=fn_args.transform_output,
     )
     job_lib.check_mixture(config)  # before any work: what the Trainer cannot sample
-    sft = {}
-    if config.data.task == "sft":  # records that do not fit seq_len: counted, with the reason
-        counts = data.count_sft_records(fn_args.train_files, tc.seq_len)
-        logging.info("SFT records: %d used, %d rejected as too long for train.seq_len=%d "
-                     "(%d response tokens)", counts["used"], counts["rejected"]["too_long"],
-                     tc.seq_len, counts["response_tokens"])
-        sft = {"sft_records": counts["records"], "sft_records_used": counts["used"],
-               "sft_rejected_too_long": counts["rejected"]["too_long"],
-               "sft_response_tokens": counts["response_tokens"]}
+    sft = record_counts(config, fn_args.train_files)
     model = train_model(job, config)
     if model is None:  # a platform cluster's replica other than the chief: it only trains
         return
     figures = read_json(job.result_path, "the training job's result")
 
-    if config.data.task == "sft":
+    if config.data.task in ("sft", "dpo", "grpo"):  # DPO: the chosen responses; GRPO: answers
         eval_ds = data.make_sft_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size,
                                              tokenizer.pad_id)
     else:
+
         eval_ds = data.make_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size, eos_id)
     model, pruned = prune_trained_model(model, eval_ds, config)  # train.prune_keep_experts
     model = model_io.to_export_dtype(config, model)  # train.export_dtype
@@ -127,12 +125,40 @@ def run_fn(fn_args) -> None:
         "restarts": figures.get("restarts", 0),
         "restart_reasons": "; ".join(r["reason"] for r in figures.get("restart_log", [])),
         **sft,
+        **({"final_train_figures": figures["history"][-1]["figures"]}
+           if figures["history"] and "figures" in figures["history"][-1] else {}),
         **pruning_figures(pruned),
         "history": figures["history"],
     }
     model_dir = os.path.dirname(fn_args.serving_model_dir.rstrip("/"))
     with tf.io.gfile.GFile(os.path.join(model_dir, TRAINING_SUMMARY), "w") as f:
         json.dump(summary, f, indent=2)
+
+
+def record_counts(config: PipelineConfig, train_files: list[str]) -> dict:
+    """The training records of an SFT, DPO or GRPO run: used, and rejected as too long
+    for `train.seq_len` (GRPO: prompt + `train.grpo_max_new_tokens`), logged and returned
+    as summary figures ({} for pretraining, whose documents are packed).
+
+    Raises:
+      ValueError: no record fits (`data.count_*_records`).
+    """
+    task, tc = config.data.task, config.train
+    if task == "sft":
+        counts = data.count_sft_records(train_files, tc.seq_len)
+    elif task == "dpo":
+        counts = data.count_dpo_records(train_files, tc.seq_len)
+    elif task == "grpo":
+        counts = data.count_grpo_records(train_files, tc.seq_len, tc.grpo_max_new_tokens)
+    else:
+        return {}
+    logging.info("%s records: %d used, %d rejected as too long for train.seq_len=%d", task,
+                 counts["used"], counts["rejected"]["too_long"], tc.seq_len)
+    figures = {f"{task}_records": counts["records"], f"{task}_records_used": counts["used"],
+               f"{task}_rejected_too_long": counts["rejected"]["too_long"]}
+    if "response_tokens" in counts:
+        figures[f"{task}_response_tokens"] = counts["response_tokens"]
+    return figures
 
 
 def check_tokenizer(path: str, role: str, tokenizer) -> None:
