@@ -43,6 +43,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_mixture(config)  # what the Trainer would refuse, before anything runs
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
+    if config.data.task in ("dpo", "grpo") and base_model is None:
+        raise SystemExit(f"error: --task {config.data.task} starts from a base model (usually an "
+                         "SFT model), which is also the frozen reference policy: add "
+                         "--base-model latest|PATH")
 
     _print_data(config, input_base, pattern)
     print(f"              outputs under {os.path.abspath(output_dir)}")

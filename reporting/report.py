@@ -158,6 +158,19 @@ def _drift(run: RunData) -> str:
             + _table(["split / feature", "divergence"], rows))
 
 
+# The figures DPO and GRPO log (`preference_objectives.py`), one panel per line.
+PREFERENCE_PANELS = (
+    ("GRPO reward (mean; std within groups)", ("reward_mean", "reward_std")),
+    ("GRPO groups with zero reward variance; clip fraction",
+     ("zero_variance_groups", "clip_fraction")),
+    ("KL to the reference (k3, per token)", ("kl",)),
+    ("GRPO completion length (tokens)", ("completion_length",)),
+    ("DPO reward accuracy (train)", ("reward_accuracy",)),
+    ("DPO implicit rewards (beta log pi/pi_ref)",
+     ("reward_margin", "chosen_reward", "rejected_reward")),
+)
+
+
 def section_training(run: RunData, events) -> str:
     """The `train/*` curves of `events` (`report_data.read_events`) and the figures of
     training_summary.json.
@@ -182,6 +195,10 @@ def section_training(run: RunData, events) -> str:
         if key in train and any(train[key][1]):  # a term that is 0 throughout is left out
             steps, values = train[key]
             panels.append((title, {key: (steps, [scale * v for v in values])}))
+    for title, keys in PREFERENCE_PANELS:  # DPO and GRPO (issue 29): the reward curves
+        series = {k: train[k] for k in keys if k in train}
+        if series:
+            panels.append((title, series))
     out = report_plots.training_curves(panels)
     summary = report_data.training_summary(run)
     if summary is not None:
@@ -190,7 +207,8 @@ def section_training(run: RunData, events) -> str:
                 "final_loss", "strategy", "num_replicas", "precision", "global_batch_size",
                 "trainable_params", "total_params", "jit_compile", "skipped_steps", "restarts",
                 "n_routed_experts_before", "pruned_experts_kept", "pruning_tokens",
-                "trainer_eval_loss", "trainer_eval_loss_before_pruning")
+                "trainer_eval_loss", "trainer_eval_loss_before_pruning", "base_model",
+                "teacher_model")
         cells = "".join(f"<div><span>{_e(k)}</span> {_e(_fmt(summary[k]))}</div>"
                         for k in keys if k in summary)
         out += f'<h3>training_summary.json</h3><div class="figures">{cells}</div>'
@@ -252,7 +270,9 @@ def section_eval(run: RunData) -> str:
     config = report_data.execution_config(run, "LmEvaluator")
     candidate, baseline = metrics["candidate"], metrics.get("baseline")
     keys = [k for k in ("bits_per_byte", "perplexity", "loss", "response_bits_per_byte",
-                        "response_perplexity", "tokens", "bytes") if k in candidate]
+                        "response_perplexity", "reward_accuracy", "reward_margin", "pairs",
+                        "pass_at_1", "pass_at_1_stderr", "mean_reward", "prompts", "tokens",
+                        "bytes") if k in candidate]
     rows = [[k, _fmt(candidate[k]), _fmt(baseline[k]) if baseline and k in baseline else "—"]
             for k in keys]
     verdict = "blessed" if metrics.get("blessed") else "NOT blessed"
@@ -261,8 +281,15 @@ def section_eval(run: RunData) -> str:
            + _table(["metric", "candidate", "baseline (last blessed)"], rows, "narrow"))
     if config:
         ev = config.get("eval", {})
+        task = config.get("data", {}).get("task")
+        gates = {"dpo": f", eval.min_reward_accuracy = {_e(ev.get('min_reward_accuracy'))}",
+                 "grpo": f", eval.min_pass_at_1 = {_e(ev.get('min_pass_at_1'))}"}.get(task, "")
         out += (f"<p>thresholds: eval.max_bits_per_byte = {_e(ev.get('max_bits_per_byte'))}, "
-                f"eval.baseline_tolerance = {_e(ev.get('baseline_tolerance'))}</p>")
+                f"eval.baseline_tolerance = {_e(ev.get('baseline_tolerance'))}{gates}</p>")
+        summary = report_data.training_summary(run) or {}
+        if task in ("dpo", "grpo") and summary.get("base_model"):
+            out += (f"<p>reference policy (the frozen base model): "
+                    f"<code>{_e(summary['base_model'])}</code></p>")
         bars = {"candidate": candidate["bits_per_byte"]}
         if baseline:
             bars["baseline"] = baseline["bits_per_byte"]

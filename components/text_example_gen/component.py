@@ -60,6 +60,15 @@ def make_custom_config(config: PipelineConfig) -> example_gen_pb2.CustomConfig:
     return example_gen_pb2.CustomConfig(custom_config=packed)
 
 
+def partition_feature(config: PipelineConfig) -> str:
+    """The feature the train/eval split hashes: the text of a pretraining document (exact
+    duplicates fall into the same split); the rendered prompt of an SFT, DPO or GRPO
+    record, so that a held-out prompt is held out with every response to it, and the
+    same prompts are held out in an SFT run and in the DPO or GRPO run that follows it
+    (their records render a prompt alike)."""
+    return "text" if config.data.task == "pretrain" else "prompt"
+
+
 def TextExampleGen(  # noqa: N802 (a component factory, named like one)
     input_base: str, input_pattern: str, config: PipelineConfig
 ) -> FileBasedExampleGen:
@@ -87,7 +96,7 @@ def TextExampleGen(  # noqa: N802 (a component factory, named like one)
                     example_gen_pb2.SplitConfig.Split(name="train", hash_buckets=data.train_buckets),
                     example_gen_pb2.SplitConfig.Split(name="eval", hash_buckets=data.eval_buckets),
                 ],
-                partition_feature_name="text",
+                partition_feature_name=partition_feature(config),
             )
         ),
         custom_config=make_custom_config(config),
