@@ -260,3 +260,14 @@ def test_cli_task_sets_data_task(task):
 
     args = cli.build_parser().parse_args(["run", "--preset", "tiny", "--task", task])
     assert cli.config_from_args(args).data.task == task
+
+
+def test_the_addition_tasks_preference_pairs_read_with_the_default_fields(tmp_path):
+    """`corpus.addition.preference_pairs` writes TRL's {"prompt", "chosen", "rejected"}:
+    read under `--task dpo` with no field set (prompt_field "context" is absent)."""
+    from corpus import addition
+
+    pairs = addition.preference_pairs(limit=20)
+    docs = _read(_jsonl(tmp_path / "add.jsonl", pairs), DPO)
+    assert [(d.reject_reason, d.prompt, d.text, d.rejected) for d in docs] == [
+        ("", _prompt(p["prompt"]), p["chosen"], p["rejected"]) for p in pairs]
