@@ -136,9 +136,13 @@ def add_parsers(sub) -> None:
     run.add_argument("--preset", default="cpu_small", help="tiny | cpu_small | gpu_base")
     run.add_argument("--output", help="output directory (default: runs/<corpus>-<preset>)")
     run.add_argument("--train-steps", type=int, help="override train.train_steps")
-    run.add_argument("--task", choices=("pretrain", "sft"),
-                     help="sets data.task: pretrain (text documents) or sft (prompt/response "
-                     "or chat records from JSONL, CSV or Parquet; the loss covers responses)")
+    run.add_argument("--task", choices=("pretrain", "sft", "dpo", "grpo"),
+                     help="sets data.task: pretrain (text documents), sft (prompt/response "
+                     "or chat records from JSONL, CSV or Parquet; the loss covers responses), "
+                     "dpo (records of a prompt or chat, 'chosen' and 'rejected' responses; "
+                     "data.chosen_field, data.rejected_field) or grpo (records of a prompt or "
+                     "chat and a reference 'answer'; data.answer_field); a dpo/grpo record "
+                     "without data.prompt_field takes its prompt from 'prompt'")
     run.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                      help="override any config field, e.g. --set model.hidden_size=128")
     run.add_argument("--no-cache", action="store_true", help="re-run every component")

@@ -50,13 +50,22 @@ class DataConfig:
         the Gopher thresholds (Rae et al. 2021, appendix A.1.1).
       redact_pii: replace e-mail addresses, IP addresses and phone numbers by
         `<EMAIL>`, `<IP_ADDRESS>`, `<PHONE_NUMBER>` (counted per kind).
-      task: `pretrain` (documents of text, packed; every token is a target) or
+      task: `pretrain` (documents of text, packed; every token is a target),
         `sft` (supervised fine-tuning: prompt/response records; the loss covers
-        response tokens only). `deepseek-tfx run --task sft`.
+        response tokens only), `dpo` (preference pairs: a prompt, a chosen and a
+        rejected response) or `grpo` (prompts with a reference answer, for
+        group relative policy optimization). `deepseek-tfx run --task sft`.
       prompt_field, response_field: the fields of an SFT record holding the prompt
-        and the response (JSONL keys, CSV/Parquet columns).
+        and the response (JSONL keys, CSV/Parquet columns). A DPO or GRPO record
+        without `prompt_field` takes its prompt from the field "prompt" (TRL's name).
       messages_field: the field of an SFT record holding a chat, a list of
         `{"role", "content"}` (Hugging Face chat form); used when a record has it.
+        In a DPO or GRPO record the chat is the whole prompt (its last turn is not
+        the assistant's).
+      chosen_field, rejected_field: the fields of a DPO record holding the preferred
+        and the dispreferred response (strings).
+      answer_field: the field of a GRPO record holding the reference answer (a string)
+        the reward compares completions with.
       chat_template: a Jinja chat template (transformers' form) for SFT prompts;
         empty: the tokenizer's `chat_template` when it has one, else the default.
       sources: a mixture: named sources with weights, each with its own reading and
@@ -98,6 +107,9 @@ class DataConfig:
     prompt_field: str = "context"
     response_field: str = "response"
     messages_field: str = "messages"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    answer_field: str = "answer"
     chat_template: str = ""
     sources: tuple[DataSource, ...] = ()
     replay_fraction: float = 0.0

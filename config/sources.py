@@ -46,8 +46,9 @@ SOURCE_NAME = re.compile(r"[a-z0-9_]+")
 # how its documents are cleaned. Everything else in `data` is one setting for the mixture.
 SOURCE_SETTINGS = (
     "document_boundary", "jsonl_text_field", "csv_text_column", "parquet_text_column",
-    "prompt_field", "response_field", "messages_field", "invalid_utf8", "min_chars",
-    "max_chars", "quality_filter", "redact_pii", "max_reject_fraction",
+    "prompt_field", "response_field", "messages_field", "chosen_field", "rejected_field",
+    "answer_field", "invalid_utf8", "min_chars", "max_chars", "quality_filter", "redact_pii",
+    "max_reject_fraction",
 )
 
 
@@ -62,10 +63,10 @@ class DataSource:
       weight: the source's share of the training batches, relative to the others'
         (> 0, finite).
       document_boundary, jsonl_text_field, csv_text_column, parquet_text_column,
-        prompt_field, response_field, messages_field, invalid_utf8, min_chars,
-        max_chars, quality_filter, redact_pii, max_reject_fraction: this source's
-        own value of the `data` field of that name (`SOURCE_SETTINGS`); None takes
-        the mixture's.
+        prompt_field, response_field, messages_field, chosen_field, rejected_field,
+        answer_field, invalid_utf8, min_chars, max_chars, quality_filter, redact_pii,
+        max_reject_fraction: this source's own value of the `data` field of that
+        name (`SOURCE_SETTINGS`); None takes the mixture's.
     """
 
     name: str
@@ -78,6 +79,9 @@ class DataSource:
     prompt_field: str | None = None
     response_field: str | None = None
     messages_field: str | None = None
+    chosen_field: str | None = None
+    rejected_field: str | None = None
+    answer_field: str | None = None
     invalid_utf8: str | None = None
     min_chars: int | None = None
     max_chars: int | None = None

@@ -11,7 +11,10 @@ near-duplicate removal need the whole corpus and live in the Beam pipeline
 Supervised fine-tuning records (a rendered prompt and a response) go through
 `clean_sft_record`: both fields are cleaned alike, the length filters apply to the
 whole example, the quality rules to the response, and duplicates are keyed on the
-pair (`sft_content_key`, `sft_dedup_text`).
+pair (`sft_content_key`, `sft_dedup_text`). GRPO records (a prompt and a reference
+answer) are SFT records here. Preference (DPO) records go through `clean_dpo_record`:
+the prompt and both responses are cleaned alike, and duplicates are keyed on the
+triple (`dpo_content_key`, `dpo_dedup_text`).
 
 Every decision has a reason name; the executor counts them so that
 records read = records kept + records dropped, per split and in total. Repairs
@@ -39,6 +42,10 @@ from corpus.words import is_no_space_unit, shingle_units, word_units
 KEPT = "kept"
 DROP_EMPTY = "empty"
 DROP_EMPTY_RESPONSE = "empty_response"  # = text_example_gen.documents.REJECT_EMPTY_RESPONSE
+# DPO records; = corpus.documents.REJECT_EMPTY_CHOSEN, _EMPTY_REJECTED, _CHOSEN_EQUALS_REJECTED
+DROP_EMPTY_CHOSEN = "empty_chosen"
+DROP_EMPTY_REJECTED = "empty_rejected"
+DROP_CHOSEN_EQUALS_REJECTED = "chosen_equals_rejected"
 DROP_TOO_SHORT = "too_short"
 DROP_TOO_LONG = "too_long"
 DROP_EXACT_DUPLICATE = "exact_duplicate"
@@ -217,6 +224,59 @@ def clean_sft_record(prompt: str, response: str, reject_reason: str,
         if reason:
             return "", "", reason, repairs
     return prompt, response, KEPT, repairs
+
+
+def clean_dpo_record(prompt: str, chosen: str, rejected: str, reject_reason: str,
+                     config: DataConfig) -> tuple[str, str, str, str, list[str]]:
+    """Cleans one DPO record (the rendered prompt, the chosen and the rejected response).
+
+    As `clean_sft_record`, with two responses: both are normalized (the prompt is not:
+    its contents were normalized before rendering), all three fields lose their control
+    characters (and, with `redact_pii`, their PII). Each of the two sequences the
+    Trainer sees, prompt + chosen and prompt + rejected, must be within
+    [min_chars, max_chars]; the quality rules judge the chosen response only (a
+    rejected response may be poor on purpose).
+
+    Returns:
+      `(prompt, chosen, rejected, KEPT, repairs)` or `("", "", "", reason, repairs)`;
+      reasons as `clean_document`'s, with `empty_chosen` / `empty_rejected` for a
+      response left empty and `chosen_equals_rejected` when cleaning made them equal.
+    """
+    if reject_reason:
+        return "", "", "", reject_reason, []
+    repairs: list[str] = []
+    normalized = [normalize(text, config.normalization) for text in (chosen, rejected)]
+    if normalized != [chosen, rejected]:
+        repairs.append(REPAIR_NORMALIZED)
+    scrubbed = [_scrub(text, config.redact_pii) for text in (prompt, *normalized)]
+    (prompt, chosen, rejected) = (text for text, _ in scrubbed)
+    repairs = list(dict.fromkeys(repairs + [r for _, rs in scrubbed for r in rs]))
+    for text, reason in ((chosen, DROP_EMPTY_CHOSEN), (rejected, DROP_EMPTY_REJECTED)):
+        if not text.strip():
+            return "", "", "", reason, repairs
+    if chosen == rejected:
+        return "", "", "", DROP_CHOSEN_EQUALS_REJECTED, repairs
+    lengths = (len(prompt) + len(chosen), len(prompt) + len(rejected))
+    if min(lengths) < config.min_chars:
+        return "", "", "", DROP_TOO_SHORT, repairs
+    if max(lengths) > config.max_chars:
+        return "", "", "", DROP_TOO_LONG, repairs
+    if config.quality_filter:
+        reason = quality_reason(chosen, config)
+        if reason:
+            return "", "", "", reason, repairs
+    return prompt, chosen, rejected, KEPT, repairs
+
+
+def dpo_dedup_text(prompt: str, chosen: str, rejected: str) -> str:
+    """The text whose MinHash signature finds near-duplicate DPO records: all three."""
+    return prompt + "\n" + chosen + "\n" + rejected
+
+
+def dpo_content_key(prompt: str, chosen: str, rejected: str) -> bytes:
+    """Exact-duplicate key of a cleaned DPO record: the (prompt, chosen, rejected) triple
+    (NUL, which cleaning removes from all three, separates them)."""
+    return content_key(prompt + "\x00" + chosen + "\x00" + rejected)
 
 
 def sft_dedup_text(prompt: str, response: str) -> str:

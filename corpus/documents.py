@@ -36,6 +36,21 @@ assistant's), `chat_template_error` (the template refused the turns),
 `chat_template_limit` (rendering went past the template's limits on size or time,
 `chat_template.RenderLimits`).
 
+Preference optimization (`data.task = "dpo"`) and GRPO (`data.task = "grpo"`) read
+records the same way, from the same formats (`dpo_document`, `grpo_document`). The
+prompt is `data.prompt_field` or, when the record has no such key, the key "prompt"
+(TRL's name for it), one user turn; or `data.messages_field`, a chat that is the
+whole prompt (at least one turn, the last one not the assistant's). A DPO record
+adds the responses `data.chosen_field` and `data.rejected_field`: the `Document`
+holds the chosen response as `text`, the rejected one as `rejected`. A GRPO record
+adds the reference answer `data.answer_field`, held as `text`. Both are normalized
+like an SFT response. Their reject reasons are the prompt's (`missing_prompt_field`,
+`prompt_not_string`, `empty_prompt`, `invalid_messages`, `chat_template_error`,
+`chat_template_limit`, `record_not_object`) and, for DPO, `missing_chosen_field`,
+`missing_rejected_field`, `chosen_not_string`, `rejected_not_string`,
+`empty_chosen`, `empty_rejected`, `chosen_equals_rejected` (equal after
+normalization); for GRPO, `missing_answer_field`, `answer_not_string`, `empty_answer`.
+
 Every record read becomes a `Document`; records that cannot be used carry a
 `reject_reason`, repairs made while reading are listed in `repairs`; the cleaner
 counts both, so nothing is silently lost. A file that cannot be opened or read
@@ -85,6 +100,23 @@ REJECT_EMPTY_RESPONSE = "empty_response"
 REJECT_INVALID_MESSAGES = "invalid_messages"
 REJECT_CHAT_TEMPLATE = "chat_template_error"
 REJECT_CHAT_TEMPLATE_LIMIT = "chat_template_limit"
+# Preference (DPO) records.
+REJECT_MISSING_CHOSEN_FIELD = "missing_chosen_field"
+REJECT_MISSING_REJECTED_FIELD = "missing_rejected_field"
+REJECT_CHOSEN_NOT_STRING = "chosen_not_string"
+REJECT_REJECTED_NOT_STRING = "rejected_not_string"
+REJECT_EMPTY_CHOSEN = "empty_chosen"
+REJECT_EMPTY_REJECTED = "empty_rejected"
+REJECT_CHOSEN_EQUALS_REJECTED = "chosen_equals_rejected"
+# GRPO records.
+REJECT_MISSING_ANSWER_FIELD = "missing_answer_field"
+REJECT_ANSWER_NOT_STRING = "answer_not_string"
+REJECT_EMPTY_ANSWER = "empty_answer"
+
+# The tasks whose records have a prompt (read by `read_documents` as records, never as
+# plain text); a DPO or GRPO record without `data.prompt_field` has it here (TRL's key).
+RECORD_TASKS = ("sft", "dpo", "grpo")
+TRL_PROMPT_FIELD = "prompt"
 
 REPAIR_INVALID_UTF8 = "invalid_utf8_replaced"
 REPAIR_NORMALIZED = "unicode_normalized"  # = text_cleaner.cleaning.REPAIR_NORMALIZED
@@ -104,10 +136,12 @@ class Document:
         for plain text, line number for JSONL, row number for CSV/Parquet).
       reject_reason: "" when usable, else why not.
       repairs: what reading changed (`invalid_utf8_replaced`, `split_long_document`).
-      prompt: None for a pretraining document; for an SFT record, the rendered
-        prompt ("" when rejected), and `text` is the response.
+      prompt: None for a pretraining document; for an SFT, DPO or GRPO record, the
+        rendered prompt ("" when rejected), and `text` is the response (SFT), the
+        chosen response (DPO) or the reference answer (GRPO).
       source_name: the mixture source it belongs to (`data.sources`), "default" in
         the one-source case; a document is identified by (source_name, source, record).
+      rejected: None but for a DPO record: its rejected response ("" when rejected).
     """
 
     text: str
@@ -117,6 +151,7 @@ class Document:
     repairs: tuple[str, ...] = ()
     prompt: str | None = None
     source_name: str = DEFAULT_SOURCE
+    rejected: str | None = None
 
 
 def file_format(path: str) -> str:
@@ -171,62 +206,67 @@ def _has_invalid_bytes(text: str) -> bool:
 
 
 def _apply_utf8_policy(doc: Document, policy: str) -> Document:
-    if doc.reject_reason or not (_has_invalid_bytes(doc.text)
-                                 or (doc.prompt and _has_invalid_bytes(doc.prompt))):
+    if doc.reject_reason or not any(text and _has_invalid_bytes(text)
+                                    for text in (doc.text, doc.prompt, doc.rejected)):
         return doc
     if policy == "reject":
         return dataclasses.replace(doc, text="", reject_reason=REJECT_INVALID_UTF8,
-                                   prompt=None if doc.prompt is None else "")
+                                   prompt=None if doc.prompt is None else "",
+                                   rejected=None if doc.rejected is None else "")
 
-    def replaced(text: str) -> str:
+    def replaced(text: str | None) -> str | None:
+        if text is None:
+            return None
         return "".join("\ufffd" if _SURROGATE_LOW <= ch <= _SURROGATE_HIGH else ch
                        for ch in text)
 
     return dataclasses.replace(
         doc, text=replaced(doc.text), repairs=doc.repairs + (REPAIR_INVALID_UTF8,),
-        prompt=None if doc.prompt is None else replaced(doc.prompt))
+        prompt=replaced(doc.prompt), rejected=replaced(doc.rejected))
 
 
 def read_documents(path: str, source: str, config: DataConfig | None = None,
                    chat: ChatFormat | None = None,
                    source_name: str = DEFAULT_SOURCE) -> Iterator[Document]:
-    """Streams the documents (or, with `data.task = "sft"`, the SFT records) of one file.
+    """Streams the documents (or, with `data.task` "sft", "dpo" or "grpo", the records)
+    of one file.
 
     Args:
       path: file to read (local or any tf.io.gfile filesystem).
       source: the name recorded in each document (e.g. path relative to the input).
       config: the data section of the pipeline config (boundary, text fields,
         invalid-UTF-8 policy, max_chars, task); defaults to `DataConfig()`.
-      chat: the chat template and special tokens of an SFT run; default
+      chat: the chat template and special tokens of an SFT, DPO or GRPO run; default
         `chat_template.chat_format(config)` (the learned tokenizer's tokens).
       source_name: the mixture source the file belongs to, set on every document
         (`config` is then that source's `data.for_source(source_name)`).
 
     Yields:
       Document, in file order; at least one per file (`empty_file`); one
-      `not_a_regular_file` record, without opening it, for a FIFO, device or socket. SFT
-      records have `prompt` set (a string, "" when rejected).
+      `not_a_regular_file` record, without opening it, for a FIFO, device or socket. SFT,
+      DPO and GRPO records have `prompt` set (a string, "" when rejected), DPO records
+      `rejected` too.
 
     Raises:
       OSError: the file cannot be opened or read (the message names it).
       ValueError: a CSV/Parquet file has no such column (names file and column);
-        an SFT run given a plain-text file (names it).
+        an SFT, DPO or GRPO run given a plain-text file (names it).
     """
     config = config or DataConfig()
-    sft = config.task == "sft"
+    records = config.task in RECORD_TASKS
     named = functools.partial(_named, source_name=source_name)
     if special_file_kind(path):  # os.stat only: a FIFO's open() would wait for a writer
-        yield named(Document("", source, 0, REJECT_NOT_REGULAR_FILE, prompt="" if sft else None))
+        yield named(_reject_for(config, source, 0, REJECT_NOT_REGULAR_FILE))
         return
     fmt = "jsonl" if config.document_boundary == "jsonl" else file_format(path)
-    if sft and fmt == "text":
+    if records and fmt == "text":
         raise ValueError(
-            f"{path}: data.task=sft reads records from JSONL, CSV or Parquet files "
-            f"(with '{config.prompt_field}'/'{config.response_field}' or "
-            f"'{config.messages_field}'), not plain text; remove the file or rename it")
-    if sft:
+            f"{path}: data.task={config.task} reads records from JSONL, CSV or Parquet files "
+            f"(with {_record_fields(config)}), not plain text; remove the file or rename it")
+    if records:
         chat = chat or chat_format(config)
-        readers = {"jsonl": _read_jsonl_sft, "csv": _read_csv_sft, "parquet": _read_parquet_sft}
+        readers = {"jsonl": _read_jsonl_records, "csv": _read_csv_records,
+                   "parquet": _read_parquet_records}
         read = functools.partial(readers[fmt], chat=chat)
     else:
         read = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet,
@@ -239,7 +279,27 @@ def read_documents(path: str, source: str, config: DataConfig | None = None,
     except (OSError, tf.errors.OpError, EOFError, gzip.BadGzipFile) as e:
         raise OSError(f"{path}: cannot read: {e}") from e
     if count == 0:
-        yield named(Document("", source, 0, REJECT_EMPTY_FILE, prompt="" if sft else None))
+        yield named(_reject_for(config, source, 0, REJECT_EMPTY_FILE))
+
+
+def _reject_for(config: DataConfig, source: str, record: int, reason: str) -> Document:
+    """A rejected record of `config.task`'s form: a document, or a record with `prompt`
+    "" (and `rejected` "" for DPO), so that every example has the schema's features."""
+    if config.task not in RECORD_TASKS:
+        return Document("", source, record, reason)
+    return _record_reject(config.task, source, record, reason)
+
+
+def _record_fields(config: DataConfig) -> str:
+    """The fields a record of `config.task` needs, as an error message names them."""
+    if config.task == "sft":
+        return (f"'{config.prompt_field}'/'{config.response_field}' or "
+                f"'{config.messages_field}'")
+    prompt = (f"'{config.prompt_field}' (or '{TRL_PROMPT_FIELD}') or "
+              f"'{config.messages_field}'")
+    if config.task == "dpo":
+        return f"{prompt}, '{config.chosen_field}' and '{config.rejected_field}'"
+    return f"{prompt} and '{config.answer_field}'"
 
 
 def _named(doc: Document, source_name: str) -> Document:
@@ -430,6 +490,12 @@ def _sft_reject(source: str, record: int, reason: str) -> Document:
     return Document("", source, record, reason, prompt="")
 
 
+def _record_reject(task: str, source: str, record: int, reason: str) -> Document:
+    """A rejected SFT/GRPO record (`prompt` ""), or DPO record (`prompt`, `rejected` "")."""
+    return Document("", source, record, reason, prompt="",
+                    rejected="" if task == "dpo" else None)
+
+
 def _valid_messages(messages: Any) -> bool:
     return (isinstance(messages, list) and len(messages) >= 2
             and all(isinstance(m, dict) and isinstance(m.get("role"), str)
@@ -491,36 +557,185 @@ def sft_document(obj: Any, source: str, record: int, config: DataConfig,
                     prompt=rendered)
 
 
-def _read_jsonl_sft(path: str, source: str, config: DataConfig,
-                    chat: ChatFormat) -> Iterator[Document]:
+# ----------------------------------------------------------------------------- DPO and GRPO records
+
+
+def _prompt_turns(obj: dict, config: DataConfig) -> tuple[list[dict], list[str], str]:
+    """The prompt of a DPO or GRPO record: (normalized turns, their raw contents, "") or
+    ([], [], reject reason). `config.messages_field` (the whole chat) wins when present;
+    else `config.prompt_field`, or "prompt" when the record has no such key."""
+    from corpus.cleaning import normalize
+
+    form = config.normalization
+    messages = obj.get(config.messages_field)
+    if messages is not None:
+        if not (isinstance(messages, list) and messages
+                and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                        and isinstance(m.get("content"), str) for m in messages)
+                and messages[-1]["role"] != "assistant"):
+            return [], [], REJECT_INVALID_MESSAGES
+        turns = [dict(m, content=normalize(m["content"], form)) for m in messages]
+        return turns, [m["content"] for m in messages], ""
+    field = config.prompt_field if config.prompt_field in obj else TRL_PROMPT_FIELD
+    prompt = obj.get(field)
+    if prompt is None:
+        return [], [], REJECT_MISSING_PROMPT_FIELD
+    if not isinstance(prompt, str):
+        return [], [], REJECT_PROMPT_NOT_STRING
+    if not prompt.strip():
+        return [], [], REJECT_EMPTY_PROMPT
+    return [{"role": "user", "content": normalize(prompt, form)}], [prompt], ""
+
+
+def _responses(obj: dict, config: DataConfig,
+               fields: tuple[tuple[str, str, str, str], ...]) -> tuple[list[str], list[str], str]:
+    """The response strings of a record: (normalized, raw, "") or ([], [], reason).
+    `fields`: (field, missing reason, not-a-string reason, empty reason) per response,
+    each check over all of them before the next."""
+    from corpus.cleaning import normalize
+
+    values = [obj.get(field) for field, _, _, _ in fields]
+    for value, (_, missing, _, _) in zip(values, fields, strict=True):
+        if value is None:
+            return [], [], missing
+    for value, (_, _, not_string, _) in zip(values, fields, strict=True):
+        if not isinstance(value, str):
+            return [], [], not_string
+    normalized = [normalize(v, config.normalization) for v in values]
+    for value, (_, _, _, empty) in zip(normalized, fields, strict=True):
+        if not value.strip():
+            return [], [], empty
+    return normalized, values, ""
+
+
+def _rendered(turns: list[dict], chat: ChatFormat) -> tuple[str, str]:
+    """(the prompt rendered by the chat template, "") or ("", reject reason)."""
+    try:
+        return chat.render(turns), ""
+    except ChatTemplateLimitError:
+        return "", REJECT_CHAT_TEMPLATE_LIMIT
+    except ChatTemplateError:
+        return "", REJECT_CHAT_TEMPLATE
+
+
+def dpo_document(obj: Any, source: str, record: int, config: DataConfig,
+                 chat: ChatFormat) -> Document:
+    """One DPO record (a parsed JSON object, CSV row or Parquet row) -> Document.
+
+    The prompt is `config.messages_field` (a chat whose last turn is not the
+    assistant's), else `config.prompt_field` (or "prompt", TRL's key, when the record
+    has no such key) as one user turn; `config.chosen_field` and
+    `config.rejected_field` are the two responses. Contents are normalized
+    (`config.normalization`) before the turns are rendered with `chat`.
+
+    Returns:
+      `Document(text=chosen, prompt=rendered prompt, rejected=rejected)`, or a
+      rejected one (`text`, `prompt`, `rejected` all "") with one of the DPO reject
+      reasons of this module (the chosen and rejected responses equal after
+      normalization: `chosen_equals_rejected`).
+    """
+    if not isinstance(obj, dict):
+        return _record_reject("dpo", source, record, REJECT_NOT_AN_OBJECT)
+    turns, raw, reason = _prompt_turns(obj, config)
+    responses, raw_responses, rendered = [], [], ""
+    if not reason:
+        responses, raw_responses, reason = _responses(obj, config, (
+            (config.chosen_field, REJECT_MISSING_CHOSEN_FIELD, REJECT_CHOSEN_NOT_STRING,
+             REJECT_EMPTY_CHOSEN),
+            (config.rejected_field, REJECT_MISSING_REJECTED_FIELD, REJECT_REJECTED_NOT_STRING,
+             REJECT_EMPTY_REJECTED)))
+    if not reason and responses[0] == responses[1]:
+        reason = REJECT_CHOSEN_EQUALS_REJECTED
+    if not reason:
+        rendered, reason = _rendered(turns, chat)
+    if reason:
+        return _record_reject("dpo", source, record, reason)
+    chosen, rejected = responses
+    changed = [m["content"] for m in turns] + responses != raw + raw_responses
+    return Document(chosen, source, record, repairs=(REPAIR_NORMALIZED,) if changed else (),
+                    prompt=rendered, rejected=rejected)
+
+
+def grpo_document(obj: Any, source: str, record: int, config: DataConfig,
+                  chat: ChatFormat) -> Document:
+    """One GRPO record (a parsed JSON object, CSV row or Parquet row) -> Document.
+
+    The prompt as in `dpo_document`; `config.answer_field` is the reference answer,
+    normalized like a response.
+
+    Returns:
+      `Document(text=answer, prompt=rendered prompt)`, or a rejected one (`prompt=""`)
+      with one of the GRPO reject reasons of this module.
+    """
+    if not isinstance(obj, dict):
+        return _record_reject("grpo", source, record, REJECT_NOT_AN_OBJECT)
+    turns, raw, reason = _prompt_turns(obj, config)
+    answers, raw_answers, rendered = [], [], ""
+    if not reason:
+        answers, raw_answers, reason = _responses(obj, config, (
+            (config.answer_field, REJECT_MISSING_ANSWER_FIELD, REJECT_ANSWER_NOT_STRING,
+             REJECT_EMPTY_ANSWER),))
+    if not reason:
+        rendered, reason = _rendered(turns, chat)
+    if reason:
+        return _record_reject("grpo", source, record, reason)
+    changed = [m["content"] for m in turns] + answers != raw + raw_answers
+    return Document(answers[0], source, record,
+                    repairs=(REPAIR_NORMALIZED,) if changed else (), prompt=rendered)
+
+
+# ----------------------------------------------------------------------------- record files
+
+
+_RECORD_DOCUMENTS = {"sft": sft_document, "dpo": dpo_document, "grpo": grpo_document}
+
+
+def _read_jsonl_records(path: str, source: str, config: DataConfig,
+                        chat: ChatFormat) -> Iterator[Document]:
+    document = _RECORD_DOCUMENTS[config.task]
     for i, obj, reason in _jsonl_objects(path, config):
-        yield _sft_reject(source, i, reason) if reason else sft_document(obj, source, i, config,
-                                                                          chat)
+        yield (_record_reject(config.task, source, i, reason) if reason
+               else document(obj, source, i, config, chat))
 
 
-def _sft_columns(path: str, names: list[str], config: DataConfig, kind: str) -> list[str]:
-    """The SFT columns a CSV header / Parquet schema has; raises ValueError if unusable."""
-    wanted = [config.prompt_field, config.response_field, config.messages_field]
-    have = [c for c in wanted if c in names]
-    if config.messages_field not in have and len(have) < 2:
-        raise ValueError(
-            f"{path}: the {kind} has neither the columns '{config.prompt_field}' and "
-            f"'{config.response_field}' nor '{config.messages_field}' (it has {names[:20]}; "
-            "set data.prompt_field, data.response_field or data.messages_field)")
+def _record_columns(path: str, names: list[str], config: DataConfig, kind: str) -> list[str]:
+    """The record columns a CSV header / Parquet schema has (of `config.task`'s
+    fields); raises ValueError if unusable."""
+    if config.task == "sft":
+        wanted = [config.prompt_field, config.response_field, config.messages_field]
+        have = [c for c in wanted if c in names]
+        if config.messages_field not in have and len(have) < 2:
+            raise ValueError(
+                f"{path}: the {kind} has neither the columns '{config.prompt_field}' and "
+                f"'{config.response_field}' nor '{config.messages_field}' (it has "
+                f"{names[:20]}; set data.prompt_field, data.response_field or "
+                "data.messages_field)")
+        return have
+    prompts = list(dict.fromkeys([config.prompt_field, TRL_PROMPT_FIELD, config.messages_field]))
+    responses = ([config.chosen_field, config.rejected_field] if config.task == "dpo"
+                 else [config.answer_field])
+    have = [c for c in dict.fromkeys(prompts + responses) if c in names]
+    if not any(c in have for c in prompts) or not all(c in have for c in responses):
+        settings = "data.prompt_field, data.messages_field, " + (
+            "data.chosen_field, data.rejected_field" if config.task == "dpo"
+            else "data.answer_field")
+        raise ValueError(f"{path}: the {kind} lacks the columns of a {config.task} record: "
+                         f"{_record_fields(config)} (it has {names[:20]}; set {settings})")
     return have
 
 
-def _read_csv_sft(path: str, source: str, config: DataConfig,
-                  chat: ChatFormat) -> Iterator[Document]:
+def _read_csv_records(path: str, source: str, config: DataConfig,
+                      chat: ChatFormat) -> Iterator[Document]:
     """CSV rows; a messages column holds the chat as JSON text."""
     columns: list[str] = []
+    document = _RECORD_DOCUMENTS[config.task]
 
     def check_header(header: list[str]) -> None:
-        columns.extend(_sft_columns(path, header, config, "CSV header"))
+        columns.extend(_record_columns(path, header, config, "CSV header"))
 
     for row_number, header, row, reason in _csv_rows(path, config, check_header):
         if reason:
-            yield _sft_reject(source, row_number, reason)
+            yield _record_reject(config.task, source, row_number, reason)
             continue
         obj = {c: row[header.index(c)] for c in columns if header.index(c) < len(row)}
         if obj.get(config.messages_field, "") == "":
@@ -529,23 +744,24 @@ def _read_csv_sft(path: str, source: str, config: DataConfig,
             try:
                 obj[config.messages_field] = json.loads(obj[config.messages_field])
             except json.JSONDecodeError:
-                yield _sft_reject(source, row_number, REJECT_INVALID_MESSAGES)
+                yield _record_reject(config.task, source, row_number, REJECT_INVALID_MESSAGES)
                 continue
-        yield sft_document(obj, source, row_number, config, chat)
+        yield document(obj, source, row_number, config, chat)
 
 
-def _read_parquet_sft(path: str, source: str, config: DataConfig,
-                      chat: ChatFormat) -> Iterator[Document]:
+def _read_parquet_records(path: str, source: str, config: DataConfig,
+                          chat: ChatFormat) -> Iterator[Document]:
     """Parquet rows; a messages column is a list of {role, content} structs."""
     import pyarrow.parquet as pq
 
+    document = _RECORD_DOCUMENTS[config.task]
     parquet = pq.ParquetFile(path if "://" not in path else tf.io.gfile.GFile(path, "rb"))
     try:
-        columns = _sft_columns(path, parquet.schema_arrow.names, config, "Parquet schema")
+        columns = _record_columns(path, parquet.schema_arrow.names, config, "Parquet schema")
         row = 0
         for batch in parquet.iter_batches(batch_size=1024, columns=columns):
             for obj in batch.to_pylist():
-                yield sft_document(obj, source, row, config, chat)
+                yield document(obj, source, row, config, chat)
                 row += 1
     finally:
         parquet.close()
@@ -574,7 +790,7 @@ def split_text(text: str, document_boundary: str = "blank_line") -> list[str]:
 def document_to_example(doc: Document) -> tf.train.Example:
     """The tf.Example of a document: `text`, `source`, `source_name`, `record`,
     `reject_reason`, `repairs` (one value each); with a `prompt` feature when `doc.prompt`
-    is not None."""
+    is not None, and a `rejected` feature when `doc.rejected` is not None (DPO)."""
     feature = {
         "text": _bytes_feature(doc.text.encode("utf-8")),
         "source": _bytes_feature(doc.source.encode("utf-8")),
@@ -585,6 +801,8 @@ def document_to_example(doc: Document) -> tf.train.Example:
     }
     if doc.prompt is not None:
         feature["prompt"] = _bytes_feature(doc.prompt.encode("utf-8"))
+    if doc.rejected is not None:
+        feature["rejected"] = _bytes_feature(doc.rejected.encode("utf-8"))
     return tf.train.Example(features=tf.train.Features(feature=feature))
 
 

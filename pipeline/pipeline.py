@@ -38,6 +38,9 @@ from savedmodel.tasks import load_tasks
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA_FILE = os.path.join(_ROOT, "data", "schema", "schema.pbtxt")
 SFT_SCHEMA_FILE = os.path.join(_ROOT, "data", "schema", "sft_schema.pbtxt")  # data.task=sft
+DPO_SCHEMA_FILE = os.path.join(_ROOT, "data", "schema", "dpo_schema.pbtxt")  # data.task=dpo
+# The curated schema of each record task (a GRPO record is an SFT record: prompt, answer).
+TASK_SCHEMA_FILES = {"sft": SFT_SCHEMA_FILE, "grpo": SFT_SCHEMA_FILE, "dpo": DPO_SCHEMA_FILE}
 PREPROCESSING_FN = "components.transform.preprocessing.preprocessing_fn"
 RUN_FN = "components.trainer.run_fn.run_fn"
 # The code behind PREPROCESSING_FN and RUN_FN, fingerprinted into each component's
@@ -198,7 +201,7 @@ def create_pipeline(
       beam_pipeline_args: passed to every Beam-based component.
       enable_cache: reuse outputs of unchanged components.
       schema_path: the curated schema (ImportSchemaGen); the default means
-        `SFT_SCHEMA_FILE` when `data.task` is `sft`.
+        `TASK_SCHEMA_FILES[data.task]` for `sft`, `dpo` and `grpo`.
       until: build the pipeline only up to this component id (one of
         `COMPONENT_ORDER`), e.g. "TextCleaner" for ingestion, validation and
         cleaning only (`deepseek-tfx validate`).
@@ -249,7 +252,8 @@ def create_pipeline(
         from tokenization.chat_template import pin_template
 
         config = pin_template(config)  # one chat template for every component
-        schema_path = SFT_SCHEMA_FILE if schema_path == SCHEMA_FILE else schema_path
+    if schema_path == SCHEMA_FILE:
+        schema_path = TASK_SCHEMA_FILES.get(config.data.task, SCHEMA_FILE)
     config_json = config.to_json()
 
     example_gen = TextExampleGen(

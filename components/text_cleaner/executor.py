@@ -36,7 +36,11 @@ per source). Each source's share of rejected records is checked against its own
 
 Supervised fine-tuning examples (with a `prompt` feature; `text` is the response)
 are cleaned by `cleaning.clean_sft_record` and deduplicated on the (prompt,
-response) pair; the `prompt` feature is written back.
+response) pair; the `prompt` feature is written back. GRPO examples (`text` is the
+reference answer) are SFT examples here. Preference (DPO) examples (a `rejected`
+feature too; `text` is the chosen response) are cleaned by
+`cleaning.clean_dpo_record` and deduplicated on the (prompt, chosen, rejected)
+triple; `prompt` and `rejected` are written back.
 
 Before any work, the ExampleValidator's anomalies are checked: data with
 anomalies stops the pipeline here, before Transform and training.
@@ -112,6 +116,8 @@ def _parse(serialized: bytes, split: str) -> dict[str, Any]:
         "repairs": [x for x in _first_string(f, "repairs").split(",") if x],
         # None for pretraining documents; the rendered prompt of an SFT record.
         "prompt": _first_string(f, "prompt") if "prompt" in f else None,
+        # the rejected response of a DPO record; only DPO records have the key.
+        **({"rejected": _first_string(f, "rejected")} if "rejected" in f else {}),
     }
 
 
@@ -125,7 +131,8 @@ def _to_example(record: dict[str, Any]) -> bytes:
 
     doc = Document(record["text"], record["source"], record["record"],
                    repairs=tuple(record["repairs"]), prompt=record.get("prompt"),
-                   source_name=record.get("source_name", DEFAULT_SOURCE))
+                   source_name=record.get("source_name", DEFAULT_SOURCE),
+                   rejected=record.get("rejected"))
     return document_to_example(doc).SerializeToString()
 
 
@@ -165,14 +172,21 @@ def unpack_keys(packed: bytes) -> tuple[bytes, bytes, np.ndarray]:
 
 def record_keys(r: dict[str, Any], split_index: int, data: DataConfig) -> bytes:
     """The `pack_keys` record of a cleaned record (`_parse` form): its doc key, content
-    hash and MinHash signature; an SFT record (`prompt` not None) is keyed on the
-    (prompt, response) pair (`cleaning.sft_content_key`, `cleaning.sft_dedup_text`)."""
-    sft = r["prompt"] is not None
-    text = cleaning.sft_dedup_text(r["prompt"], r["text"]) if sft else r["text"]
+    hash and MinHash signature; an SFT or GRPO record (`prompt` not None) is keyed on the
+    (prompt, response) pair (`cleaning.sft_content_key`, `cleaning.sft_dedup_text`), a
+    DPO record (a `rejected` key, not None) on the (prompt, chosen, rejected) triple
+    (`cleaning.dpo_content_key`, `cleaning.dpo_dedup_text`)."""
+    if r.get("rejected") is not None:
+        text = cleaning.dpo_dedup_text(r["prompt"], r["text"], r["rejected"])
+        content = cleaning.dpo_content_key(r["prompt"], r["text"], r["rejected"])
+    elif r["prompt"] is not None:
+        text = cleaning.sft_dedup_text(r["prompt"], r["text"])
+        content = cleaning.sft_content_key(r["prompt"], r["text"])
+    else:
+        text = r["text"]
+        content = cleaning.content_key(text)
     signature = (cleaning.minhash_signature(text, data.near_dedup_num_perm, data.near_dedup_ngram)
                  if data.near_dedup else np.zeros(0, dtype=np.uint32))
-    content = (cleaning.sft_content_key(r["prompt"], r["text"]) if sft
-               else cleaning.content_key(text))
     return pack_keys(doc_key(split_index, r["source"], r["record"],
                              r.get("source_name", DEFAULT_SOURCE)), content,
                      signature)
@@ -373,6 +387,11 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 text, reason, repairs = cleaning.clean_document(r["text"], r["reject_reason"],
                                                                 source_data)
                 r = dict(r, text=text, reason=reason, repairs=r["repairs"] + repairs)
+            elif r.get("rejected") is not None:  # a DPO record
+                prompt, text, rejected, reason, repairs = cleaning.clean_dpo_record(
+                    r["prompt"], r["text"], r["rejected"], r["reject_reason"], source_data)
+                r = dict(r, prompt=prompt, text=text, rejected=rejected, reason=reason,
+                         repairs=r["repairs"] + repairs)
             else:
                 prompt, text, reason, repairs = cleaning.clean_sft_record(
                     r["prompt"], r["text"], r["reject_reason"], source_data)

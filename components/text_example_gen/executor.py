@@ -25,6 +25,13 @@ In a supervised fine-tuning run (`data.task = "sft"`, schema
 The chat template and its special tokens come from `data.chat_template` and the
 tokenizer of `tokenizer.path` (`chat_template.chat_format`), so an SFT run gives
 this component the `tokenizer` section of the config too.
+
+Preference optimization (`data.task = "dpo"`, schema `data/schema/dpo_schema.pbtxt`)
+and GRPO (`data.task = "grpo"`, `sft_schema.pbtxt`) records render their prompts the
+same way (`sft_chat_format`); `text` is the chosen response (DPO) or the reference
+answer (GRPO), and a DPO example adds:
+
+  rejected       bytes   the rejected response ("" if the record is rejected)
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from tfx.types import artifact_utils, standard_component_specs
 
 from common.files import file_sha256, special_file_kind, split_input_path
 from config import DEFAULT_SOURCE
-from corpus.documents import document_to_example, read_documents
+from corpus.documents import RECORD_TASKS, document_to_example, read_documents
 from tokenization.chat_template import chat_format
 
 
@@ -118,7 +125,7 @@ def config_from_exec_properties(exec_properties: dict[str, Any]):
 
 
 def sft_chat_format(config):
-    """The `ChatFormat` of an SFT run: the template of `data.chat_template`, else of the
+    """The `ChatFormat` of an SFT, DPO or GRPO run: the template of `data.chat_template`, else of the
     tokenizer at `tokenizer.path`, else the default; that tokenizer's BOS/EOS strings
     (DeepSeek's when Transform learns the tokenizer)."""
     tokenizer = None
@@ -147,7 +154,8 @@ def _TextToExample(  # noqa: N802 (TFX naming)
         files = [(DEFAULT_SOURCE, input_base, path)
                  for path in list_input_files(input_base, split_pattern)]
     settings = {name: data.for_source(name) for name, _, _ in files}
-    chat = sft_chat_format(config) if data.task == "sft" else None  # no source sets it
+    # no source sets the task; every record task renders prompts with the chat template
+    chat = sft_chat_format(config) if data.task in RECORD_TASKS else None
 
     def read(item: tuple[str, str, str]):
         name, input_base, path = item

@@ -12,9 +12,12 @@ exactly the global batches of a one-device run, in the same order, and the
 loss is the per-token mean over the global batch however it is split.
 
 Sources (issue 28): every transformed example names its mixture source
-(`source_name`; "default" for examples written without one). `read_documents` and
-`read_sft_records` read all of a split, or one source's records of it
-(`source_name=`); a mixture (`mixture.py`) reads the one split once per source.
+(`source_name`; "default" for examples written without one). `read_documents`,
+`read_sft_records` and `read_dpo_records` read all of a split, or one source's records
+of it (`source_name=`); a mixture (`mixture.py`) reads the one split once per source.
+
+Preference (DPO) and GRPO records (issue 29) have their own batches: see the sections
+"DPO" and "GRPO" below.
 
 Resuming: the data position is recomputed, not stored. The stream is a
 deterministic function of the files and the seed, so a run resumed after
@@ -32,6 +35,7 @@ from components.transform.preprocessing import (
     INPUT_IDS_KEY,
     NUM_BYTES_KEY,
     PROMPT_LENGTH_KEY,
+    REJECTED_IDS_KEY,
     SOURCE_NAME_KEY,
 )
 from tokenization.tokenizer import EOS_ID
@@ -45,6 +49,8 @@ TRANSFORMED_FEATURE_SPEC = {
 }
 SFT_FEATURE_SPEC = {**TRANSFORMED_FEATURE_SPEC,
                     PROMPT_LENGTH_KEY: tf.io.FixedLenFeature([], tf.int64)}
+# Transformed DPO examples (issue 29); their `rejected_num_bytes` is not read.
+DPO_FEATURE_SPEC = {**SFT_FEATURE_SPEC, REJECTED_IDS_KEY: tf.io.VarLenFeature(tf.int64)}
 
 
 def _files(file_pattern: str | list[str]) -> list[str]:
@@ -222,6 +228,207 @@ def write_sft_examples(path: str, records, source_name: str | None = None) -> No
             }
             writer.write(tf.train.Example(features=tf.train.Features(
                 feature=feature)).SerializeToString())
+
+
+# ------------------------------------------------------------------------------ DPO
+#
+# Preference records (`data.task = "dpo"`, issue 29): Transform's `input_ids` are
+# prompt ++ chosen ++ [EOS], `rejected_ids` prompt ++ rejected ++ [EOS], and
+# `prompt_length` counts the prompt ids of both. Each sequence becomes an SFT row
+# (`sft_example`: prompt targets and padding are IGNORE_LABEL), the two stacked on
+# axis 1: {"input_ids", "labels"} int32 [B, 2, T], [:, 0] chosen and [:, 1] rejected,
+# so every key's dim 0 is the global batch (`split_for_replicas`). A pair either of
+# whose sequences is longer than seq_len + 1 ids is left out, counted by
+# `count_dpo_records`.
+
+
+def _dpo_records(file_pattern, source_name: str | None = None) -> tf.data.Dataset:
+    """(chosen_ids int32 [n], rejected_ids int32 [m], prompt_length int32, num_bytes int64)."""
+    return _records(file_pattern, DPO_FEATURE_SPEC, source_name).map(
+        lambda f: (tf.cast(tf.sparse.to_dense(f[INPUT_IDS_KEY]), tf.int32),
+                   tf.cast(tf.sparse.to_dense(f[REJECTED_IDS_KEY]), tf.int32),
+                   tf.cast(f[PROMPT_LENGTH_KEY], tf.int32), f[NUM_BYTES_KEY]))
+
+
+def read_dpo_records(file_pattern: str | list[str],
+                     source_name: str | None = None) -> tf.data.Dataset:
+    """Transformed DPO TFRecords -> (chosen_ids int32 [n], rejected_ids int32 [m],
+    prompt_length int32 scalar), in file order: all of them, or those of `source_name`
+    (as `read_documents`).
+
+    Raises:
+      FileNotFoundError: no file matches.
+    """
+    return _dpo_records(file_pattern, source_name).map(lambda c, r, p, b: (c, r, p))
+
+
+def _dpo_fits(seq_len: int):
+    return lambda chosen, rejected, prompt_length, *_: tf.logical_and(
+        tf.shape(chosen)[0] <= seq_len + 1, tf.shape(rejected)[0] <= seq_len + 1)
+
+
+def dpo_example(chosen, rejected, prompt_length, seq_len: int, pad_id: int) -> dict:
+    """One pair -> {"input_ids", "labels"}: int32 [2, seq_len], row 0 the chosen sequence,
+    row 1 the rejected one, each an `sft_example`."""
+    rows = [sft_example(ids, prompt_length, seq_len, pad_id) for ids in (chosen, rejected)]
+    return {key: tf.stack([rows[0][key], rows[1][key]]) for key in ("input_ids", "labels")}
+
+
+def make_dpo_train_dataset(file_pattern, seq_len: int, batch_size: int, shuffle_buffer: int,
+                           seed: int, pad_id: int) -> tf.data.Dataset:
+    """Infinite, shuffled DPO batches {"input_ids", "labels"}: int32 [batch_size, 2,
+    seq_len] ([:, 0] chosen, [:, 1] rejected), deterministic from `seed` (pairs
+    reshuffled every epoch); pairs that do not fit `seq_len` are left out."""
+    records = read_dpo_records(file_pattern).filter(_dpo_fits(seq_len)).cache()
+    records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = records.map(lambda c, r, p: dpo_example(c, r, p, seq_len, pad_id))
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def make_dpo_eval_dataset(file_pattern, seq_len: int, batch_size: int,
+                          pad_id: int) -> tf.data.Dataset:
+    """One pass over the DPO eval pairs that fit, in file order: {"input_ids", "labels"}
+    int32 [B, 2, seq_len] as in training, and "num_bytes" int64 [B] (the chosen
+    response's UTF-8 bytes, for its bits per byte); the last batch may be smaller."""
+    ds = _dpo_records(file_pattern).filter(_dpo_fits(seq_len))
+    return ds.map(lambda c, r, p, b: {**dpo_example(c, r, p, seq_len, pad_id),
+                                      "num_bytes": b}).batch(batch_size)
+
+
+def count_dpo_records(file_pattern, seq_len: int) -> dict:
+    """{"records", "used", "rejected": {"too_long": n}, "response_tokens"} of DPO pairs
+    (response tokens: the targets of the chosen sequences used, their EOS included).
+
+    Raises:
+      ValueError: no pair fits `seq_len` (naming the files and the shortest pair).
+    """
+    records = used = targets = 0
+    shortest = None
+    for chosen, rejected, prompt_length in read_dpo_records(file_pattern).as_numpy_iterator():
+        records += 1
+        longer = max(len(chosen), len(rejected))
+        shortest = longer if shortest is None else min(shortest, longer)
+        if longer <= seq_len + 1:
+            used += 1
+            targets += len(chosen) - int(prompt_length)
+    if not used:
+        raise ValueError(f"no DPO pair of {file_pattern} fits train.seq_len={seq_len} "
+                         f"({records} pairs; the shortest has {shortest} ids in its longer "
+                         "sequence, prompt + response + EOS): raise train.seq_len or "
+                         "shorten them")
+    return {"records": records, "used": used, "rejected": {"too_long": records - used},
+            "response_tokens": targets}
+
+
+def write_dpo_examples(path: str, records, source_name: str | None = None) -> None:
+    """Writes (chosen_ids, rejected_ids, prompt_length, num_bytes) records as transformed
+    DPO examples (gzip TFRecords; no `rejected_num_bytes`, which the Trainer does not
+    read), for tests and benchmarks that train without running Transform; with
+    `source_name`, each names that source (else none: source "default")."""
+
+    def int64s(values) -> tf.train.Feature:
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
+
+    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+        for chosen, rejected, prompt_length, num_bytes in records:
+            feature = {INPUT_IDS_KEY: int64s(chosen), REJECTED_IDS_KEY: int64s(rejected),
+                       PROMPT_LENGTH_KEY: int64s([prompt_length]),
+                       NUM_BYTES_KEY: int64s([num_bytes]), **_source_feature(source_name)}
+            writer.write(tf.train.Example(features=tf.train.Features(
+                feature=feature)).SerializeToString())
+
+
+# ------------------------------------------------------------------------------ GRPO
+#
+# GRPO records (`data.task = "grpo"`, issue 29) are SFT records: ids = prompt ++ answer
+# ++ [EOS]. The Trainer samples completions of the prompt and rewards them against the
+# answer, so a batch holds the two apart, each right-padded to seq_len with pad_id:
+#   "prompt_ids"  int32 [B, seq_len], "prompt_length" int32 [B],
+#   "answer_ids"  int32 [B, seq_len] (no EOS), "answer_length" int32 [B].
+# A record is used when prompt_length + max_new_tokens <= seq_len (every completion fits
+# the model's window) and its answer has at most seq_len ids; others are counted as
+# too_long by `count_grpo_records`.
+
+
+def _check_max_new_tokens(seq_len: int, max_new_tokens: int) -> None:
+    if not 0 < max_new_tokens < seq_len:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be in [1, seq_len) "
+                         f"(seq_len={seq_len}): a prompt needs at least one id")
+
+
+def _grpo_fits(seq_len: int, max_new_tokens: int):
+    def fits(ids, prompt_length):
+        answer_length = tf.shape(ids)[0] - 1 - prompt_length
+        return tf.logical_and(prompt_length + max_new_tokens <= seq_len,
+                              answer_length <= seq_len)
+    return fits
+
+
+def grpo_example(ids, prompt_length, seq_len: int, pad_id: int) -> dict:
+    """One record (ids = prompt ++ answer ++ [EOS]) -> {"prompt_ids", "answer_ids"}: int32
+    [seq_len], right-padded with `pad_id`, and {"prompt_length", "answer_length"}: int32."""
+    answer = ids[prompt_length:-1]  # (A,)  the EOS is no part of the answer
+    answer_length = tf.shape(answer)[0]
+    prompt_ids = tf.pad(ids[:prompt_length], [[0, seq_len - prompt_length]],
+                        constant_values=pad_id)  # (T,)
+    answer_ids = tf.pad(answer, [[0, seq_len - answer_length]], constant_values=pad_id)  # (T,)
+    prompt_ids.set_shape([seq_len])
+    answer_ids.set_shape([seq_len])
+    return {"prompt_ids": prompt_ids, "prompt_length": prompt_length,
+            "answer_ids": answer_ids, "answer_length": answer_length}
+
+
+def make_grpo_train_dataset(file_pattern, seq_len: int, max_new_tokens: int, batch_size: int,
+                            shuffle_buffer: int, seed: int, pad_id: int) -> tf.data.Dataset:
+    """Infinite, shuffled GRPO batches (see the section comment: "prompt_ids",
+    "answer_ids" int32 [batch_size, seq_len], "prompt_length", "answer_length" int32
+    [batch_size]), deterministic from `seed` (records reshuffled every epoch).
+
+    Raises:
+      ValueError: max_new_tokens is not in [1, seq_len).
+    """
+    _check_max_new_tokens(seq_len, max_new_tokens)
+    records = read_sft_records(file_pattern).filter(_grpo_fits(seq_len, max_new_tokens)).cache()
+    records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = records.map(lambda ids, p: grpo_example(ids, p, seq_len, pad_id))
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def make_grpo_eval_dataset(file_pattern, seq_len: int, max_new_tokens: int, batch_size: int,
+                           pad_id: int) -> tf.data.Dataset:
+    """One pass over the GRPO eval records that fit, in file order, batched as in
+    training; the last batch may be smaller.
+
+    Raises:
+      ValueError: max_new_tokens is not in [1, seq_len).
+    """
+    _check_max_new_tokens(seq_len, max_new_tokens)
+    ds = read_sft_records(file_pattern).filter(_grpo_fits(seq_len, max_new_tokens))
+    return ds.map(lambda ids, p: grpo_example(ids, p, seq_len, pad_id)).batch(batch_size)
+
+
+def count_grpo_records(file_pattern, seq_len: int, max_new_tokens: int) -> dict:
+    """{"records", "used", "rejected": {"too_long": n}} of GRPO records.
+
+    Raises:
+      ValueError: max_new_tokens is not in [1, seq_len); no record fits (naming the
+        files and the shortest prompt).
+    """
+    _check_max_new_tokens(seq_len, max_new_tokens)
+    records = used = 0
+    shortest = None
+    for ids, prompt_length in read_sft_records(file_pattern).as_numpy_iterator():
+        records += 1
+        prompt_length = int(prompt_length)
+        shortest = prompt_length if shortest is None else min(shortest, prompt_length)
+        if prompt_length + max_new_tokens <= seq_len and len(ids) - 1 - prompt_length <= seq_len:
+            used += 1
+    if not used:
+        raise ValueError(f"no GRPO record of {file_pattern} fits train.seq_len={seq_len} "
+                         f"with max_new_tokens={max_new_tokens} ({records} records; the "
+                         f"shortest prompt has {shortest} ids): raise train.seq_len, lower "
+                         "max_new_tokens or shorten the prompts")
+    return {"records": records, "used": used, "rejected": {"too_long": records - used}}
 
 
 def split_for_replicas(

@@ -26,6 +26,21 @@ in the tokenizer_config.json asset, so the pushed model and `hf-export` keep it.
 A tokenizer learned in an SFT run is learned from the prompts and responses, with
 the added tokens' text removed from the prompts.
 
+A GRPO run (`data.task = "grpo"`) has SFT examples, `text` being the reference answer:
+the same features. A preference optimization run (`data.task = "dpo"`: the examples
+also have `rejected`, the rejected response; `text` is the chosen one) gives:
+
+  input_ids           int64 [tokens]  encode(prompt) ++ encode(chosen) ++ [eos_id]
+  rejected_ids        int64 [tokens]  encode(prompt) ++ encode(rejected) ++ [eos_id]
+  prompt_length       int64 scalar    len(encode(prompt)), the same in both sequences.
+  num_bytes           int64 scalar    UTF-8 bytes of the chosen response.
+  rejected_num_bytes  int64 scalar    UTF-8 bytes of the rejected response.
+  source_name         bytes scalar    as above.
+
+with the chat template recorded as in SFT; a tokenizer learned in a DPO run is
+learned from the prompts (added tokens' text removed), the chosen and the rejected
+responses.
+
 Packing documents into fixed-length sequences happens in the Trainer's input
 pipeline: tf.Transform maps rows to rows and cannot change their number.
 """
@@ -49,7 +64,12 @@ TEXT_KEY = "text"
 PROMPT_KEY = "prompt"  # SFT runs only; TEXT_KEY is then the response
 INPUT_IDS_KEY = "input_ids"
 NUM_BYTES_KEY = "num_bytes"
-PROMPT_LENGTH_KEY = "prompt_length"  # SFT runs only
+PROMPT_LENGTH_KEY = "prompt_length"  # SFT, GRPO and DPO runs
+REJECTED_KEY = "rejected"  # DPO runs only: the rejected response (TEXT_KEY is the chosen)
+REJECTED_IDS_KEY = "rejected_ids"  # DPO runs only
+REJECTED_NUM_BYTES_KEY = "rejected_num_bytes"  # DPO runs only
+# The tasks whose examples have a prompt, and those with a rejected response too.
+PROMPT_TASKS = ("sft", "grpo", "dpo")
 # The mixture source of each example (issue 28), passed through from ExampleGen.
 SOURCE_NAME_KEY = "source_name"
 DEFAULT_SOURCE_NAME = DEFAULT_SOURCE.encode()
@@ -63,30 +83,41 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
 
     Args:
       inputs: `text` as tf.string [batch, 1] (the curated schema fixes one value);
-        in an SFT run also `prompt`, tf.string [batch, 1].
+        in an SFT or GRPO run also `prompt`, tf.string [batch, 1]; in a DPO run
+        `prompt` and `rejected`, tf.string [batch, 1] each.
       custom_config: `{"pipeline_config": <PipelineConfig JSON>}`.
 
     Returns:
       `input_ids` (tf.SparseTensor int64 [batch, tokens]), `num_bytes`
       (int64 [batch]) and `source_name` (tf.string [batch]: the input's
       `source_name`, [batch, 1] dense or sparse, or "default" when the examples
-      have none); in an SFT run (a `prompt` input, or `data.task = "sft"`) also
-      `prompt_length` (int64 [batch]).
+      have none); in an SFT or GRPO run (a `prompt` input, or `data.task` "sft" or
+      "grpo") also `prompt_length` (int64 [batch]); in a DPO run (a `rejected` input)
+      also `rejected_ids` (tf.SparseTensor int64 [batch, tokens]) and
+      `rejected_num_bytes` (int64 [batch]).
 
     Raises:
-      ValueError: `data.task` is `sft` but the examples have no `prompt`.
+      ValueError: `data.task` is `sft` or `grpo` but the examples have no `prompt`;
+        `data.task` is `dpo` but they have no `prompt` or no `rejected`.
     """
     from config import PipelineConfig
 
     pipeline_config = PipelineConfig.from_json(custom_config["pipeline_config"])
     config = pipeline_config.tokenizer
+    task = pipeline_config.data.task
     sft = PROMPT_KEY in inputs
-    if pipeline_config.data.task == "sft" and not sft:
-        raise ValueError(f"data.task=sft, but the examples have no '{PROMPT_KEY}' feature "
-                         f"(features: {sorted(inputs)}); were they made by an SFT run?")
+    dpo = REJECTED_KEY in inputs
+    needed = ([PROMPT_KEY, REJECTED_KEY] if task == "dpo" or dpo
+              else [PROMPT_KEY] if task in PROMPT_TASKS else [])
+    missing = [key for key in needed if key not in inputs]
+    if missing:
+        raise ValueError(f"data.task={task}, but the examples have no "
+                         f"{' or '.join(repr(k) for k in missing)} feature (features: "
+                         f"{sorted(inputs)}); were they made by a {task} run?")
     text = tf.reshape(inputs[TEXT_KEY], [-1])  # (B,)
     num_bytes = tf.cast(tf.strings.length(text, unit="BYTE"), tf.int64)  # (B,)
     prompt = tf.reshape(inputs[PROMPT_KEY], [-1]) if sft else None  # (B,)
+    rejected = tf.reshape(inputs[REJECTED_KEY], [-1]) if dpo else None  # (B,)
 
     given = ByteLevelBpe.from_file(config.path) if config.path else None
     extra_config = ({"chat_template": chat_template.resolve(pipeline_config.data, given)}
@@ -103,6 +134,8 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
         learn_from = text
         if sft:  # (2B,): the prompts without their added tokens' text, and the responses
             learn_from = tf.concat([_without_added_tokens(prompt, added_tokens), text], 0)
+        if dpo:  # (3B,): and the rejected responses
+            learn_from = tf.concat([learn_from, rejected], 0)
         # Analyze pass: count the units of the text (cheap), not the pre-tokens;
         # the analyzer gets each batch's distinct units and their counts.
         units = tokenizer.units(learn_from, PreTokenizer(pre_tokenizer))  # (B, units)
@@ -121,7 +154,16 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
         # once more. No ids in this phase.
         ids = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int64),
                                                tf.zeros_like(num_bytes))  # (B, 0)
-        prompt_ids = ids
+        prompt_ids = rejected_ids = ids
+    elif dpo:
+        encoder = BytePairEncoder(pre_tokenizer, added_tokens, tables_path)
+        batch = tf.shape(text, out_type=tf.int64)[0]
+        three = encoder.encode(tf.concat([prompt, text, rejected], 0))  # (3B, tokens), one pass
+        prompt_ids, chosen_ids = three[:batch], three[batch:2 * batch]  # (B, P), (B, C)
+        rejected_ids = three[2 * batch:]  # (B, R)
+        eos = tf.RaggedTensor.from_tensor(tf.fill([batch, 1], tf.constant(eos_id, tf.int64)))
+        ids = tf.concat([prompt_ids, chosen_ids, eos], axis=1)  # (B, P + C + 1)
+        rejected_ids = tf.concat([prompt_ids, rejected_ids, eos], axis=1)  # (B, P + R + 1)
     elif sft:
         encoder = BytePairEncoder(pre_tokenizer, added_tokens, tables_path)
         batch = tf.shape(text, out_type=tf.int64)[0]
@@ -136,6 +178,10 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
                SOURCE_NAME_KEY: source_names(inputs, text)}
     if sft:
         outputs[PROMPT_LENGTH_KEY] = prompt_ids.row_lengths()  # (B,) int64
+    if dpo:
+        outputs[REJECTED_IDS_KEY] = rejected_ids.to_sparse()
+        outputs[REJECTED_NUM_BYTES_KEY] = tf.cast(
+            tf.strings.length(rejected, unit="BYTE"), tf.int64)  # (B,)
     return outputs
 
 

@@ -71,7 +71,10 @@ def test_a_pushed_models_config_from_before_sources_loads_unchanged():
     assert config.data.sources == () and config.data.source_weights() == {"default": 1.0}
     old = json.loads(text)
     again = json.loads(config.to_json())
-    assert again["data"] == {**old["data"], "sources": [], "replay_fraction": 0.0}
+    assert again["data"] == {**old["data"], "sources": [], "replay_fraction": 0.0,
+                             # issue 29's DPO/GRPO record fields, at their defaults
+                             "chosen_field": "chosen", "rejected_field": "rejected",
+                             "answer_field": "answer"}
     assert again["model"] == {**again["model"], **old["model"]}
 
 
