@@ -14,6 +14,8 @@ NORMALIZATION_FORMS = ("NFC", "NFKC", "none")
 PRE_TOKENIZER_NAMES = ("deepseek_v3",)
 INVALID_UTF8_POLICIES = ("replace", "reject")
 TASKS = ("pretrain", "sft", "dpo", "grpo")
+# The tasks whose records are prompts rendered by the chat template (and responses).
+CHAT_TASKS = ("sft", "dpo", "grpo")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,7 @@ from components.text_cleaner.component import TextCleaner
 from components.text_example_gen.component import TextExampleGen
 from components.trainer.component import Trainer
 from config import PipelineConfig, TokenizerConfig, TrainConfig
+from config.data import CHAT_TASKS
 from models.deepseek.config import DeepSeekConfig
 from pipeline.component_order import (
     BASE_MODEL_IMPORTER,
@@ -72,7 +73,7 @@ SFT_CONFIG_SECTIONS = {
 
 
 def _sections(config: PipelineConfig, component: str) -> tuple[str, ...]:
-    if config.data.task == "sft" and component in SFT_CONFIG_SECTIONS:
+    if config.data.task in CHAT_TASKS and component in SFT_CONFIG_SECTIONS:
         return SFT_CONFIG_SECTIONS[component]
     return CONFIG_SECTIONS[component]
 _SECTIONS = ("model", "data", "tokenizer", "train", "eval", "validation", "generation")
@@ -248,7 +249,7 @@ def create_pipeline(
     if until is not None and until not in COMPONENT_ORDER:
         raise ValueError(f"until={until!r} must be one of {list(COMPONENT_ORDER)}")
     config, tokenizer_fingerprint = check_given_tokenizer(config)
-    if config.data.task == "sft":
+    if config.data.task in CHAT_TASKS:
         from tokenization.chat_template import pin_template
 
         config = pin_template(config)  # one chat template for every component

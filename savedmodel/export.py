@@ -78,6 +78,7 @@ from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 from common.json_file import write_json
 from config import GenerationConfig, PipelineConfig
+from config.data import CHAT_TASKS
 from models.deepseek import hf_checkpoint
 from models.deepseek.generation import generate
 from savedmodel.hf_generation import generation_config_to_hf
@@ -317,7 +318,7 @@ def export_serving_model(model, transform_output_dir: str, config: PipelineConfi
     config = dataclasses.replace(config, model=model.config)  # what the weights are
     tokenizer = load_tokenizer(transform_output_dir)
     chat_prompt = None
-    if config.data.task == "sft":  # answer prompts as the training prompts were rendered
+    if config.data.task in CHAT_TASKS:  # answer prompts as the training prompts were rendered
         from tokenization import chat_template
 
         template = chat_template.resolve(config.data, tokenizer)

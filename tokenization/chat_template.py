@@ -499,7 +499,7 @@ def pin_template(config: Any) -> Any:
     Raises:
       FileNotFoundError, pre_tokenizer.UnsupportedTokenizerError: see `ByteLevelBpe.from_file`.
     """
-    if config.data.task != "sft" or config.data.chat_template:
+    if config.data.task == "pretrain" or config.data.chat_template:  # sft, dpo, grpo: pinned
         return config
     tokenizer = None
     if config.tokenizer.path:
