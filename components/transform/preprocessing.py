@@ -152,8 +152,14 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
         # encoder's table lookups are stateful ops, which a tf.function runs even
         # when nothing reads them: left in, they would tokenize the whole corpus
         # once more. No ids in this phase.
-        ids = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int64),
-                                               tf.zeros_like(num_bytes))  # (B, 0)
+        # tf.Transform also finds the features the transform reads from a trace of this
+        # phase (`get_transform_input_columns`): the empty ids depend on every text
+        # feature the final trace encodes, or a run with a given tokenizer (whose
+        # analyzer reads no feature) would not be fed its `prompt` ("Unexpected output
+        # keys requested").
+        none = tf.add_n([tf.cast(tf.strings.length(t), tf.int64) * 0
+                         for t in (text, prompt, rejected) if t is not None])  # (B,) zeros
+        ids = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int64), none)  # (B, 0)
         prompt_ids = rejected_ids = ids
     elif dpo:
         encoder = BytePairEncoder(pre_tokenizer, added_tokens, tables_path)
