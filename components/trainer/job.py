@@ -39,8 +39,9 @@ class TrainingJob:
       pad_id: the tokenizer's padding id (SFT rows are padded with it).
       base_model: a directory to warm-start from (`base_model.py`), or "".
       teacher_model: a directory holding a distillation teacher, or "".
-      tokenizer_dir: Transform's output directory, whose assets hold the run's tokenizer
-        (GRPO decodes its sampled completions with it), or "".
+      tokenizer_dir: Transform's output directory, whose assets hold the run's tokenizer,
+        or a directory holding tokenizer.json (GRPO decodes its sampled completions with
+        it), or "".
     """
 
     pipeline_config: str
@@ -179,6 +180,23 @@ def source_figures(config, train_files: list[str], result) -> dict:
     return figures
 
 
+def load_job_tokenizer(directory: str):
+    """The `ByteLevelBpe` of `TrainingJob.tokenizer_dir`: a directory holding tokenizer.json
+    (e.g. a model's assets), or Transform's output (its tokenizer asset).
+
+    Raises:
+      FileNotFoundError: neither.
+    """
+    import tensorflow as tf
+
+    from tokenization.byte_level_bpe import TOKENIZER_FILE, ByteLevelBpe
+    from tokenization.tokenizer import load_tokenizer
+
+    if tf.io.gfile.exists(os.path.join(directory, TOKENIZER_FILE)):
+        return ByteLevelBpe.from_file(directory)
+    return load_tokenizer(directory)
+
+
 def plan(job: TrainingJob):
     """(accelerator, strategy name, policy, policy reason) for this process's devices."""
     from components.trainer import hardware, precision, strategy
@@ -228,9 +246,7 @@ def run(job: TrainingJob):
     dataset_fn = make_dataset_fn(config, job.train_files, job.eos_id, job.pad_id)
     tokenizer = None
     if config.data.task == "grpo":
-        from tokenization.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(job.tokenizer_dir)
+        tokenizer = load_job_tokenizer(job.tokenizer_dir)
     try:
         result = train_loop.train(config, dataset_fn, job.checkpoint_dir, job.log_dir,
                                   strategy=dist, precision=policy, peak_flops=total_peak,

@@ -22,13 +22,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import numpy as np
 import pytest
+from fault_injection import inject
 
-from components.trainer import heartbeat, launcher
 from components.trainer import job as job_lib
+from components.trainer import launcher
 from config import get_config
 
 # Slow: each test starts worker processes (TensorFlow import, a cluster over loopback).
@@ -64,21 +64,6 @@ def run_cluster(num_workers: int, train_file: str, workdir, faults=(), **train) 
     with open(job.result_path) as f:
         return {**json.load(f), "restarts": [dataclasses.asdict(r) for r in restarts],
                 "faults": sent}
-
-
-def inject(log_dir, faults, sent: list[float]) -> None:
-    """Sends each fault (worker, signal, after step) when that worker's heartbeat (a process
-    not signalled before) reaches the step."""
-    signalled: set[int] = set()
-    for worker, signum, after in faults:
-        while True:
-            beat = heartbeat.read(str(log_dir / f"heartbeat-{worker}"))
-            if beat and beat.step >= after and beat.pid not in signalled:
-                os.kill(beat.pid, signum)
-                signalled.add(beat.pid)
-                sent.append(time.time())
-                break
-            time.sleep(0.01)
 
 
 @pytest.fixture(scope="module")
