@@ -1,7 +1,7 @@
 """The LmEvaluator for preference training (issue 29): held-out DPO figures against a
 numpy computation on tiny Keras models, GRPO pass@1 and mean reward with a fake
-generate_fn on Chinese prompts, and the dpo/grpo blessing rules, without TFX; and one
-slow test of Executor.Do on two tiny SavedModels (no pipeline)."""
+generate_fn on Chinese prompts, and the dpo/grpo blessing rules, without TFX. The
+executor itself runs in the pipeline runs of tests/e2e/test_preference_e2e.py."""
 
 from __future__ import annotations
 
@@ -27,16 +27,6 @@ VOCAB, SEQ_LEN, BETA = 40, 12, 0.1
 PAIRS = [([5, 6, 7, 8, 9, 2], [5, 6, 7, 11, 2], 3),
          ([13, 14, 15, 2], [13, 16, 17, 18, 19, 2], 1),
          ([20, 21, 22, 23, 2], [20, 21, 24, 2], 2)]
-
-
-@pytest.fixture
-def preference_tasks(monkeypatch):
-    """`data.task` dpo and grpo accepted by the config (issue 29's data path adds them
-    to config.data.TASKS; until it is merged, this test adds them)."""
-    import config.data
-
-    monkeypatch.setattr(config.data, "TASKS", tuple(dict.fromkeys(
-        config.data.TASKS + ("dpo", "grpo"))))
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +178,7 @@ def _config(task, **eval_settings):
                                **{f"eval.{k}": v for k, v in eval_settings.items()}})
 
 
-def test_dpo_blessing_gates_on_reward_accuracy_and_absolute_bits_per_byte(preference_tasks):
+def test_dpo_blessing_gates_on_reward_accuracy_and_absolute_bits_per_byte():
     config = _config("dpo", min_reward_accuracy=0.6, max_bits_per_byte=3.0)
     good = {"bits_per_byte": 2.5, "reward_accuracy": 0.7, "reward_margin": 0.25}
     blessed, message = decide_blessing(good, None, config)
@@ -206,7 +196,7 @@ def test_dpo_blessing_gates_on_reward_accuracy_and_absolute_bits_per_byte(prefer
         decide_blessing({"bits_per_byte": 2.5}, None, config)
 
 
-def test_grpo_blessing_gates_on_pass_at_1_and_the_baseline_within_noise(preference_tasks):
+def test_grpo_blessing_gates_on_pass_at_1_and_the_baseline_within_noise():
     config = _config("grpo", min_pass_at_1=0.3, task_tolerance=0.02)
     candidate = {"bits_per_byte": 2.0, "pass_at_1": 0.40, "pass_at_1_stderr": 0.03}
     blessed, message = decide_blessing(candidate, None, config)
@@ -251,94 +241,3 @@ def _write_examples(path, rows):
                 value=v if isinstance(v, list) else [v])) for k, v in row.items()}
             writer.write(tf.train.Example(
                 features=tf.train.Features(feature=feature)).SerializeToString())
-
-
-def _artifact(kind, uri, artifact_id=0):
-    artifact = kind()
-    artifact.uri = str(uri)
-    artifact.id = artifact_id
-    return artifact
-
-
-@pytest.mark.slow  # TFX imported, two tiny SavedModels traced and scored: ~1 min
-def test_the_executor_writes_dpo_and_grpo_figures(tmp_path, preference_tasks):
-    import json
-
-    import tensorflow as tf
-    from tfx.types import standard_artifacts
-    from tiny_text_model import save_tiny_text_model
-
-    from components.lm_evaluator.executor import Executor
-    from tokenization.byte_level_bpe import ByteLevelBpe
-    from tokenization.tokenizer import learn
-
-    tokenizer = ByteLevelBpe(learn(UNITS, TINY_VOCAB).json)
-    for name, seed in (("candidate", 0), ("reference", 1)):
-        save_tiny_text_model(tmp_path / name / "Format-Serving", tokenizer, context=CONTEXT,
-                             max_new_tokens=4, vocab_size=TINY_VOCAB, seed=seed)
-    tokenize = tf.saved_model.load(str(tmp_path / "candidate" / "Format-Serving")
-                                   ).signatures["tokenize"]
-
-    def encode(text):
-        out = tokenize(text=tf.constant([text]))
-        return out["input_ids"].numpy()[0][:out["lengths"].numpy()[0]].tolist()
-
-    eos = tokenizer.eos_id
-    prompts = ["二十三加五十八等于", "七加一等于", "九加九等于"]
-    chosen, rejected = ["八十一", "八", "十八"], ["八十", "九", "十九"]
-    pairs = [{"input_ids": encode(p) + encode(c) + [eos],
-              "rejected_ids": encode(p) + encode(r) + [eos], "prompt_length": len(encode(p)),
-              "num_bytes": len(c.encode()), "rejected_num_bytes": len(r.encode())}
-             for p, c, r in zip(prompts, chosen, rejected, strict=True)]
-    _write_examples(tmp_path / "dpo_examples", pairs)
-    _write_examples(tmp_path / "grpo_examples",
-                    [{k: row[k] for k in ("input_ids", "prompt_length", "num_bytes")}
-                     for row in pairs])
-    (tmp_path / "candidate" / "training_summary.json").write_text(json.dumps(
-        {"base_model": str(tmp_path / "reference")}))
-
-    def run(task, examples, baseline=None, **settings):
-        config = get_config("tiny", {"data.task": task, "eval.max_bits_per_byte": 100.0,
-                                     "train.grpo_max_new_tokens": 4, **settings})
-        out = tmp_path / task
-        evaluation = _artifact(standard_artifacts.ModelEvaluation, out / "evaluation")
-        blessing = _artifact(standard_artifacts.ModelBlessing, out / "blessing")
-        inputs = {"examples": [_artifact(standard_artifacts.Examples, tmp_path / examples)],
-                  "model": [_artifact(standard_artifacts.Model, tmp_path / "candidate", 2)]}
-        if baseline:
-            inputs["baseline_model"] = [_artifact(standard_artifacts.Model, baseline, 1)]
-        Executor().Do(inputs, {"evaluation": [evaluation], "blessing": [blessing]},
-                      {"pipeline_config": config.to_json()})
-        return json.loads((out / "evaluation" / "metrics.json").read_text()), evaluation, \
-            blessing
-
-    report, evaluation, blessing = run("dpo", "dpo_examples", tmp_path / "reference",
-                                       **{"eval.min_reward_accuracy": 1.0})
-    candidate = report["candidate"]
-    assert candidate["pairs"] == 3 and candidate["records"] == 3
-    assert 0.0 <= candidate["reward_accuracy"] <= 1.0
-    assert "reward_accuracy" not in report["baseline"]
-    for artifact in (evaluation, blessing):
-        assert artifact.get_float_custom_property("reward_accuracy") == \
-            candidate["reward_accuracy"]
-        assert artifact.get_float_custom_property("reward_margin") == candidate["reward_margin"]
-    if candidate["reward_accuracy"] < 1.0:  # random models: the gate names the figure
-        assert not report["blessed"]
-        assert "< eval.min_reward_accuracy 1.0000" in report["message"]
-
-    report, evaluation, blessing = run("grpo", "grpo_examples", tmp_path / "reference")
-    candidate, baseline = report["candidate"], report["baseline"]
-    assert candidate["prompts"] == baseline["prompts"] == 3
-    assert report["blessed"], report["message"]  # eval.min_pass_at_1 0, within noise of 0
-    for artifact in (evaluation, blessing):
-        assert artifact.get_float_custom_property("pass_at_1") == candidate["pass_at_1"]
-        assert artifact.get_float_custom_property("baseline_pass_at_1") == baseline["pass_at_1"]
-        assert artifact.get_float_custom_property("mean_reward") == candidate["mean_reward"]
-    samples = json.loads((tmp_path / "grpo" / "evaluation" / "grpo_samples.json").read_text())
-    assert [s["answer"] for s in samples["candidate"]] == chosen
-    assert samples["candidate"][0]["prompt"].endswith("二十三加五十八等于")
-    assert len(samples["baseline"]) == 3
-
-    (tmp_path / "candidate" / "training_summary.json").write_text("{}")
-    with pytest.raises(ValueError, match="training_summary.json: no 'base_model'"):
-        run("dpo", "dpo_examples")

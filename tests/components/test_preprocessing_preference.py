@@ -6,7 +6,8 @@ DPO:
   rejected_ids       = encode(prompt) ++ encode(rejected) ++ [eos_id]
   prompt_length      = len(encode(prompt))
   num_bytes          = UTF-8 bytes of chosen;  rejected_num_bytes = of rejected
-GRPO: exactly the SFT features, the answer in the response's place.
+GRPO: exactly the SFT features, the answer in the response's place (its Transform runs in
+tests/e2e/test_preference_e2e.py).
 """
 
 from __future__ import annotations
@@ -117,27 +118,6 @@ def test_dpo_learns_from_prompts_and_both_responses_and_records_the_template(dpo
         counts[u] = counts.get(u, 0) + 1
     expected = tokenizer.learn(counts, config.tokenizer.vocab_size)
     assert tokenizer.load_tokenizer(transform_dir).json == expected.json
-
-
-def test_grpo_examples_are_sft_examples(tmp_path):
-    config = get_config("tiny", {"data.task": "grpo", "tokenizer.vocab_size": 400})
-    records = [{"context": f"What is {a} + {b}?", "answer": str(a + b)}
-               for a in range(10, 40) for b in range(20, 25)]
-    records.append({"prompt": "一加一等于几？", "answer": "二"})
-    docs = _read(tmp_path / "g.jsonl", records, config)
-    rows, transform_dir = tft_runs.run_transform(
-        config, [{P.PROMPT_KEY: d.prompt, P.TEXT_KEY: d.text} for d in docs], tmp_path)
-    hf = _hf(transform_dir)
-    expected = sorted((_encode(hf, d.prompt) + _encode(hf, d.text) + [tokenizer.EOS_ID],
-                       len(_encode(hf, d.prompt)), len(d.text.encode("utf-8"))) for d in docs)
-    got = sorted((list(r[P.INPUT_IDS_KEY]), int(r[P.PROMPT_LENGTH_KEY]),
-                  int(r[P.NUM_BYTES_KEY])) for r in rows)
-    assert got == expected
-    assert set(rows[0]) == {P.INPUT_IDS_KEY, P.PROMPT_LENGTH_KEY, P.NUM_BYTES_KEY,
-                            P.SOURCE_NAME_KEY}
-    (zh,) = [r for r in rows if int(r[P.NUM_BYTES_KEY]) == 3]  # "二": the only 3-byte answer
-    n = int(zh[P.PROMPT_LENGTH_KEY])
-    assert list(zh[P.INPUT_IDS_KEY])[n:] == _encode(hf, "二") + [tokenizer.EOS_ID]
 
 
 @pytest.mark.parametrize("task, inputs, missing", [

@@ -1,0 +1,197 @@
+"""After SFT, end to end (issue 29): a tiny model is fine-tuned on two-digit addition
+("23+58=" -> "81", `corpus/addition.py`), then trained from it with GRPO (exact-match
+reward) and with DPO (the right sum against a wrong one), each a whole pipeline run whose
+base model is the SFT model, which is also the frozen reference.
+
+The prompt is the bare problem (`data.chat_template` renders the user's text alone) and
+the tokenizer keeps bytes (no merge reaches `tokenizer.min_frequency`), so every digit is
+a token. The train/eval split hashes the rendered prompt, so the held-out problems are
+the same in the three runs: the SFT model never trained on them, and neither did GRPO
+or DPO.
+
+Margins, from the runs of three seeds in the issue's note (these settings; `benchmarks/
+preference.py` runs them): GRPO raised held-out greedy pass@1 by GRPO_MARGIN or more,
+and DPO's held-out reward accuracy was at least 0.5 + DPO_MARGIN.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from corpus import addition
+from pipeline.local_runner import run_paths
+
+ROOT = str(pathlib.Path(__file__).resolve().parents[2])
+TEMPLATE = '{{ messages[0]["content"] }}'
+COMMON = ["--preset", "tiny", "--set", f"data.chat_template={TEMPLATE}",
+          "--set", "tokenizer.vocab_size=300", "--set", "tokenizer.min_frequency=1000000",
+          "--set", "train.seq_len=12", "--set", "train.batch_size=32",
+          "--set", "train.warmup_steps=10"]
+SFT = ["--task", "sft", "--train-steps", "1000", "--set", "train.learning_rate=3e-3",
+       "--set", "train.min_learning_rate=3e-4", "--set", "train.checkpoint_every=1000",
+       "--set", "train.log_every=250"]
+PREFERENCE = ["--set", "train.learning_rate=1e-4", "--set", "train.min_learning_rate=1e-5",
+              "--set", "train.log_every=20"]
+GRPO = ["--task", "grpo", "--train-steps", "200", "--set", "train.checkpoint_every=200",
+        "--set", "train.grpo_max_new_tokens=4", *PREFERENCE]
+DPO = ["--task", "dpo", "--train-steps", "100", "--set", "train.checkpoint_every=100",
+       *PREFERENCE]
+GRPO_MARGIN = 0.02  # held-out pass@1, GRPO model minus SFT model
+DPO_MARGIN = 0.2  # held-out reward accuracy above 0.5
+
+
+def _write_jsonl(path: pathlib.Path, records: list[dict]) -> pathlib.Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return path
+
+
+def _runs(*runs: list[str]) -> dict[str, float]:
+    """`deepseek-tfx run ARGS` for each ARGS, in one child process (its memory is returned
+    when it ends; TFX is imported once). An argument "{sft_model}" becomes the first
+    version pushed under the first run's --output. Returns each run's wall seconds."""
+    script = ("import json, os, sys, time\nfrom cli import main\nseconds = []\n"
+              f"runs = {[list(r) for r in runs]!r}\n"
+              "out = runs[0][runs[0].index('--output') + 1]\n"
+              "for args in runs:\n"
+              "    serving = os.path.join(out, 'serving')\n"
+              "    first = (os.path.join(serving, sorted(os.listdir(serving))[0])\n"
+              "              if os.path.isdir(serving) else '')\n"
+              "    start = time.perf_counter()\n"
+              "    code = main([a.replace('{sft_model}', first) for a in args])\n"
+              "    if code: sys.exit(code)\n"
+              "    seconds.append(time.perf_counter() - start)\n"
+              "print('SECONDS', json.dumps(seconds))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=ROOT, timeout=2400)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
+    line = [x for x in result.stdout.splitlines() if x.startswith("SECONDS ")][-1]
+    return dict(zip(("sft", "grpo", "dpo"), json.loads(line.split(" ", 1)[1]), strict=True))
+
+
+def run_preference(d: pathlib.Path, seed: int | None = None) -> dict:
+    """Writes the addition records under `d`, then runs SFT, GRPO from it (same --output,
+    `--base-model latest`) and DPO from its pushed model (`--base-model PATH`, another
+    --output), with
+    `train.seed=seed` when given (`benchmarks/preference.py` runs seeds).
+
+    Returns:
+      {"out", "out_dpo": the two --output directories, "sft_model": the pushed SFT model,
+      "seconds": {"sft", "grpo", "dpo": wall seconds of each run}}.
+    """
+    problems = addition.problems("train") + addition.problems("held_out")
+    sft = _write_jsonl(d / "sft.jsonl", [{"context": p, "response": a} for p, a in problems]
+                       + [{"context": "1+1=", "response": " "}])  # empty_response, counted
+    grpo = _write_jsonl(d / "grpo.jsonl", [{"prompt": p, "answer": a} for p, a in problems]
+                        + [{"prompt": "2+2="}])  # missing_answer_field, counted
+    dpo = _write_jsonl(d / "dpo.jsonl", addition.preference_pairs("train")
+                       + addition.preference_pairs("held_out")
+                       + [{"prompt": "3+3=", "chosen": "6", "rejected": "6"}])
+    out, out_dpo = d / "out", d / "out-dpo"
+    common = [*COMMON, *(["--set", f"train.seed={seed}"] if seed is not None else [])]
+    seconds = _runs(
+        ["run", *SFT, *common, "--data", str(sft), "--output", str(out)],
+        ["run", *GRPO, *common, "--data", str(grpo), "--output", str(out),
+         "--base-model", "latest"],
+        ["run", *DPO, *common, "--data", str(dpo), "--output", str(out_dpo),
+         "--base-model", "{sft_model}"])
+    sft_model = sorted((out / "serving").iterdir())[0]
+    return {"out": out, "out_dpo": out_dpo, "sft_model": sft_model, "seconds": seconds}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    return run_preference(tmp_path_factory.mktemp("preference"))
+
+
+def _store(output: pathlib.Path):
+    from reporting.run_summary import open_store
+
+    return open_store(run_paths(str(output))["metadata_path"])
+
+
+def _newest(store, type_name: str):
+    return max(store.get_artifacts_by_type(type_name), key=lambda a: a.id)
+
+
+def _metrics(store) -> dict:
+    evaluation = _newest(store, "ModelEvaluation")
+    with open(pathlib.Path(evaluation.uri) / "metrics.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _trainer_inputs(store, model) -> dict[str, int]:
+    from ml_metadata.proto import metadata_store_pb2 as pb
+
+    (producer,) = [e.execution_id for e in store.get_events_by_artifact_ids([model.id])
+                   if e.type == pb.Event.OUTPUT]
+    return {e.path.steps[0].key: e.artifact_id
+            for e in store.get_events_by_execution_ids([producer]) if e.type == pb.Event.INPUT}
+
+
+def test_grpo_raises_held_out_pass_at_1_over_the_sft_model(runs):
+    store = _store(runs["out"])
+    metrics = _metrics(store)
+    candidate, baseline = metrics["candidate"], metrics["baseline"]
+    rise = candidate["pass_at_1"] - baseline["pass_at_1"]
+    print(f"\nheld-out pass@1: SFT {baseline['pass_at_1']:.4f} -> GRPO "
+          f"{candidate['pass_at_1']:.4f} ({rise:+.4f}; {candidate['prompts']} prompts)")
+    assert candidate["prompts"] > 500
+    assert rise >= GRPO_MARGIN, metrics
+    assert metrics["blessed"], metrics["message"]
+    samples = json.loads((pathlib.Path(_newest(store, "ModelEvaluation").uri)
+                          / "grpo_samples.json").read_text(encoding="utf-8"))
+    assert samples["candidate"] and samples["baseline"]
+
+
+def test_grpo_model_names_its_reference_in_ml_metadata_and_logs_the_reward(runs):
+    store = _store(runs["out"])
+    models = sorted(store.get_artifacts_by_type("Model"), key=lambda a: a.id)
+    sft_model, grpo_model = models[-2], models[-1]
+    props = grpo_model.custom_properties
+    assert props["reference_model_id"].int_value == sft_model.id
+    assert props["reference_model_uri"].string_value == sft_model.uri
+    assert _trainer_inputs(store, grpo_model)["base_model"] == sft_model.id
+    assert props["grpo_records_used"].int_value > 7000
+    summary = json.loads((pathlib.Path(grpo_model.uri) / "training_summary.json").read_text())
+    assert summary["train_steps"] == 200
+    rewards = [h["figures"]["reward_mean"] for h in summary["history"]]
+    assert len(rewards) >= 10 and all(0.0 <= r <= 1.0 for r in rewards)
+    assert {"kl", "clip_fraction", "zero_variance_groups", "completion_length",
+            "reward_std"} <= set(summary["history"][-1]["figures"])
+    cleaned = [a for a in store.get_artifacts_by_type("Examples")
+               if "records_read" in a.custom_properties][-1].custom_properties
+    assert cleaned["dropped_missing_answer_field"].int_value == 1
+    report = (runs["out"] / "report.html").read_text(encoding="utf-8")
+    for text in ("GRPO reward (mean; std within groups)", "KL to the reference",
+                 "reference policy (the frozen base model)", "eval.min_pass_at_1",
+                 "pass_at_1"):
+        assert text in report, text
+
+
+def test_dpo_raises_held_out_reward_accuracy_above_chance(runs):
+    store = _store(runs["out_dpo"])
+    metrics = _metrics(store)
+    candidate = metrics["candidate"]
+    print(f"\nheld-out DPO reward accuracy {candidate['reward_accuracy']:.4f} "
+          f"(margin {candidate['reward_margin']:+.4f}; {candidate['pairs']} pairs)")
+    assert candidate["pairs"] > 500
+    assert candidate["reward_accuracy"] >= 0.5 + DPO_MARGIN, candidate
+    assert metrics["blessed"], metrics["message"]
+    model = _newest(store, "Model")
+    base = _trainer_inputs(store, model)["base_model"]
+    (imported,) = store.get_artifacts_by_id([base])
+    assert pathlib.Path(imported.uri) == runs["sft_model"]
+    assert model.custom_properties["reference_model_id"].int_value == base
+    cleaned = [a for a in store.get_artifacts_by_type("Examples")
+               if "records_read" in a.custom_properties][-1].custom_properties
+    assert cleaned["dropped_chosen_equals_rejected"].int_value == 1
+    report = (runs["out_dpo"] / "report.html").read_text(encoding="utf-8")
+    for text in ("DPO reward accuracy (train)", "eval.min_reward_accuracy", "reward_accuracy"):
+        assert text in report, text
