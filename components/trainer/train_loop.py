@@ -61,7 +61,6 @@ import dataclasses
 import logging
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from components.trainer import data, metrics, mixture, preference_objectives, trainable
@@ -170,7 +169,7 @@ def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
             model = build_model(config, dtype=precision)
         selection = trainable.prepare(model, tc)
         if config.data.task in PREFERENCE_TASKS:
-            selection = _without_mtp(model, selection)
+            selection = trainable.without_mtp(model, selection)
         optimizer = make_optimizer(tc, selection.variables, loss_scale=precision == "mixed_float16")
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
@@ -201,21 +200,6 @@ def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
              tc.lora_rank)
     return TrainingState(model, selection, optimizer, step, teacher, skipped, source_tokens,
                          source_sequences, reference)
-
-
-def _without_mtp(model: DeepSeekCausalLM, selection: trainable.Selection) -> trainable.Selection:
-    """`selection` without the MTP modules' weights: DPO's and GRPO's objectives score the
-    main head's next token only, so the MTP modules get no gradient and stay as they are
-    (no optimizer slot, no weight decay); their router biases are not updated either."""
-    mtp = {id(v) for module in model.mtp_layers for v in module.weights}
-    kept = [v for v in selection.variables if id(v) not in mtp]
-    n_mtp_moe = sum(1 for module in model.mtp_layers if module.block.is_moe)
-    mask = list(selection.moe_mask)
-    if n_mtp_moe:
-        mask[-n_mtp_moe:] = [False] * n_mtp_moe
-    return dataclasses.replace(
-        selection, variables=kept, moe_mask=mask,
-        trainable_params=int(sum(np.prod(v.shape) for v in kept)))
 
 
 def _check_same_architecture(config: PipelineConfig, other, source: str, what: str) -> None:

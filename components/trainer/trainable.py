@@ -204,3 +204,18 @@ def assign_streaming(target, sources: dict) -> None:
                              f"{value.shape} in the source")
         v.assign(tf.cast(value, v.dtype))
         del value
+
+
+def without_mtp(model, selection: Selection) -> Selection:
+    """`selection` without the MTP modules' weights: DPO's and GRPO's objectives score the
+    main head's next token only, so the MTP modules get no gradient and stay as they are
+    (no optimizer slot, no weight decay); their router biases are not updated either."""
+    mtp = {id(v) for module in model.mtp_layers for v in module.weights}
+    kept = [v for v in selection.variables if id(v) not in mtp]
+    n_mtp_moe = sum(1 for module in model.mtp_layers if module.block.is_moe)
+    mask = list(selection.moe_mask)
+    if n_mtp_moe:
+        mask[-n_mtp_moe:] = [False] * n_mtp_moe
+    return dataclasses.replace(
+        selection, variables=kept, moe_mask=mask,
+        trainable_params=int(sum(np.prod(v.shape) for v in kept)))
