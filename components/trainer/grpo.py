@@ -85,13 +85,12 @@ class GRPOStep:
       reward: a `rewards.Reward`.
       config: the `PipelineConfig` (train.grpo_*, train.seq_len, train.seed).
       micro_batches: k; eos_id, pad_id: the tokenizer's.
-      consumed: optimizer steps + skipped steps already done (a resumed run's position).
-      old_logps_fn: mu > 1 only: (input_ids, labels) -> per-token log-probs of the policy
-        (float32 [n, T]), run per replica before the first update of a rollout.
+      consumed: optimizer steps + skipped steps already done (a resumed run's position):
+        the rollout index is consumed // mu, and a run resumed mid-rollout samples that
+        rollout again and runs the updates left of it.
 
-    Attributes:
-      last_rollout: host-side figures of the last rollout: {"rewards": float [n],
-        "completions": the first few decoded completions}.
+    With mu > 1 the policy's per-token log-probs of each rollout are computed once, before
+    its first update ("old_logps", the ratio's denominator).
     """
 
     def __init__(self, model, strategy, update, tokenizer, reward, config, *, micro_batches: int,
@@ -106,8 +105,7 @@ class GRPOStep:
         self.surfaces_plain = tokenizer.surfaces()
         self.position = consumed % self.inner  # updates already run on the current rollout
         self.rollout_index = consumed // self.inner
-        self.rollout = None if self.position == 0 else "resample"
-        self.last_rollout: dict = {}
+        self.rollout = None  # the current rollout's per-replica batch, once sampled
         self._sample = tf.function(self._sample_replica, autograph=False)
         self._old_logps = tf.function(self._old_logps_replica, autograph=False)
 
@@ -146,7 +144,7 @@ class GRPOStep:
         return b"".join(surfaces[i] if i < n else b"" for i in ids).decode("utf-8",
                                                                            errors="replace")
 
-    def _rewards(self, local: dict, sampled) -> tuple[dict, np.ndarray]:
+    def _rewards(self, local: dict, sampled) -> dict:
         """One replica's rollout (numpy, [k, n/k, ...]) from its prompts and samples."""
         tokens, lengths, prompt_len = (x.numpy() for x in sampled)
         answers = np.repeat(local["answer_ids"].numpy().reshape(-1, self.seq_len),
@@ -166,8 +164,7 @@ class GRPOStep:
         k = self.micro_batches
         rollout = {key: value.reshape(k, -1, self.seq_len) for key, value in inputs.items()}
         rollout["rewards"] = rewards.reshape(k, -1)
-        self.last_rollout = {"completions": completions[:4], "prompts": prompts[:4]}
-        return rollout, rewards
+        return rollout
 
     def _make_rollout(self, batches) -> None:
         strategy = self.strategy
@@ -179,8 +176,8 @@ class GRPOStep:
                              strict=True)]
         local_samples = list(zip(*(strategy.experimental_local_results(x) for x in sampled),
                                  strict=True))
-        rollouts = [self._rewards(b, s)[0] for b, s in zip(local_batches, local_samples,
-                                                            strict=True)]
+        rollouts = [self._rewards(b, s) for b, s in zip(local_batches, local_samples,
+                                                         strict=True)]
         per_replica = len(rollouts)
 
         def value_fn(ctx):
@@ -193,7 +190,7 @@ class GRPOStep:
             self.rollout = {**self.rollout, "old_logps": old}
 
     def __call__(self, batches) -> dict:
-        if self.rollout is None or self.rollout == "resample" or self.position == 0:
+        if self.rollout is None:
             self._make_rollout(batches)
         out = self.update.step_on(self.rollout)
         self.position = (self.position + 1) % self.inner
