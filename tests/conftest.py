@@ -72,10 +72,10 @@ SHARED_RUN_GROUP = "e2e_shared_run"
 # measured by `pytest --durations`); the rest follow in collection order.
 HEAVIEST_FIRST = (
     SHARED_RUN_GROUP,
+    "tests/e2e/test_preference_e2e.py",
     "tests/e2e/test_warm_start_e2e.py",
     "tests/e2e/test_trainer_distributed_e2e.py",
     "tests/e2e/test_runners_e2e.py",
-    "tests/e2e/test_sft_e2e.py",
     "tests/e2e/test_notebook.py",
     "tests/e2e/test_bad_input_e2e.py",
     "tests/components/test_trainer_distributed.py",

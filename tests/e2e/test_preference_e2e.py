@@ -1,7 +1,9 @@
-"""After SFT, end to end (issue 29): a tiny model is fine-tuned on two-digit addition
-("23+58=" -> "81", `corpus/addition.py`), then trained from it with GRPO (exact-match
-reward) and with DPO (the right sum against a wrong one), each a whole pipeline run whose
-base model is the SFT model, which is also the frozen reference.
+"""Supervised fine-tuning, then DPO and GRPO from it, end to end (issue 29): a tiny model
+is fine-tuned on two-digit addition ("23+58=" -> "81", `corpus/addition.py`; `--task
+sft`, pushed, answering through its chat template in `generate` and `chat`), then
+trained from it with GRPO (exact-match reward) and with DPO (the right sum against a
+wrong one), each a whole pipeline run whose base model is the SFT model, which is also
+the frozen reference.
 
 The prompt is the bare problem (`data.chat_template` renders the user's text alone) and
 the tokenizer keeps bytes (no merge reaches `tokenizer.min_frequency`), so every digit is
@@ -35,12 +37,12 @@ COMMON = ["--preset", "tiny", "--set", f"data.chat_template={TEMPLATE}",
 SFT = ["--task", "sft", "--train-steps", "1000", "--set", "train.learning_rate=3e-3",
        "--set", "train.min_learning_rate=3e-4", "--set", "train.checkpoint_every=1000",
        "--set", "train.log_every=250"]
-PREFERENCE = ["--set", "train.learning_rate=1e-4", "--set", "train.min_learning_rate=1e-5",
-              "--set", "train.log_every=20"]
 GRPO = ["--task", "grpo", "--train-steps", "200", "--set", "train.checkpoint_every=200",
-        "--set", "train.grpo_max_new_tokens=4", *PREFERENCE]
-DPO = ["--task", "dpo", "--train-steps", "100", "--set", "train.checkpoint_every=100",
-       *PREFERENCE]
+        "--set", "train.grpo_max_new_tokens=4", "--set", "train.learning_rate=1e-4",
+        "--set", "train.min_learning_rate=1e-5", "--set", "train.log_every=20"]
+DPO = ["--task", "dpo", "--train-steps", "400", "--set", "train.checkpoint_every=400",
+       "--set", "train.learning_rate=5e-4", "--set", "train.min_learning_rate=5e-5",
+       "--set", "train.log_every=50"]
 GRPO_MARGIN = 0.02  # held-out pass@1, GRPO model minus SFT model
 DPO_MARGIN = 0.2  # held-out reward accuracy above 0.5
 
@@ -87,7 +89,8 @@ def run_preference(d: pathlib.Path, seed: int | None = None) -> dict:
     """
     problems = addition.problems("train") + addition.problems("held_out")
     sft = _write_jsonl(d / "sft.jsonl", [{"context": p, "response": a} for p, a in problems]
-                       + [{"context": "1+1=", "response": " "}])  # empty_response, counted
+                       + [{"context": "1+1=", "response": " "},  # empty_response, counted
+                          {"response": "no prompt field"}])  # missing_prompt_field
     grpo = _write_jsonl(d / "grpo.jsonl", [{"prompt": p, "answer": a} for p, a in problems]
                         + [{"prompt": "2+2="}])  # missing_answer_field, counted
     dpo = _write_jsonl(d / "dpo.jsonl", addition.preference_pairs("train")
@@ -135,6 +138,79 @@ def _trainer_inputs(store, model) -> dict[str, int]:
             for e in store.get_events_by_execution_ids([producer]) if e.type == pb.Event.INPUT}
 
 
+# ---------------------------------------------------------------------------- SFT
+
+
+def test_sft_run_is_pushed_and_answers_a_plain_prompt(runs, capsys):
+    """The pushed SFT model answers a plain prompt through its chat template (here the
+    user's text alone: empty affixes) in `generate`, and `--raw` continues the text."""
+    import cli
+
+    affixes = json.loads((runs["sft_model"] / "assets.extra" / "chat_prompt.json").read_text())
+    assert affixes == {"prefix": "", "suffix": ""}
+    capsys.readouterr()
+    assert cli.main(["generate", "--model", str(runs["sft_model"]), "--prompt", "23+58=",
+                     "--max-new-tokens", "4", "--temperature", "0"]) == 0
+    answer = capsys.readouterr().out
+    assert answer.startswith("23+58=") and answer.strip()[len("23+58="):].isdigit(), answer
+    assert cli.main(["generate", "--model", str(runs["sft_model"]), "--prompt", "23+58=",
+                     "--raw", "--max-new-tokens", "4", "--seed", "1"]) == 0
+    print(f"\nanswer: {answer!r}\nraw:    {capsys.readouterr().out!r}")
+
+
+def test_chat_with_the_sft_model_replies_as_its_generate_signature(runs):
+    """`chat` wraps a prompt in the chat template as the exported `generate` signature
+    does: a first reply is the signature's completion (greedy, and sampled with the
+    model's defaults), streamed over the KV cache of the model rebuilt from the SavedModel."""
+    import dataclasses
+    import io
+
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    from serving.chat import ChatSession
+
+    model_dir = str(runs["sft_model"])
+    generate = tf.saved_model.load(model_dir).signatures["generate"]
+    session = ChatSession.from_dir(model_dir, max_new_tokens=4, seed=1)
+    assert session.chat_prompt is not None
+    defaults = session.sampling
+    prompt = "47+36="
+    for knobs in (dict(temperature=0.0, top_k=0, top_p=1.0), {}):  # greedy, the defaults
+        session.sampling = dataclasses.replace(defaults, **knobs)
+        session.reset()
+        out = io.StringIO()
+        reply = session.reply(prompt, out)
+        s = session.sampling
+        expected = generate(prompt=tf.constant([prompt]), max_new_tokens=tf.constant([4]),
+                            temperature=tf.constant([s.temperature]),
+                            top_k=tf.constant([s.top_k]), top_p=tf.constant([s.top_p]),
+                            seed=tf.constant([s.seed]))["completion"][0].numpy().decode("utf-8")
+        assert out.getvalue() == reply == expected, knobs
+    assert reply
+
+
+def test_sft_counts_records_and_scores_responses_only(runs):
+    store = _store(runs["out"])
+    sft_model = min(store.get_artifacts_by_type("Model"), key=lambda a: a.id)
+    props = {k: v.int_value for k, v in sft_model.custom_properties.items()}
+    assert props["sft_records_used"] + props["sft_rejected_too_long"] == props["sft_records"]
+    assert props["sft_records_used"] > 7000 and props["sft_response_tokens"] > 0
+    sft_eval = min(store.get_artifacts_by_type("ModelEvaluation"), key=lambda a: a.id)
+    evaluation = sft_eval.custom_properties
+    assert evaluation["response_perplexity"].double_value > 1.0
+    assert evaluation["response_bits_per_byte"].double_value == pytest.approx(
+        evaluation["bits_per_byte"].double_value)
+    # ExampleGen/TextCleaner counted the two bad records with their reasons.
+    cleaned = [a for a in store.get_artifacts_by_type("Examples")
+               if "records_read" in a.custom_properties][0].custom_properties
+    assert cleaned["dropped_empty_response"].int_value == 1
+    assert cleaned["dropped_missing_prompt_field"].int_value == 1
+
+
+# ---------------------------------------------------------------------------- GRPO
+
+
 def test_grpo_raises_held_out_pass_at_1_over_the_sft_model(runs):
     store = _store(runs["out"])
     metrics = _metrics(store)
@@ -173,6 +249,9 @@ def test_grpo_model_names_its_reference_in_ml_metadata_and_logs_the_reward(runs)
                  "reference policy (the frozen base model)", "eval.min_pass_at_1",
                  "pass_at_1"):
         assert text in report, text
+
+
+# ---------------------------------------------------------------------------- DPO
 
 
 def test_dpo_raises_held_out_reward_accuracy_above_chance(runs):
