@@ -67,7 +67,10 @@ from config import PipelineConfig
 log = logging.getLogger(__name__)
 
 WORKER_MODULE = "components.trainer.worker"
-STARTUP_ALLOWANCE = 5  # x heartbeat_timeout_s before a worker's first step
+# x heartbeat_timeout_s before a worker process's first step: its start-up, the cluster's
+# rendezvous, restoring a checkpoint and tracing the step (a restarted worker's first
+# beat is the step it resumes from, so "first" is per process, not step 0).
+STARTUP_ALLOWANCE = 5
 
 
 def free_ports(n: int) -> list[int]:
@@ -235,6 +238,7 @@ def _run_group(job: TrainingJob, n: int, job_dir: str, restart: int, tc, deadlin
 
 def _watch(group: _Group, beats: list[str], tc, deadline, sigterm) -> _Failure | None:
     n, started = group.n, time.time()
+    first_beat: list[int | None] = [None] * n  # each process's first beat: where it starts
     while True:
         codes = group.poll()
         if all(c == 0 for c in codes):
@@ -256,7 +260,10 @@ def _watch(group: _Group, beats: list[str], tc, deadline, sigterm) -> _Failure |
         for i in range(n):
             beat = heartbeat.read(beats[i])
             step, last = (beat.step, beat.time) if beat else (0, started)
-            allowance = tc.heartbeat_timeout_s * (1 if step > 0 else STARTUP_ALLOWANCE)
+            if beat and first_beat[i] is None:
+                first_beat[i] = beat.step
+            starting = beat is None or beat.step == first_beat[i]  # no step done yet
+            allowance = tc.heartbeat_timeout_s * (STARTUP_ALLOWANCE if starting else 1)
             if codes[i] is None and now - last > allowance:
                 stale.append(i)
         if stale:
