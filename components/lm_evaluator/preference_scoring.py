@@ -47,10 +47,8 @@ import tensorflow as tf
 from components.lm_evaluator.source_scoring import _eval_features, source_name
 from components.trainer.preference import IGNORE_LABEL, sequence_logps
 from components.trainer.rewards import exact_match
-from components.transform.preprocessing import INPUT_IDS_KEY, PROMPT_LENGTH_KEY
+from components.transform.preprocessing import INPUT_IDS_KEY, PROMPT_LENGTH_KEY, REJECTED_IDS_KEY
 from tokenization.tokenizer import PAD_ID
-
-REJECTED_IDS_KEY = "rejected_ids"  # the DPO Transform output (issue 29's data path)
 
 LogitsFn = Callable[[tf.Tensor], tf.Tensor]
 # prompts -> greedy completions (without their EOS), each at most max_new_tokens tokens
