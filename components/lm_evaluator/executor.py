@@ -39,14 +39,13 @@ from tfx.utils import io_utils, path_utils
 
 from components.lm_evaluator.blessing import decide_blessing
 from components.lm_evaluator.preference_evaluation import (
-    RESPONSE_TASKS,
     baseline_task_model,
     evaluate_dpo_pairs,
     evaluate_grpo_prompts,
-    response_scoring_config,
 )
 from components.lm_evaluator.source_scoring import evaluate_sources, read_eval_sources
 from config import PipelineConfig
+from config.data import CHAT_TASKS
 from savedmodel import scoring, task_models
 from savedmodel.layout import read_tokenizer
 from savedmodel.task_models import score_tasks
@@ -108,18 +107,18 @@ def evaluate_baseline(baseline_uri: str, candidate_dir: str,
 
     baseline_dir = base_model.model_dir(baseline_uri)
     if base_model.kind(baseline_dir) == base_model.SAVEDMODEL:
-        if config.data.task in RESPONSE_TASKS and (read_tokenizer(baseline_dir).json
+        if config.data.task in CHAT_TASKS and (read_tokenizer(baseline_dir).json
                                                    != read_tokenizer(candidate_dir).json):
             raise ValueError(f"baseline {baseline_dir} has another tokenizer; response-only "
                              f"scoring of {config.data.task} records needs the candidate's")
-        if config.data.task not in RESPONSE_TASKS:
+        if config.data.task not in CHAT_TASKS:
             sources = {name: (scoring.retokenize(docs, candidate_dir, baseline_dir), n)
                        for name, (docs, n) in sources.items()}
-        return evaluate_saved_model(baseline_dir, sources, response_scoring_config(config),
+        return evaluate_saved_model(baseline_dir, sources, config,
                                     tasks, loaded=model.owner if model else None)
     model = model or baseline_task_model(baseline_uri, candidate_dir)
     metrics = evaluate_sources(model.logits_fn, read_tokenizer(candidate_dir), sources,
-                               response_scoring_config(config))
+                               config)
     if not tasks:
         return metrics, None
     scored = score_tasks(model, tasks, config.eval.batch_size)
@@ -182,11 +181,11 @@ class Executor(base_executor.BaseExecutor):
 
         task = config.data.task
         tasks = load_tasks(config.eval.tasks, config.eval.min_scores)
-        sources = read_eval_sources(examples, sft=task in RESPONSE_TASKS)
+        sources = read_eval_sources(examples, sft=task in CHAT_TASKS)
         candidate_dir = path_utils.serving_model_path(model.uri)
         loaded = tf.saved_model.load(candidate_dir)
         metrics, samples = evaluate_saved_model(candidate_dir, sources,
-                                                response_scoring_config(config), tasks, loaded)
+                                                config, tasks, loaded)
         baseline_metrics = baseline_samples = None
         baseline = (baseline_task_model(baselines[0].uri, candidate_dir)
                     if baselines and task == "grpo" else None)

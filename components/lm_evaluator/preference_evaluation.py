@@ -5,7 +5,6 @@ the candidate and the baseline generate from GRPO's prompts, and the figures of
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
@@ -23,17 +22,6 @@ from config import PipelineConfig
 from savedmodel import task_models
 from savedmodel.layout import read_tokenizer
 from tokenization.byte_level_bpe import ByteLevelBpe
-
-RESPONSE_TASKS = ("sft", "dpo", "grpo")  # eval examples are (prompt ++ response ++ [EOS]) records
-
-
-def response_scoring_config(config: PipelineConfig) -> PipelineConfig:
-    """The config the bits-per-byte scoring sees: for dpo and grpo the same with
-    `data.task = "sft"`, so that the chosen responses (dpo) and the answers (grpo) are
-    scored exactly as SFT responses (`source_scoring.score_documents`); else `config`."""
-    if config.data.task not in ("dpo", "grpo"):
-        return config
-    return dataclasses.replace(config, data=dataclasses.replace(config.data, task="sft"))
 
 
 def reference_dir(model_uri: str) -> str:

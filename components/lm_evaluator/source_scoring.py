@@ -22,6 +22,7 @@ from components.transform.preprocessing import (
     SOURCE_NAME_KEY,
 )
 from config import DEFAULT_SOURCE, PipelineConfig
+from config.data import CHAT_TASKS
 from savedmodel import scoring
 
 
@@ -104,7 +105,7 @@ def score_documents(logits_fn, tokenizer, docs: list, num_bytes: int, config: Pi
       separator, the blank line it stands for; scaled by the share of tokens scored
       when cut), "documents"} and for SFT "records", "skipped_too_long".
     """
-    if config.data.task == "sft":
+    if config.data.task in CHAT_TASKS:  # prompt ++ response ++ [EOS] records
         scored = scoring.score_responses(logits_fn, docs, config.train.seq_len,
                                          config.eval.batch_size, pad_id=tokenizer.pad_id)
         return {**scored, "documents": len(docs)}
@@ -166,7 +167,7 @@ def evaluate_sources(logits_fn, tokenizer, sources: Mapping[str, tuple[list, int
     for s in rest:
         nll, n_tokens, n_bytes = nll + s["nll"], n_tokens + s["tokens"], n_bytes + s["bytes"]
     metrics = {**scoring.summarize(nll, n_tokens, n_bytes), "by_source": by_source}
-    if config.data.task == "sft":
+    if config.data.task in CHAT_TASKS:  # prompt ++ response ++ [EOS] records
         metrics.update(response_perplexity=metrics["perplexity"],
                        response_bits_per_byte=metrics["bits_per_byte"],
                        records=sum(s["records"] for s in scored.values()),
