@@ -200,17 +200,20 @@ def load_job_tokenizer(directory: str):
 def plan(job: TrainingJob):
     """(accelerator, strategy name, policy, policy reason) for this process's devices."""
     from components.trainer import hardware, precision, strategy
+    from components.trainer.train_loop import resolve_jit_compile
     from config import PipelineConfig
 
     tc = PipelineConfig.from_json(job.pipeline_config).train
     accelerator = hardware.detect()
     name = strategy.resolve_name(tc.distribution_strategy, accelerator)
-    policy, reason = precision.choose_policy(tc.precision, accelerator)
+    xla = resolve_jit_compile(tc.jit_compile, accelerator)
+    policy, reason = precision.choose_policy(tc.precision, accelerator, xla)
     if job.base_model:
         from savedmodel import base_model
 
         policy, reason = precision.model_policy(policy, reason,
                                                 base_model.weight_dtype(job.base_model), tc)
+    precision.check_xla(policy, accelerator, xla)
     return accelerator, name, policy, reason
 
 

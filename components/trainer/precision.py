@@ -3,10 +3,19 @@
   TPU                                  mixed_bfloat16
   GPU, compute capability >= 8.0       mixed_bfloat16 (Ampere and later: bf16 tensor cores)
   GPU, compute capability 7.x          mixed_float16, with dynamic loss scaling
-  CPU with AMX (amx_bf16)              mixed_bfloat16
+  CPU with AMX (amx_bf16)              mixed_bfloat16; float32 when the step is
+                                       XLA-compiled (`train.jit_compile=true`): see below
   anything else (CPUs without AMX)     float32: bf16 matmuls are no faster there
                                        (see the project notes and
                                        benchmarks/train_throughput.py)
+
+XLA on a CPU with AMX: TensorFlow 2.16's XLA CPU backend keeps a bf16 dot in bf16 when
+its oneDNN rewrite will take it, and some of the training step's dots (two contracting
+dimensions, batch dimensions not leading) then reach its emitter, which refuses them:
+"unsupported operand type BF16 in op dot". Plain bf16 matmuls compile (measured on a
+Xeon with AMX: 535 GFLOP/s bf16 vs 198 float32, 2048x2048 on 2 cores); the step does
+not. So `auto` trains such a step in float32, and a bf16 policy set in the config with
+the XLA step on such a CPU is refused before anything is built (`check_xla`).
 
 `train.precision` overrides the choice. Under a mixed policy variables stay
 float32 and layers compute in the low precision; the model keeps router scores,
@@ -30,8 +39,9 @@ from components.trainer.hardware import Accelerator
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
-def auto_policy(accelerator: Accelerator) -> tuple[str, str]:
-    """(policy, reason) for `accelerator`, by the table in the module docstring."""
+def auto_policy(accelerator: Accelerator, xla: bool = False) -> tuple[str, str]:
+    """(policy, reason) for `accelerator`, by the table in the module docstring; `xla`:
+    the training step is XLA-compiled."""
     if accelerator.kind == "tpu":
         return "mixed_bfloat16", "TPU"
     if accelerator.kind == "gpu":
@@ -41,13 +51,18 @@ def auto_policy(accelerator: Accelerator) -> tuple[str, str]:
         if cc >= (7, 0):
             return "mixed_float16", f"GPU compute capability {cc[0]}.{cc[1]} (no bf16)"
         return "float32", f"GPU compute capability {cc[0]}.{cc[1]} < 7.0"
+    if accelerator.cpu_has_amx and xla:
+        return "float32", ("CPU with AMX, XLA step: TF 2.16's XLA CPU backend cannot "
+                           "compile the step's bf16 dots")
     if accelerator.cpu_has_amx:
         return "mixed_bfloat16", "CPU with AMX"
     return "float32", "CPU without AMX (bf16 is slower than float32 there)"
 
 
-def choose_policy(requested: str, accelerator: Accelerator) -> tuple[str, str]:
-    """The policy to train with: `requested`, or the automatic choice for "auto".
+def choose_policy(requested: str, accelerator: Accelerator,
+                  xla: bool = False) -> tuple[str, str]:
+    """The policy to train with: `requested`, or the automatic choice for "auto"
+    (`xla`: the training step is XLA-compiled).
 
     Returns:
       (policy, reason).
@@ -56,7 +71,7 @@ def choose_policy(requested: str, accelerator: Accelerator) -> tuple[str, str]:
       ValueError: unknown policy.
     """
     if requested == "auto":
-        return auto_policy(accelerator)
+        return auto_policy(accelerator, xla)
     if requested not in POLICIES:
         raise ValueError(f"train.precision={requested!r} must be 'auto' or one of {POLICIES}")
     return requested, "set in the config (train.precision)"
@@ -81,6 +96,24 @@ def model_policy(policy: str, reason: str, base_weight_dtype: str | None,
         return "bfloat16", ("LoRA on a bfloat16 base: the frozen base stays bfloat16, the "
                             "adapters and their optimizer states float32")
     return policy, reason
+
+
+def check_xla(policy: str, accelerator: Accelerator, xla: bool) -> None:
+    """Refuses a bf16 policy (`mixed_bfloat16`, or `bfloat16` for LoRA on a bf16 base)
+    for an XLA-compiled step on a CPU with AMX, which TF 2.16's XLA cannot compile
+    (module docstring).
+
+    Raises:
+      ValueError: naming the policy, the device and the two settings that avoid it.
+    """
+    if xla and accelerator.kind == "cpu" and accelerator.cpu_has_amx and compute_dtype(
+            policy) == "bfloat16":
+        raise ValueError(
+            f"precision {policy} with train.jit_compile=true on this CPU "
+            f"({accelerator.name}, AMX): TensorFlow 2.16's XLA CPU backend cannot compile "
+            "the training step's bf16 dots ('unsupported operand type BF16 in op dot'). "
+            "Set train.jit_compile=false (bf16 on AMX without XLA) or "
+            "train.precision=float32.")
 
 
 def compute_dtype(policy: str) -> str:

@@ -511,13 +511,14 @@ def _make_step(config: PipelineConfig, plan: RunPlan, strategy, state: TrainingS
                     pad_id=tokenizer.pad_id, consumed=consumed), names
 
 
-def resolve_jit_compile(setting: str) -> bool:
-    """`train.jit_compile` for this machine: "true"/"false", or "auto" = on for GPUs and
-    TPUs, off on CPUs (where XLA measured slower: README, `benchmarks/train_throughput.py`)."""
+def resolve_jit_compile(setting: str, accelerator=None) -> bool:
+    """`train.jit_compile` for this machine (`accelerator`, a `hardware.Accelerator`;
+    detected when None): "true"/"false", or "auto" = on for GPUs and TPUs, off on CPUs
+    (where XLA measured slower: README, `benchmarks/train_throughput.py`)."""
     if setting == "auto":
         from components.trainer import hardware
 
-        return hardware.detect().kind in ("gpu", "tpu")
+        return (accelerator or hardware.detect()).kind in ("gpu", "tpu")
     return setting == "true"
 
 

@@ -31,6 +31,23 @@ def test_auto_precision_per_device(accelerator, policy):
     assert precision.choose_policy("auto", accelerator)[0] == policy
 
 
+def test_xla_on_a_cpu_with_amx_trains_in_float32_and_refuses_bf16():
+    # TF 2.16's XLA CPU backend fails the step's bf16 dots on AMX CPUs ("unsupported
+    # operand type BF16 in op dot"), measured on a Xeon with AMX.
+    policy, reason = precision.choose_policy("auto", CPU_AMX, xla=True)
+    assert policy == "float32" and "XLA" in reason
+    assert precision.choose_policy("auto", A100, xla=True)[0] == "mixed_bfloat16"
+    for policy in ("mixed_bfloat16", "bfloat16"):
+        with pytest.raises(ValueError, match=rf"precision {policy} with train.jit_compile="
+                                             r"true on this CPU \(Xeon, AMX\).*"
+                                             r"train.jit_compile=false"):
+            precision.check_xla(policy, CPU_AMX, xla=True)
+    precision.check_xla("mixed_bfloat16", CPU_AMX, xla=False)  # bf16 without XLA
+    precision.check_xla("mixed_bfloat16", CPU, xla=True)  # no AMX: not refused
+    precision.check_xla("mixed_bfloat16", A100, xla=True)
+    precision.check_xla("float32", CPU_AMX, xla=True)
+
+
 def test_precision_override_and_bad_value():
     assert precision.choose_policy("mixed_bfloat16", CPU)[0] == "mixed_bfloat16"
     with pytest.raises(ValueError, match="train.precision='half'"):
