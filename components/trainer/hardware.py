@@ -3,7 +3,7 @@
 `detect()` reports the accelerator kind (TPU, GPU or CPU), its name and count
 without creating TensorFlow's eager context (so it can run before
 MultiWorkerMirroredStrategy configures collective ops), plus the CPU's
-feature flags (AMX decides whether bfloat16 pays off on a CPU).
+feature flags (AMX: where bfloat16 matmuls beat float32 on a CPU).
 
 Peak FLOP/s: GPUs and TPUs from the published table next to the model
 (`models.deepseek.flops.PEAK_FLOPS_TABLE`); CPUs, and accelerators missing

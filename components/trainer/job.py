@@ -206,14 +206,13 @@ def plan(job: TrainingJob):
     tc = PipelineConfig.from_json(job.pipeline_config).train
     accelerator = hardware.detect()
     name = strategy.resolve_name(tc.distribution_strategy, accelerator)
-    xla = resolve_jit_compile(tc.jit_compile, accelerator)
-    policy, reason = precision.choose_policy(tc.precision, accelerator, xla)
+    policy, reason = precision.choose_policy(tc.precision, accelerator)
     if job.base_model:
         from savedmodel import base_model
 
         policy, reason = precision.model_policy(policy, reason,
                                                 base_model.weight_dtype(job.base_model), tc)
-    precision.check_xla(policy, accelerator, xla)
+    precision.check_xla(policy, accelerator, resolve_jit_compile(tc.jit_compile, accelerator))
     return accelerator, name, policy, reason
 
 

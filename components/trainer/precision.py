@@ -3,19 +3,18 @@
   TPU                                  mixed_bfloat16
   GPU, compute capability >= 8.0       mixed_bfloat16 (Ampere and later: bf16 tensor cores)
   GPU, compute capability 7.x          mixed_float16, with dynamic loss scaling
-  CPU with AMX (amx_bf16)              mixed_bfloat16; float32 when the step is
-                                       XLA-compiled (`train.jit_compile=true`): see below
-  anything else (CPUs without AMX)     float32: bf16 matmuls are no faster there
-                                       (see the project notes and
-                                       benchmarks/train_throughput.py)
+  CPU, with or without AMX            float32 (`train.precision=mixed_bfloat16` opts in)
 
-XLA on a CPU with AMX: TensorFlow 2.16's XLA CPU backend keeps a bf16 dot in bf16 when
-its oneDNN rewrite will take it, and some of the training step's dots (two contracting
-dimensions, batch dimensions not leading) then reach its emitter, which refuses them:
-"unsupported operand type BF16 in op dot". Plain bf16 matmuls compile (measured on a
-Xeon with AMX: 535 GFLOP/s bf16 vs 198 float32, 2048x2048 on 2 cores); the step does
-not. So `auto` trains such a step in float32, and a bf16 policy set in the config with
-the XLA step on such a CPU is refused before anything is built (`check_xla`).
+On CPUs without AMX bf16 matmuls are slower than float32 (see the project notes and
+benchmarks/train_throughput.py). On a Xeon with AMX (2 cores) bf16 gains little in a
+training step: cpu_small 3,931 tokens/s in mixed_bfloat16 against 3,446 in float32
+(+14%), tiny +10%, for numerics that differ from every other CPU's. And TensorFlow 2.16's
+XLA CPU backend cannot compile the step's bf16 dots there: it keeps a bf16 dot in bf16
+when its oneDNN rewrite would take it, and some of the step's dots (two contracting
+dimensions, batch dimensions not leading) then reach its emitter, which refuses them
+("unsupported operand type BF16 in op dot"), although a plain bf16 matmul compiles. So
+CPUs train in float32 unless the config says otherwise, and a bf16 policy with the XLA
+step on an AMX CPU is refused before anything is built (`check_xla`).
 
 `train.precision` overrides the choice. Under a mixed policy variables stay
 float32 and layers compute in the low precision; the model keeps router scores,
@@ -39,9 +38,8 @@ from components.trainer.hardware import Accelerator
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
-def auto_policy(accelerator: Accelerator, xla: bool = False) -> tuple[str, str]:
-    """(policy, reason) for `accelerator`, by the table in the module docstring; `xla`:
-    the training step is XLA-compiled."""
+def auto_policy(accelerator: Accelerator) -> tuple[str, str]:
+    """(policy, reason) for `accelerator`, by the table in the module docstring."""
     if accelerator.kind == "tpu":
         return "mixed_bfloat16", "TPU"
     if accelerator.kind == "gpu":
@@ -51,18 +49,14 @@ def auto_policy(accelerator: Accelerator, xla: bool = False) -> tuple[str, str]:
         if cc >= (7, 0):
             return "mixed_float16", f"GPU compute capability {cc[0]}.{cc[1]} (no bf16)"
         return "float32", f"GPU compute capability {cc[0]}.{cc[1]} < 7.0"
-    if accelerator.cpu_has_amx and xla:
-        return "float32", ("CPU with AMX, XLA step: TF 2.16's XLA CPU backend cannot "
-                           "compile the step's bf16 dots")
     if accelerator.cpu_has_amx:
-        return "mixed_bfloat16", "CPU with AMX"
+        return "float32", ("CPU with AMX (bf16 measured +14% tokens/s only; "
+                           "train.precision=mixed_bfloat16 opts in)")
     return "float32", "CPU without AMX (bf16 is slower than float32 there)"
 
 
-def choose_policy(requested: str, accelerator: Accelerator,
-                  xla: bool = False) -> tuple[str, str]:
-    """The policy to train with: `requested`, or the automatic choice for "auto"
-    (`xla`: the training step is XLA-compiled).
+def choose_policy(requested: str, accelerator: Accelerator) -> tuple[str, str]:
+    """The policy to train with: `requested`, or the automatic choice for "auto".
 
     Returns:
       (policy, reason).
@@ -71,7 +65,7 @@ def choose_policy(requested: str, accelerator: Accelerator,
       ValueError: unknown policy.
     """
     if requested == "auto":
-        return auto_policy(accelerator, xla)
+        return auto_policy(accelerator)
     if requested not in POLICIES:
         raise ValueError(f"train.precision={requested!r} must be 'auto' or one of {POLICIES}")
     return requested, "set in the config (train.precision)"
