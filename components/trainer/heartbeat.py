@@ -1,7 +1,8 @@
 """Heartbeats: how the launcher tells a slow worker from a hung one.
 
 A worker started by `launcher.py` gets `HEARTBEAT_ENV` = a file path. It writes
-"<step> <unix time> <pid>" there when it starts and after every optimizer step (at most
+"<step> <unix time> <pid>" there before its first step (the step it starts or resumes
+from) and after every optimizer step (at most
 once a second, and always for a new step), by writing a temporary file and
 renaming it, so a reader never sees half a line. The launcher reads the files
 (`read`) and calls a worker hung when its last beat is older than

@@ -258,7 +258,7 @@ def _watch(group: _Group, beats: list[str], tc, deadline, sigterm) -> _Failure |
         now = time.time()
         stale = []
         for i in range(n):
-            beat = _own_beat(group, beats, i)
+            beat = heartbeat.read(beats[i])
             step, last = (beat.step, beat.time) if beat else (0, started)
             if beat and first_beat[i] is None:
                 first_beat[i] = beat.step
@@ -269,7 +269,7 @@ def _watch(group: _Group, beats: list[str], tc, deadline, sigterm) -> _Failure |
         if stale:
             # The others wait for the hung one in a collective: name the one behind.
             i = _hung_worker(group, beats, stale)
-            beat = _own_beat(group, beats, i)
+            beat = heartbeat.read(beats[i])
             step, last = (beat.step, beat.time) if beat else (0, started)
             return _Failure("hung", i, None, f"worker {i} of {n} hung{_stopped_note(group, i)}: "
                             f"no heartbeat for {now - last:.0f} s after step {step} "
@@ -312,13 +312,6 @@ def _classify(group: _Group, codes: list[int | None], beats: list[str]) -> _Fail
                     f"{codes[i]}; log {group.logs[i]}:\n{log_tail(group.logs[i])}", set())
 
 
-def _own_beat(group: _Group, beats: list[str], i: int) -> heartbeat.Beat | None:
-    """Worker i's last beat, if its current process wrote it: after a restart the file
-    holds the previous process's last beat until the new one's first."""
-    beat = heartbeat.read(beats[i])
-    return beat if beat and beat.pid == group.procs[i].pid else None
-
-
 def _hung_worker(group: _Group, beats: list[str], candidates: list[int]) -> int:
     """Of `candidates`, the stopped one (SIGSTOP), else the one with the fewest steps and
     the oldest heartbeat."""
@@ -327,7 +320,7 @@ def _hung_worker(group: _Group, beats: list[str], candidates: list[int]) -> int:
         return stopped[0]
 
     def behind(i):
-        beat = _own_beat(group, beats, i)
+        beat = heartbeat.read(beats[i])
         return (beat.step, beat.time) if beat else (-1, 0.0)
 
     return min(candidates, key=behind)

@@ -54,10 +54,10 @@ def main(argv: list[str]) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-    from components.trainer import heartbeat
     from components.trainer import job as job_lib
 
-    heartbeat.Heartbeat.from_env().beat(0)
+    # No heartbeat here: a process's first beat is the step its loop starts from (0, or
+    # the step it resumed from), which the launcher's start-up allowance keys on.
     with open(argv[1]) as f:
         job = job_lib.TrainingJob.from_json(f.read())
     return run_job(job)

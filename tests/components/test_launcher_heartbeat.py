@@ -1,34 +1,47 @@
-"""The launcher's heartbeat watch (`launcher._watch`) on a stand-in worker process that
-never beats: no TensorFlow, a few seconds."""
+"""The launcher's heartbeat watch (`launcher._watch`) on stand-in worker processes that
+beat as a resumed worker does: no TensorFlow, a few seconds."""
 
 from __future__ import annotations
 
 import sys
 import threading
-import time
 import types
 
-from components.trainer import launcher
+from components.trainer import heartbeat, launcher
+
+RESUMED_WORKER = """
+import sys, time
+from components.trainer.heartbeat import Heartbeat
+beat = Heartbeat(sys.argv[1])
+beat.beat(25)      # the loop's first beat: the step it resumed from
+time.sleep(2.5)    # restoring and tracing the first step: longer than the timeout
+for step in range(26, 31):
+    beat.beat(step)
+    time.sleep(0.1)
+"""
 
 
-def test_a_restarted_worker_is_judged_by_its_own_beats_not_the_previous_ones(tmp_path):
-    """After a restart the heartbeat file still holds the previous process's last beat.
-    The new process gets the start-up allowance until its own first beat; the old beat
-    (step 30, long ago) neither ends that allowance nor makes it hung at once."""
-    beat_file = str(tmp_path / "worker-0.beat")
-    with open(beat_file, "w") as f:
-        f.write(f"30 {time.time() - 100:.3f} 1\n")  # pid 1: not this group's process
+def _watch(tmp_path, script, timeout_s):
+    beat_file = str(tmp_path / "heartbeat-0")
     group = launcher._Group(1)
-    group.start(0, [sys.executable, "-c", "import time; time.sleep(60)"], {},
+    group.start(0, [sys.executable, "-c", script, beat_file], None,
                 str(tmp_path / "worker-0.log"))
-    tc = types.SimpleNamespace(heartbeat_timeout_s=0.4, preemption_grace_s=1.0)
+    tc = types.SimpleNamespace(heartbeat_timeout_s=timeout_s, preemption_grace_s=1.0)
     sigterm = types.SimpleNamespace(received=threading.Event(), forwarded_to=None)
-    start = time.time()
     try:
-        failure = launcher._watch(group, [beat_file], tc, None, sigterm)
+        return launcher._watch(group, [beat_file], tc, None, sigterm)
     finally:
         group.kill()
-    waited = failure.at - start
-    assert failure.cause == "hung" and "after step 0" in failure.reason, failure
-    # STARTUP_ALLOWANCE x heartbeat_timeout_s = 2 s, plus polling.
-    assert launcher.STARTUP_ALLOWANCE * 0.4 <= waited < 10, waited
+
+
+def test_a_resumed_worker_has_the_start_up_allowance_until_its_first_step(tmp_path):
+    """Its first beat is the step it resumed from (25), not step 0: until step 26 it gets
+    STARTUP_ALLOWANCE x heartbeat_timeout_s (5 x 1 s), so 2.5 s of tracing is no hang."""
+    assert heartbeat.HEARTBEAT_ENV  # the workers' variable; here the path is argv[1]
+    assert _watch(tmp_path, RESUMED_WORKER, 1.0) is None
+
+
+def test_a_worker_that_stops_beating_after_a_step_is_hung(tmp_path):
+    stalls = RESUMED_WORKER.replace("time.sleep(0.1)", "time.sleep(0.1 if step < 27 else 60)")
+    failure = _watch(tmp_path, stalls, 1.0)
+    assert failure.cause == "hung" and "after step 27" in failure.reason, failure
