@@ -74,13 +74,15 @@ class TrainConfig:
       trainable: which weights train: `all`; `top:N`, the last N decoder blocks
         plus the final norm, the LM head (the embedding when tied) and the MTP
         modules; or a regular expression matched (`re.search`) against weight
-        paths such as `layers.3/mlp/experts.0/up_proj/kernel`. The others stay
+        paths such as `layers.3/mlp/experts/up_proj/kernel` (a MoE layer's routed
+        experts are stacked kernels, (E, in, out)). The others stay
         bit-identical and get no optimizer slots (nor router-bias updates).
       lora_rank: > 0 trains low-rank adapters of this rank (Keras `enable_lora`)
         on the `lora_targets` projections instead of the weights themselves; the
         exported model carries the merged weights (Hu et al. 2021, LoRA).
       lora_targets: comma-separated: `attention` (q/kv/o projections of MLA),
-        `mlp` (dense MLP, experts and shared experts).
+        `mlp` (dense MLP, routed experts (per-expert adapters on the stacked
+        kernels) and shared experts).
       distill_alpha, distill_temperature: with a teacher (`--teacher`), loss =
         alpha CE + (1 - alpha) tau^2 KL(softmax(teacher/tau) || softmax(student/tau))
         (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network", §2).

@@ -289,17 +289,76 @@ def restore_cast(model, checkpoint_prefix: str, source: str) -> None:
         for attribute in graph.nodes[node_id].attributes:
             if attribute.name == "VARIABLE_VALUE":
                 keys[id(obj)] = attribute.checkpoint_key
-    missing = [v.path for v in model.weights if id(v) not in keys]
+    per_expert = _per_expert_keys(matched, graph)
+    missing = [v.path for v in model.weights if id(v) not in keys and id(v) not in per_expert]
     if missing:
         raise AssertionError(f"{source}: {len(missing)} variables of the model have no value "
                              f"in its checkpoint: {missing[:5]}")
     for variable in model.weights:
+        if id(variable) in per_expert:  # one tensor per expert, into slices in place
+            _restore_stacked(variable, per_expert[id(variable)], reader, source)
+            continue
         value = reader.get_tensor(keys[id(variable)])  # numpy, the stored dtype
         if tuple(value.shape) != tuple(variable.shape):
             raise ValueError(f"{source}: {variable.path} has shape {tuple(value.shape)} in the "
                              f"checkpoint, {tuple(variable.shape)} in the model")
         variable.assign(tf.cast(value, variable.dtype))
         del value
+
+
+def _per_expert_keys(matched: dict, graph) -> dict[int, list[str]]:
+    """Checkpoint keys of the routed experts of a model saved before they were stacked.
+
+    Such a checkpoint (main at b9aaa7c and before) holds `mlp/experts` as a list of
+    SwiGLU layers, `experts/<e>/<gate|up|down>_proj/<_kernel|kernel_scale>`; the model
+    now holds `experts/<proj>/<kernel|kernel_scale>` stacked, (E, in, out) and (E, out).
+    `CheckpointView.match` pairs the model's `RoutedExperts` with the list's node by
+    name; this follows that node's children "0".."E-1".
+
+    Returns:
+      {id(stacked variable): [checkpoint key of expert 0, 1, ...]} for every stacked
+      variable a per-expert checkpoint holds (empty for a checkpoint of stacked experts).
+    """
+    from models.deepseek.routed_experts import RoutedExperts
+
+    def child(node_id, name):
+        return next((c.node_id for c in graph.nodes[node_id].children if c.local_name == name),
+                    None)
+
+    def key(node_id):
+        return next((a.checkpoint_key for a in graph.nodes[node_id].attributes
+                     if a.name == "VARIABLE_VALUE"), None) if node_id is not None else None
+
+    found = {}
+    for node_id, obj in matched.items():
+        if not isinstance(obj, RoutedExperts) or child(node_id, "0") is None:
+            continue
+        experts = [child(node_id, str(e)) for e in range(obj.num_experts)]
+        for projection in obj.projections:
+            for variable in projection.weights:
+                # The object graph names a Dense's kernel by its attribute, `_kernel`.
+                name = {"kernel": "_kernel", "kernel_scale": "kernel_scale"}.get(
+                    variable.path.rsplit("/", 1)[1])
+                if name is None:  # LoRA adapters: never in a per-expert SavedModel
+                    continue
+                nodes = [child(p, projection.name) if p is not None else None for p in experts]
+                per = [key(child(n, name)) if n is not None else None for n in nodes]
+                if all(per):
+                    found[id(variable)] = per
+    return found
+
+
+def _restore_stacked(variable, keys: list[str], reader, source: str) -> None:
+    """Assigns stacked `variable` (E, ...) from one checkpoint tensor per expert, each
+    into its slice in place, cast to the variable's dtype."""
+    target = variable.value  # the backend's tf.Variable: its slices assign in place
+    for e, key in enumerate(keys):
+        value = reader.get_tensor(key)
+        if tuple(value.shape) != tuple(variable.shape)[1:]:
+            raise ValueError(f"{source}: expert {e} of {variable.path} has shape "
+                             f"{tuple(value.shape)} in the checkpoint, "
+                             f"{tuple(variable.shape)[1:]} in the model")
+        target[e].assign(tf.cast(value, variable.dtype))
 
 
 def hf_export(model_dir: str, out_dir: str,

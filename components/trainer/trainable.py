@@ -47,8 +47,9 @@ def _blocks(model) -> list:
     return list(model.decoder_layers) + [m.block for m in model.mtp_layers]
 
 
-def lora_layers(model, targets: str) -> list[keras.layers.Dense]:
-    """The Dense projections that `targets` ("attention", "mlp", comma-separated) name."""
+def lora_layers(model, targets: str) -> list[keras.layers.Layer]:
+    """The projections that `targets` ("attention", "mlp", comma-separated) name: Dense
+    layers, and each MoE layer's three stacked `ExpertProjection`s (per-expert adapters)."""
     wanted = {t.strip() for t in targets.split(",") if t.strip()}
     layers = []
     for block in _blocks(model):
@@ -58,7 +59,7 @@ def lora_layers(model, targets: str) -> list[keras.layers.Dense]:
         if "mlp" in wanted:
             mlp = block.mlp
             swiglus = ([mlp] if not block.is_moe else
-                       list(mlp.experts) + ([mlp.shared_experts] if mlp.shared_experts else []))
+                       [mlp.experts] + ([mlp.shared_experts] if mlp.shared_experts else []))
             layers += [getattr(s, n) for s in swiglus for n in MLP_PROJECTIONS]
     return layers
 

@@ -34,7 +34,13 @@ from models.deepseek.hf_config import (
     config_to_hf,
     read_config_json,
 )
-from models.deepseek.hf_names import expected_hf_shapes, hf_weight_map, shared_mtp_names
+from models.deepseek.hf_names import (
+    ExpertSlice,
+    expected_hf_shapes,
+    hf_weight_map,
+    shared_mtp_names,
+    stored_variable,
+)
 from models.deepseek.hf_save import (
     DEFAULT_MAX_SHARD_BYTES,
     model_tensors,
@@ -43,7 +49,7 @@ from models.deepseek.hf_save import (
 
 __all__ = [
     "CONFIG_NAME", "CheckpointError", "config_from_hf", "config_to_hf", "read_config_json",
-    "hf_weight_map", "checkpoint_files", "load_hf_checkpoint",
+    "hf_weight_map", "stored_variable", "checkpoint_files", "load_hf_checkpoint",
     "open_hf_checkpoint", "stored_precision", "CheckedCheckpoint",
     "model_tensors", "save_hf_checkpoint", "DEFAULT_MAX_SHARD_BYTES",
 ]
@@ -312,7 +318,8 @@ def _assign(checked: CheckedCheckpoint, name: str, variable, transpose: bool) ->
     one block beside the model, not the whole tensor, its converted copy and the
     variable's old buffer (an embedding of 129,280 x 2,048 bf16 is 0.53 GB each)."""
     info, dtype = checked.files.info(name), _numpy_dtype(variable)
-    if info.dtype == "F8_E4M3" or len(info.shape) != 2 or info.nbytes <= ASSIGN_BLOCK_BYTES:
+    if (info.dtype == "F8_E4M3" or len(info.shape) != 2 or info.nbytes <= ASSIGN_BLOCK_BYTES
+            or isinstance(variable, ExpertSlice)):  # a slice assigns in place itself
         value = checked.read_float(name).astype(dtype, copy=False)
         variable.assign(value.T if transpose else value)
         return

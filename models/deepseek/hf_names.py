@@ -7,6 +7,11 @@ multi-token-prediction modules sit at layer index `num_hidden_layers + d`
 (`enorm`, `hnorm`, `eh_proj`, `shared_head.norm`, `shared_head.head`,
 `embed_tokens`, plus a full decoder block). Linear weights are PyTorch's
 [out, in]; Keras kernels are [in, out], so they are transposed both ways.
+
+Routed experts are one tensor per expert on disk (`mlp.experts.e.gate_proj.weight`,
+as DeepSeek releases them and transformers' `save_pretrained` writes them) and
+stacked kernels in the model (`RoutedExperts`): each name maps to an `ExpertSlice`,
+expert e of a stacked (E, in, out) kernel, read and assigned in place.
 """
 
 from __future__ import annotations
@@ -32,6 +37,42 @@ class DequantizedKernel:
         return value if dtype is None else tf.cast(value, dtype)
 
 
+class ExpertSlice:
+    """Expert e's (in, out) kernel inside a stacked `ExpertProjection` kernel (E, in, out):
+    `shape` and `dtype` as a variable's; `tf.convert_to_tensor` reads it as float
+    (Q_e / s_e for int8, + A_e B_e with LoRA); `assign(value)` writes the float (in, out)
+    value into slice e of the float kernel in place (no copy of the stacked kernel)."""
+
+    def __init__(self, projection, expert: int):
+        self.projection = projection
+        self.expert = expert
+        variable = kernel_variable(projection)
+        self.shape = tuple(variable.shape)[1:]  # (in, out)
+        self.dtype = tf.float32 if is_quantized(projection) else variable.dtype
+
+    def __tf_tensor__(self, dtype=None, name=None):
+        value = self.projection.expert_kernel(self.expert)  # (in, out)
+        return value if dtype is None else tf.cast(value, dtype)
+
+    def assign(self, value) -> None:
+        """Raises ValueError for an int8 kernel (quantize after assigning)."""
+        if is_quantized(self.projection):
+            raise ValueError(f"{self.projection.path} is int8: assign float kernels, then "
+                             "quantize")
+        variable = kernel_variable(self.projection)
+        variable.value[self.expert].assign(tf.cast(value, variable.dtype))
+
+
+def stored_variable(entry):
+    """The model variable an `hf_weight_map` entry reads: the variable itself, or the
+    stacked kernel of an `ExpertSlice`, or the int8 kernel of a `DequantizedKernel`."""
+    if isinstance(entry, ExpertSlice):
+        return kernel_variable(entry.projection)
+    if isinstance(entry, DequantizedKernel):
+        return kernel_variable(entry.layer)
+    return entry
+
+
 def hf_weight_map(model) -> dict[str, tuple[tf.Variable, bool]]:
     """HF tensor name -> (the model's variable, transpose?) for every weight.
 
@@ -39,10 +80,10 @@ def hf_weight_map(model) -> dict[str, tuple[tf.Variable, bool]]:
       model: a DeepSeekCausalLM.
 
     Returns:
-      A dict over every variable of the model (router biases included);
+      A dict over every weight of the model (router biases included);
       `transpose` is True for Dense kernels (Keras [in, out] vs HF [out, in]). An
       int8 projection's entry is a `DequantizedKernel` (read-only: its float32 Q / s),
-      not a variable.
+      not a variable; a routed expert's is an `ExpertSlice` of its stacked kernel.
     """
     c = model.config
     names: dict[str, tuple[tf.Variable, bool]] = {}
@@ -78,8 +119,10 @@ def hf_weight_map(model) -> dict[str, tuple[tf.Variable, bool]]:
             if moe.gate.e_score_correction_bias is not None:  # V3 only; V2 has no bias
                 names[f"{prefix}.mlp.gate.e_score_correction_bias"] = (
                     moe.gate.e_score_correction_bias, False)
-            for e, expert in enumerate(moe.experts):
-                mlp(f"{prefix}.mlp.experts.{e}", expert)
+            for e in range(len(moe.experts)):
+                for proj in ("gate_proj", "up_proj", "down_proj"):
+                    names[f"{prefix}.mlp.experts.{e}.{proj}.weight"] = (
+                        ExpertSlice(getattr(moe.experts, proj), e), True)
             if moe.shared_experts is not None:
                 mlp(f"{prefix}.mlp.shared_experts", moe.shared_experts)
         else:

@@ -83,7 +83,8 @@ class WeightTensor:
 
     Attributes:
       path: as `trainable.weight_path` writes it, e.g. `layers.1/self_attn/o_proj/kernel`.
-      shape: its shape; a Dense kernel is (in, out).
+      shape: its shape; a Dense kernel is (in, out), the routed experts' stacked
+        kernels (E, in, out).
       trainable: False only for the routers' `e_score_correction_bias`.
       lora: "attention" or "mlp" when it is a kernel that `train.lora_targets`
         can adapt, else "".
@@ -130,8 +131,10 @@ def _block_tensors(c: DeepSeekConfig, prefix: str, layer_idx: int) -> list[Weigh
     t += [WeightTensor(f"{m}gate/weight", (c.n_routed_experts, C)),
           WeightTensor(f"{m}gate/e_score_correction_bias", (c.n_routed_experts,),
                        trainable=False)]
-    for e in range(c.n_routed_experts):
-        t += swiglu(f"{m}experts.{e}/", c.moe_intermediate_size)
+    e, f = c.n_routed_experts, c.moe_intermediate_size  # stacked kernels (RoutedExperts)
+    t += [WeightTensor(f"{m}experts/gate_proj/kernel", (e, C, f), lora="mlp"),
+          WeightTensor(f"{m}experts/up_proj/kernel", (e, C, f), lora="mlp"),
+          WeightTensor(f"{m}experts/down_proj/kernel", (e, f, C), lora="mlp")]
     if c.n_shared_experts:
         t += swiglu(f"{m}shared_experts/", c.moe_intermediate_size * c.n_shared_experts)
     return t
@@ -199,8 +202,8 @@ def _optimizer_numbers(shape: tuple[int, ...], optimizer: str) -> int:
         return 2 * math.prod(shape)
     if optimizer == "sgd":
         return math.prod(shape)
-    if len(shape) >= 2:  # adafactor: factored second moment of a matrix
-        return math.prod(shape[:-1]) + shape[-1]
+    if len(shape) >= 2:  # adafactor: factored second moment over the last two axes
+        return math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]
     return math.prod(shape)
 
 
@@ -249,7 +252,10 @@ def parameter_counts(config: DeepSeekConfig, mode: str = "full", lora_rank: int 
         per_block: dict[str, int] = {}
         for t in tensors:
             if t.lora in wanted and picked(t):
-                a, b = (t.shape[0], lora_rank), (lora_rank, t.shape[1])
+                # (in, out) -> A (in, r), B (r, out); stacked experts (E, in, out) ->
+                # A (E, in, r), B (E, r, out) (`ExpertProjection.enable_lora`).
+                *e, n_in, n_out = t.shape
+                a, b = (*e, n_in, lora_rank), (*e, lora_rank, n_out)
                 adapters += math.prod(a) + math.prod(b)
                 states += _optimizer_numbers(a, optimizer) + _optimizer_numbers(b, optimizer)
                 block = t.path.split("/", 1)[0]  # layers.i or mtp.d

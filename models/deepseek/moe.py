@@ -10,10 +10,16 @@ HF. Routed compute scales with num_experts_per_tok, not n_routed_experts. The
 N*K (token, expert) pairs of the N tokens of a call are dispatched one of two
 ways:
 
-- dropless (the default): the pairs are sorted by expert, each expert runs
-  only on its own tokens (tf.split by per-expert counts, a Python loop over
-  experts), and the weighted outputs are summed back per token
-  (unsorted_segment_sum). Shapes depend on the routing: XLA cannot compile it.
+- dropless (the default): the pairs are sorted by expert into an (E, M, C)
+  buffer padded to the busiest expert's count M = max_e count_e, and the experts
+  run on it as one batched SwiGLU over their stacked kernels (`RoutedExperts`);
+  each pair then reads its slot back, times its gating weight, and the K pairs
+  of a token are summed. No pair is dropped. Memory: the buffer is E*M*C and
+  the experts' hidden activations 2*E*M*F; an expert is picked at most once per
+  token, so M <= N, and the worst case (every token to one expert) is E*N*C,
+  E/K times the N*K*C of the pairs themselves. Balanced routing (what the
+  auxiliary-loss-free bias steers towards) gives M ~ N*K/E. Shapes depend on
+  the routing: XLA cannot compile it.
 - capacity (`capacity_factor` set): every expert gets S slots,
 
       S = min(ceil(capacity_factor * N * K / E), N)
@@ -22,11 +28,13 @@ ways:
   empty). Pairs sorted by expert (stable, so by token order within an expert)
   take the slots in order; the pairs of an expert beyond its S are dropped and
   contribute zero (the token keeps its other experts, the shared expert and the
-  residual). All experts then run as one batched einsum on an (E, S, C)
-  buffer over their stacked kernels, so every shape is static when N is (the
-  GShard / Switch Transformer "expert capacity", as in MaxText's dense_matmul;
-  there the top-1 choices of all tokens take slots before any top-2 choice,
-  here earlier tokens come first).
+  residual). The same batched SwiGLU then runs on the (E, S, C) buffer, so
+  every shape is static when N is (the GShard / Switch Transformer "expert
+  capacity", as in MaxText's dense_matmul; there the top-1 choices of all
+  tokens take slots before any top-2 choice, here earlier tokens come first).
+
+Both dispatches are one code path (`_dispatch`), with S = M for dropless: the
+graph has no loop over experts, and its size does not depend on E.
 
 Also computed, for training: the per-expert load (tokens routed to each
 expert, the input of the auxiliary-loss-free bias update) and the
@@ -47,10 +55,9 @@ import fractions
 import keras
 import tensorflow as tf
 
-from models.deepseek._tracking import with_layer_lists
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.mlp import SwiGLU
-from models.deepseek.quantization import float_kernel
+from models.deepseek.routed_experts import RoutedExperts
 from models.deepseek.router import DeepSeekTopKRouter
 
 
@@ -126,22 +133,14 @@ def expert_capacity(n_tokens, n_experts: int, top_k: int, capacity_factor: float
     return tf.cast(tf.minimum((num * n + den - 1) // den, n), tf.int32)
 
 
-def _run_expert(expert, x):
-    """`expert(x)` for x (count, C); (0, C) zeros for an expert without tokens when
-    running eagerly, where Keras' `ops.max` refuses an empty tensor (an int8 layer's
-    per-token input scale is a max). In a graph the empty call runs as it is."""
-    if tf.executing_eagerly() and x.shape[0] == 0:
-        return tf.zeros_like(x)
-    return expert(x)
-
-
 @keras.saving.register_keras_serializable(package="deepseek")
 class DeepSeekMoE(keras.layers.Layer):
     """Mixture of experts: DeepSeek-V3's sigmoid, group-limited, bias-balanced
     routing, or DeepSeek-V2's softmax routing (config.topk_method).
 
-    Sublayers (HF names): `gate` (DeepSeekTopKRouter), `experts.0..E-1`
-    (SwiGLU of width moe_intermediate_size), `shared_experts` (SwiGLU of width
+    Sublayers: `gate` (DeepSeekTopKRouter), `experts` (RoutedExperts: the E
+    routed SwiGLUs of width moe_intermediate_size as stacked kernels; HF's
+    `mlp.experts.e.*` are its slices), `shared_experts` (SwiGLU of width
     moe_intermediate_size * n_shared_experts; absent when n_shared_experts = 0).
 
     Args:
@@ -177,11 +176,9 @@ class DeepSeekMoE(keras.layers.Layer):
         self.config = config
         c = config
         self.gate = DeepSeekTopKRouter(c, name="gate")
-        self.experts = [
-            SwiGLU(c.hidden_size, c.moe_intermediate_size, c.initializer_range,
-                   name=f"experts.{i}", dtype=self.dtype_policy)
-            for i in range(c.n_routed_experts)
-        ]
+        self.experts = RoutedExperts(c.n_routed_experts, c.hidden_size,
+                                     c.moe_intermediate_size, c.initializer_range,
+                                     name="experts", dtype=self.dtype_policy)
         self.shared_experts = None
         if c.n_shared_experts > 0:
             self.shared_experts = SwiGLU(
@@ -190,8 +187,7 @@ class DeepSeekMoE(keras.layers.Layer):
 
     def build(self, input_shape=None):
         self.gate.build((None, self.config.hidden_size))
-        for expert in self.experts:
-            expert.build()
+        self.experts.build()
         if self.shared_experts is not None:
             self.shared_experts.build()
 
@@ -229,24 +225,8 @@ class DeepSeekMoE(keras.layers.Layer):
         return out, expert_load, balance_loss, dropped
 
     def _dropless(self, x, topk_indices, topk_weights, counts):
-        """Routed output (N, C): each expert on exactly its own tokens (dynamic shapes)."""
-        top_k = self.config.num_experts_per_tok
-        n_tokens = tf.shape(x)[0]
-        flat_expert = tf.reshape(topk_indices, [-1])  # (N*K,)
-        flat_token = tf.repeat(tf.range(n_tokens), top_k)  # (N*K,) token of each pair
-        flat_weight = tf.reshape(topk_weights, [-1])  # (N*K,)
-        order = tf.argsort(flat_expert, stable=True)  # (N*K,)
-        sorted_token = tf.gather(flat_token, order)  # (N*K,)
-        sorted_weight = tf.gather(flat_weight, order)  # (N*K,)
-
-        # Each expert runs on its own tokens only.
-        expert_inputs = tf.split(tf.gather(x, sorted_token), counts, num=len(self.experts),
-                                 axis=0)  # E x (count_e, C)
-        expert_outputs = tf.concat(
-            [_run_expert(expert, xe) for expert, xe in zip(self.experts, expert_inputs, strict=True)],
-            axis=0)  # (N*K, C)
-        expert_outputs *= tf.cast(sorted_weight, expert_outputs.dtype)[:, None]  # (N*K, C)
-        return tf.math.unsorted_segment_sum(expert_outputs, sorted_token, n_tokens)  # (N, C)
+        """Routed output (N, C): every pair in a buffer of max(counts) slots per expert."""
+        return self._dispatch(x, topk_indices, topk_weights, counts, tf.reduce_max(counts))
 
     def _with_capacity(self, x, topk_indices, topk_weights, counts, capacity_factor):
         """Routed output (N, C) and dropped pairs (float32 scalar), S slots per expert.
@@ -258,9 +238,16 @@ class DeepSeekMoE(keras.layers.Layer):
         constant again.
         """
         c = self.config
-        n_experts, top_k = c.n_routed_experts, c.num_experts_per_tok
         n_tokens = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
-        slots = expert_capacity(n_tokens, n_experts, top_k, capacity_factor)  # S
+        slots = expert_capacity(n_tokens, c.n_routed_experts, c.num_experts_per_tok,
+                                capacity_factor)  # S
+        dropped = tf.reduce_sum(tf.cast(tf.maximum(counts - slots, 0), tf.float32))
+        return self._dispatch(x, topk_indices, topk_weights, counts, slots), dropped
+
+    def _dispatch(self, x, topk_indices, topk_weights, counts, slots):
+        """Routed output (N, C) with S = `slots` per expert; pairs past S are dropped."""
+        c = self.config
+        top_k = c.num_experts_per_tok
         n_pairs = tf.size(topk_indices)  # N*K
 
         # Rank of each pair within its expert: pairs sorted by expert (stable), minus
@@ -275,37 +262,27 @@ class DeepSeekMoE(keras.layers.Layer):
         # reshape is not implemented"); a second sort of N*K ints compiles in both.
         rank = tf.gather(sorted_rank, tf.argsort(order))  # (N*K,) pair order
         keep = rank < slots  # (N*K,)
-        dropped = tf.reduce_sum(tf.cast(tf.maximum(counts - slots, 0), tf.float32))
 
         # Dispatch: slot (e, s) holds the pair at sorted position starts[e] + s when
         # s < counts[e] (so the kept pairs, ranks 0..S-1), else zeros. A gather per
         # slot, equivalent to scattering the kept pairs into the buffer.
         s = tf.range(slots)  # (S,)
         filled = s[None, :] < counts[:, None]  # (E, S)
-        position = tf.minimum(starts[:, None] + s[None, :], n_pairs - 1)  # (E, S)
+        position = tf.minimum(starts[:, None] + s[None, :], tf.maximum(n_pairs - 1, 0))  # (E, S)
         slot_token = tf.gather(order, position) // top_k  # (E, S)
         buffer = tf.where(filled[:, :, None], tf.gather(x, slot_token),
                           tf.zeros([], x.dtype))  # (E, S, C)
 
-        # All experts at once, SwiGLU on stacked kernels: `float_kernel` includes the
-        # LoRA update and dequantizes int8 kernels, in the compute dtype.
-        dtype = x.dtype
-        w_gate = tf.stack([float_kernel(e.gate_proj, dtype) for e in self.experts])  # (E, C, F)
-        w_up = tf.stack([float_kernel(e.up_proj, dtype) for e in self.experts])  # (E, C, F)
-        w_down = tf.stack([float_kernel(e.down_proj, dtype) for e in self.experts])  # (E, F, C)
-        h = (tf.nn.silu(tf.einsum("esc,ecf->esf", buffer, w_gate))
-             * tf.einsum("esc,ecf->esf", buffer, w_up))  # (E, S, F)
-        y = tf.einsum("esf,efc->esc", h, w_down)  # (E, S, C)
+        y = self.experts(buffer)  # (E, S, C): all experts at once, stacked kernels
 
         # Combine: each pair reads its slot (dropped pairs read zero), times its
         # gating weight, then the K pairs of a token are summed (pair p = n*K + k).
-        slot = flat_expert * slots + tf.minimum(rank, slots - 1)  # (N*K,) row of (E*S, C)
+        slot = flat_expert * slots + tf.minimum(rank, tf.maximum(slots - 1, 0))  # (N*K,)
         y_pairs = tf.gather(tf.reshape(y, [-1, c.hidden_size]), slot)  # (N*K, C)
-        y_pairs = tf.where(keep[:, None], y_pairs, tf.zeros([], dtype))  # (N*K, C)
-        y_pairs *= tf.cast(tf.reshape(topk_weights, [-1]), dtype)[:, None]  # (N*K, C)
-        routed = tf.reduce_sum(tf.reshape(y_pairs, [-1, top_k, c.hidden_size]),
-                               axis=1)  # (N, K, C) -> (N, C)
-        return routed, dropped
+        y_pairs = tf.where(keep[:, None], y_pairs, tf.zeros([], y.dtype))  # (N*K, C)
+        y_pairs *= tf.cast(tf.reshape(topk_weights, [-1]), y.dtype)[:, None]  # (N*K, C)
+        return tf.reduce_sum(tf.reshape(y_pairs, [-1, top_k, c.hidden_size]),
+                             axis=1)  # (N, K, C) -> (N, C)
 
     def _sequence_balance_loss(self, topk_indices, scores, batch, seq):
         """alpha * L_Bal, DeepSeek-V3 §2.1.2 eq. 17-20, float32 scalar."""
@@ -336,11 +313,6 @@ class DeepSeekMoE(keras.layers.Layer):
         if update_speed is None:
             update_speed = self.config.router_bias_update_speed
         return self.gate.update_bias(expert_load, update_speed)
-
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        # Let tf.train.Checkpoint see the layers held in lists (see _tracking.py).
-        children = super()._trackable_children(save_type, **kwargs)
-        return with_layer_lists(self, children, save_type)
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

@@ -14,8 +14,9 @@ to the compute dtype (Keras 3.6 `Dense._int8_call`; the LLM.int8()-style
 outlier decomposition).
 
 Quantized: the attention projections (q_proj or q_a_proj/q_b_proj, kv_a_proj_with_mqa,
-kv_b_proj, o_proj), the dense MLPs, the routed and shared experts, the MTP modules'
-`eh_proj`, and (`head=True`) an untied `lm_head`. Kept in float: the embedding (and
+kv_b_proj, o_proj), the dense MLPs, the routed experts (their stacked kernels,
+`ExpertProjection.quantize`: the same scheme per expert, scales (E, out)) and the shared
+experts, the MTP modules' `eh_proj`, and (`head=True`) an untied `lm_head`. Kept in float: the embedding (and
 with it a tied head), every RMSNorm, and the router (`gate.weight`, the bias): the
 router picks experts by comparing scores, and an int8 rounding there moves tokens
 between experts.
@@ -32,7 +33,6 @@ Three places read a projection's weights instead of calling it; they use
     The expanding path uses the same float kernel (c_kv W, no activation
     quantization for kv_b_proj), so absorbed and expanded decoding agree up to
     float32 rounding, as they do in float.
-  - the capacity MoE dispatch, which stacks the experts' kernels;
   - `hf-export` (`hf_names.hf_weight_map`), which writes Q / s as float.
 """
 
@@ -53,10 +53,11 @@ def is_quantized(layer) -> bool:
 
 
 def quantized_layers(model, head: bool = True) -> list:
-    """The Dense projections `quantize_int8` quantizes, in a fixed order: per decoder
+    """The projections `quantize_int8` quantizes, in a fixed order: per decoder
     block then per MTP module, the attention projections then the MLP's (dense MLP,
-    or each routed expert then the shared experts), `eh_proj` of MTP modules, and
-    (when `head` and the head is not tied to the embedding) `lm_head`.
+    or the routed experts' three stacked `ExpertProjection`s then the shared
+    experts), `eh_proj` of MTP modules, and (when `head` and the head is not tied to
+    the embedding) `lm_head`. All but the `ExpertProjection`s are Keras Dense layers.
 
     Args:
       model: a DeepSeekCausalLM.
@@ -71,7 +72,7 @@ def quantized_layers(model, head: bool = True) -> list:
         layers += [getattr(attn, n) for n in ATTENTION_PROJECTIONS if hasattr(attn, n)]
         mlp = block.mlp
         swiglus = ([mlp] if not block.is_moe else
-                   list(mlp.experts) + ([mlp.shared_experts] if mlp.shared_experts else []))
+                   [mlp.experts] + ([mlp.shared_experts] if mlp.shared_experts else []))
         layers += [getattr(s, n) for s in swiglus for n in MLP_PROJECTIONS]
         if mtp is not None:
             layers.append(mtp.eh_proj)
@@ -130,22 +131,24 @@ def is_quantized_model(model) -> bool:
 
 
 def kernel_variable(layer):
-    """The variable a Dense stores its kernel in: float (in, out), or int8 (in, out)
-    when quantized (the public `kernel` property adds LoRA's A B to it, which an int8
-    kernel cannot take)."""
+    """The variable a Dense (or ExpertProjection) stores its kernel in: float (in, out)
+    ((E, in, out) stacked), or int8 when quantized (the public `kernel` property adds
+    LoRA's A B to it, which an int8 kernel cannot take)."""
     (kernel,) = [w for w in layer.weights if w.path.endswith("/kernel")]
     return kernel
 
 
 def float_kernel(layer, dtype=None) -> tf.Tensor:
-    """The float (in, out) kernel a Dense computes with: W, or Q / s for an int8 layer
-    (Q int8 (in, out), s = `kernel_scale` float32 (out,)), plus A B when LoRA is
-    enabled; cast to `dtype` (default: the layer's compute dtype). A graph op, so
-    it is recomputed at each call of a tf.function (no copy is kept)."""
+    """The float kernel a Dense (in, out) or ExpertProjection (E, in, out) computes
+    with: W, or Q / s for an int8 layer (Q int8, s = `kernel_scale` float32 (out,) or
+    (E, out)), plus A B when LoRA is enabled; cast to `dtype` (default: the layer's
+    compute dtype). A graph op, so it is recomputed at each call of a tf.function (no
+    copy is kept)."""
     dtype = dtype or layer.compute_dtype
     if not is_quantized(layer):
         return tf.cast(layer.kernel, dtype)  # W (+ A B)
-    w = tf.cast(kernel_variable(layer), tf.float32) / layer.kernel_scale[None, :]  # (in, out)
+    w = (tf.cast(kernel_variable(layer), tf.float32)
+         / layer.kernel_scale[..., None, :])  # (..., in, out)
     if layer.lora_enabled:
         w += tf.matmul(tf.cast(layer.lora_kernel_a, tf.float32),
                        tf.cast(layer.lora_kernel_b, tf.float32))  # + A B
@@ -153,17 +156,17 @@ def float_kernel(layer, dtype=None) -> tf.Tensor:
 
 
 def requantized(layer) -> tuple[np.ndarray, np.ndarray]:
-    """(Q int8 (in, out), s float32 (out,)) of `float_kernel(layer)`: an int8 layer's
-    own kernel and scale, or, with LoRA adapters, W' = Q / s + A B quantized again
-    the same way (`keras.quantizers.abs_max_quantize`, axis 0): the merge of QLoRA-style
-    training into an int8 export (one more rounding of every weight, to 1/254 of its
-    column's absmax)."""
+    """(Q int8 (..., in, out), s float32 (..., out)) of `float_kernel(layer)`: an int8
+    layer's own kernel and scale, or, with LoRA adapters, W' = Q / s + A B quantized
+    again the same way (`keras.quantizers.abs_max_quantize` over the `in` axis): the
+    merge of QLoRA-style training into an int8 export (one more rounding of every
+    weight, to 1/254 of its column's absmax). `...` is E for an ExpertProjection."""
     if is_quantized(layer) and not layer.lora_enabled:
         return (keras.ops.convert_to_numpy(kernel_variable(layer)),
                 keras.ops.convert_to_numpy(layer.kernel_scale))
     q, scale = keras.quantizers.abs_max_quantize(
-        float_kernel(layer, tf.float32), axis=0, to_numpy=True)  # (in, out), (1, out)
-    return keras.ops.convert_to_numpy(q), keras.ops.convert_to_numpy(scale)[0]
+        float_kernel(layer, tf.float32), axis=-2, to_numpy=True)  # (..., in, out), (..., 1, out)
+    return keras.ops.convert_to_numpy(q), keras.ops.convert_to_numpy(scale)[..., 0, :]
 
 
 def weight_bytes(model, head: bool = True) -> dict[str, int]:

@@ -215,6 +215,13 @@ def test_tiny_overfit_trains_attention_moe_and_mtp(tiny_config):
     losses, grads = train_step()
     grad_norms = {v.path.split("/", 1)[1]: float(tf.norm(g)) for v, g in
                   zip(model.trainable_variables, grads, strict=True)}
+    # The routed experts' stacked kernels (E, in, out): one norm per expert and projection.
+    for v, g in zip(model.trainable_variables, grads, strict=True):
+        path = v.path.split("/", 1)[1]
+        if path.startswith("layers.1/mlp/experts/"):
+            for e in range(v.shape[0]):
+                grad_norms[f"layers.1/mlp/experts.{e}/{path.split('/')[3]}"] = float(
+                    tf.norm(tf.convert_to_tensor(g)[e]))
     assert all(np.isfinite(n) for n in grad_norms.values())
     for name in ("layers.0/self_attn/kv_b_proj/kernel", "layers.1/mlp/gate/weight",
                  "layers.1/mlp/shared_experts/up_proj/kernel", "mtp.0/eh_proj/kernel",

@@ -11,6 +11,7 @@ from models.deepseek import hf_checkpoint
 from models.deepseek.causal_lm import DeepSeekCausalLM
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.deepseek_presets import deepseek_v3_config
+from models.deepseek.hf_names import ExpertSlice
 
 YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
@@ -157,8 +158,14 @@ def test_v3_config_json_is_written_as_before(tiny_config):
 def test_weight_map_covers_every_variable_once(tiny_config):
     model = DeepSeekCausalLM(tiny_config)
     mapped = hf_checkpoint.hf_weight_map(model)
-    ids = [id(v) for v, _ in mapped.values()]
-    assert len(ids) == len(set(ids)) == len(model.weights)
+    ids = [id(v) for v, _ in mapped.values() if not isinstance(v, ExpertSlice)]
+    assert len(ids) == len(set(ids))
+    # A routed expert is a slice of a stacked kernel, each (kernel, expert) named once.
+    slices = [(id(v.projection), v.expert) for v, _ in mapped.values()
+              if isinstance(v, ExpertSlice)]
+    assert len(slices) == len(set(slices)) == 2 * 3 * tiny_config.n_routed_experts
+    covered = {id(hf_checkpoint.stored_variable(v)) for v, _ in mapped.values()}
+    assert len(covered) == len(model.weights)
     assert "model.layers.1.mlp.gate.e_score_correction_bias" in mapped
     assert "model.layers.2.eh_proj.weight" in mapped  # MTP at num_hidden_layers
     assert "model.layers.0.mlp.gate_proj.weight" in mapped  # first_k_dense_replace = 1

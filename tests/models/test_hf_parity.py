@@ -12,6 +12,8 @@ must match to 1e-4.
   no_q_lora   q_proj (q_lora_rank null), YaRN rope_scaling, config.json in the
               transformers 5.x form (rope_parameters)
   yarn_extra  YaRN with mscale != mscale_all_dim (attention factor != 1)
+
+and tests/fixtures/hf_deepseek_v3_256/ (bf16 checkpoints of 256 and 8 routed experts).
 """
 
 import json
@@ -35,7 +37,11 @@ def _fixture(name):
 @pytest.mark.parametrize("name", [
     "hf_deepseek_v3/q_lora", "hf_deepseek_v3/no_q_lora", "hf_deepseek_v3/yarn_extra",
     # DeepseekV2ForCausalLM: greedy V2-Lite-style, group_limited_greedy V2-style
-    "hf_deepseek_v2/v2_lite", "hf_deepseek_v2/v2"])
+    "hf_deepseek_v2/v2_lite", "hf_deepseek_v2/v2",
+    # DeepSeek-V3's expert layout at small widths: 256 routed experts in 8 groups, top-8,
+    # bf16 on disk with float32 router biases, 5 MoE layers (stacked in the model), and
+    # the same model with 8 experts
+    "hf_deepseek_v3_256/experts_256", "hf_deepseek_v3_256/experts_8"])
 def test_logits_match_transformers(name):
     d = FIXTURES.parent / name
     input_ids, expected = np.load(d / "input_ids.npy"), np.load(d / "expected_logits.npy")

@@ -82,7 +82,8 @@ def test_capacity_covering_every_load_equals_dropless(tiny_config):
     assert capacity[0].dtype == tf.float32 and capacity[3].dtype == tf.float32
     _assert_same(dropless, capacity, moe.trainable_variables, ULPS, "cf=E/K")
     # The routed experts all received gradient (the comparison is not of zeros).
-    expert_grads = capacity[4][1 + 1:1 + 1 + 3 * 8]  # after x and gate.weight
+    stacked = capacity[4][1 + 1:1 + 1 + 3]  # after x and gate.weight: (E, in, out) each
+    expert_grads = [g[e] for g in stacked for e in range(8)]
     assert sum(float(tf.norm(g)) > 0 for g in expert_grads) >= 3 * 6
 
 
@@ -120,11 +121,12 @@ def test_small_capacity_drops_the_pairs_counted_by_hand(tiny_kwargs):
     assert_float32_close(out[0], expected, ulps=ULPS, err_msg="crafted routing")
 
     # Dropped pairs contribute nothing, not even gradient: tokens 5-7 do not reach expert 1.
-    expert_1 = moe.experts[1].trainable_variables
+    stacked = moe.experts.trainable_variables  # (E, in, out) kernels; expert 1 is [1]
     with tf.GradientTape() as tape:
         out = moe(x, capacity_factor=1.25)[0]
         tail = tf.reduce_sum(out[:, 5:] ** 2)
-    for g in tape.gradient(tail, expert_1):
+    for g in tape.gradient(tail, stacked):
+        g = tf.convert_to_tensor(g)[1]
         np.testing.assert_array_equal(g, np.zeros_like(g))
 
     # capacity = ceil(0.25 * 8 * 2 / 4) = 1: experts 1, 2, 3 keep one pair each,
@@ -212,18 +214,17 @@ def test_forward_train_with_capacity_compiles_with_xla(tiny_model):
 def test_capacity_with_lora_experts_equals_dropless(tiny_config):
     moe = _moe(tiny_config, seed=10)
     rng = np.random.default_rng(11)
-    for expert in moe.experts:
-        for proj in (expert.gate_proj, expert.up_proj, expert.down_proj):
-            proj.enable_lora(2)
-            b = proj.lora_kernel_b
-            b.assign(rng.normal(scale=0.05, size=b.shape).astype(np.float32))  # B starts at 0
-    w = moe.experts[0].gate_proj
-    assert not np.array_equal(w.kernel, w._kernel)  # `kernel` includes the LoRA update
+    for proj in moe.experts.projections:  # per-expert adapters, stacked
+        proj.enable_lora(2)
+        b = proj.lora_kernel_b
+        b.assign(rng.normal(scale=0.05, size=b.shape).astype(np.float32))  # B starts at 0
+    w = moe.experts.gate_proj
+    assert not np.array_equal(w.kernel, w.kernel_variable())  # `kernel` includes LoRA
     x = tf.constant(rng.normal(size=(2, 8, 32)), tf.float32)
     dropless = _forward_and_grads(moe, x, None)
     capacity = _forward_and_grads(moe, x, 4.0)  # capacity = N: nothing drops
     lora = [v.path for v in moe.trainable_variables if "lora" in v.path]
-    assert len(lora) == 8 * 3 * 2
+    assert len(lora) == 3 * 2  # A (E, in, r) and B (E, r, out) per projection
     # The LoRA gradients take one more matmul (dK B^T, A^T dK) after the kernel's
     # gradient: measured <= 3.6 ulps; allowed 2 * ULPS.
     _assert_same(dropless, capacity, moe.trainable_variables, 2 * ULPS, "LoRA")

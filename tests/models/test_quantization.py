@@ -39,13 +39,15 @@ def test_projections_become_int8_with_per_channel_scales_and_the_rest_stays_floa
     for layer in Q.quantized_layers(model):
         q = Q.kernel_variable(layer)
         assert q.dtype == "int8" and not q.trainable
-        assert layer.kernel_scale.shape == (layer.units,)
+        # A Dense (in, out) has scales (out,); the routed experts' stacked kernel
+        # (E, in, out) has (E, out), one per expert and output channel.
+        assert layer.kernel_scale.shape == (*q.shape[:-2], layer.units)
         # abs_max per output channel: the largest |W| of each column maps to +-127, and
         # every weight is within half a step (1 / (2 s)) of its float value.
         w = float_kernels[id(layer)]
-        np.testing.assert_array_equal(np.abs(q.numpy()).max(axis=0), 127)
+        np.testing.assert_array_equal(np.abs(q.numpy()).max(axis=-2), 127)
         err = np.abs(Q.float_kernel(layer, tf.float32).numpy() - w)
-        assert np.all(err <= 0.5 / layer.kernel_scale.numpy() + 1e-7)
+        assert np.all(err <= 0.5 / layer.kernel_scale.numpy()[..., None, :] + 1e-7)
     # Embedding, norms and the router keep float32 and are not "quantized layers".
     assert model.embed_tokens.embeddings.dtype == "float32"
     assert model.norm.weight.dtype == "float32"

@@ -25,7 +25,7 @@ def changed(what: str) -> str:
         f"attributes are missing from tf.train.Checkpoint): {what}. Without it checkpoints "
         f"silently lose every decoder block and expert. If {ISSUE} is fixed in this Keras, "
         "delete _tracking.py and the `_trackable_children` overrides in "
-        "models/deepseek/causal_lm.py and moe.py; otherwise adapt _tracking.py to the new "
+        "models/deepseek/causal_lm.py; otherwise adapt _tracking.py to the new "
         "internal. Either way, check that checkpoint keys are unchanged "
         "(`model/decoder_layers/0/...`), so existing checkpoints still restore."
     )
@@ -34,7 +34,7 @@ def changed(what: str) -> str:
 FIXED = (
     f"{ISSUE} looks fixed in Keras {keras.__version__}: the base `_trackable_children"
     "('checkpoint')` now lists a layer's list attributes. Delete models/deepseek/_tracking.py "
-    "and the `_trackable_children` overrides in models/deepseek/causal_lm.py and moe.py, then "
+    "and the `_trackable_children` overrides in models/deepseek/causal_lm.py, then "
     "check that checkpoint keys are unchanged (`model/decoder_layers/0/...`), so existing "
     "checkpoints still restore, and that test_deepseek_causal_lm.py::"
     "test_tf_train_checkpoint_covers_every_weight passes."
@@ -55,7 +55,7 @@ class _Stack(keras.layers.Layer):
 
 
 class _TrackedStack(_Stack):
-    """`_Stack` with the override of causal_lm.py and moe.py."""
+    """`_Stack` with the override of causal_lm.py."""
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = super()._trackable_children(save_type, **kwargs)
@@ -122,3 +122,33 @@ def test_checkpoint_keys_are_the_saved_models(tmp_path):
     path = tf.train.Checkpoint(model=bare).save(str(tmp_path / "bare"))
     assert not [name for name, _ in tf.train.list_variables(path)
                 if name.startswith("model/blocks/")], FIXED
+
+
+def test_the_keras_internals_of_expert_projection_are_as_pinned():
+    """`ExpertProjection` (stacked experts) adds LoRA weights after build by unlocking the
+    layer's `_tracker`, as Keras' Dense.enable_lora does, and marks itself quantized with
+    `_is_quantized`, which Keras' dtype-policy setter reads, as Dense.quantize does."""
+    from models.deepseek.expert_projection import ExpertProjection
+
+    what = ("models/deepseek/expert_projection.py uses Keras' private `Layer._tracker` "
+            "(lock/unlock/locked) and `_is_quantized`, as keras.layers.Dense does; adapt "
+            "ExpertProjection.enable_lora / quantize to this Keras ({})")
+    layer = keras.layers.Dense(2)
+    layer.build((None, 3))
+    tracker = getattr(layer, "_tracker", None)
+    assert tracker is not None and tracker.locked, what.format("no locked _tracker after build")
+    assert callable(getattr(tracker, "unlock", None)) and callable(getattr(tracker, "lock", None)), \
+        what.format("_tracker has no unlock/lock")
+    layer.quantize("int8")
+    assert getattr(layer, "_is_quantized", None) is True, what.format("Dense sets no _is_quantized")
+
+    projection = ExpertProjection(2, 3, 4)
+    projection.build()
+    projection.enable_lora(1)
+    assert projection._tracker.locked, what.format("enable_lora left the tracker unlocked")
+    projection = ExpertProjection(2, 3, 4)
+    projection.build()
+    projection.quantize("int8")
+    assert projection.quantization_mode == "int8", what.format("quantize set no int8 policy")
+    assert projection.kernel_variable().dtype == "int8" and len(projection.weights) == 2, \
+        what.format("the int8 policy quantized the layer a second time")

@@ -1,0 +1,178 @@
+"""Stacked routed experts (`RoutedExperts`, `ExpertProjection`) against per-expert references.
+
+The MoE layer's routed output must equal what one SwiGLU per expert gives, each on
+its own tokens, mixed with the gating weights: checked for the sigmoid router with
+and without groups and the softmax routers (greedy, group-limited), with experts
+that get no token, for both dispatches. int8 experts equal Keras' own int8 Dense
+built from each expert's kernel; LoRA adapters are per expert. Tolerances follow
+tests/numerics.py: the reference runs one (1, C) x (C, F) matmul per pair, the layer
+one batched matmul over a padded buffer, the same sums over C and F terms in
+another kernel.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from numerics import assert_float32_close
+
+from models.deepseek.hf_names import ExpertSlice, hf_weight_map
+from models.deepseek.moe import DeepSeekMoE
+
+ROUTERS = {
+    "sigmoid, 4 groups": {},
+    "sigmoid, no groups": {"n_group": 1, "topk_group": 1},
+    "softmax greedy (V2-Lite)": {"topk_method": "greedy", "scoring_func": "softmax",
+                                 "norm_topk_prob": False, "n_group": 1, "topk_group": 1},
+    "softmax group-limited (V2)": {"topk_method": "group_limited_greedy",
+                                   "scoring_func": "softmax", "norm_topk_prob": False},
+}
+
+
+def _moe(config, seed):
+    keras.utils.set_random_seed(seed)
+    moe = DeepSeekMoE(config)
+    moe.build()
+    return moe
+
+
+def _per_expert_reference(moe, x):
+    """Routed + shared output (N, C), float64, one expert at a time on its own tokens."""
+    flat = tf.reshape(x, [-1, moe.config.hidden_size])
+    indices, weights, _ = (np.asarray(t) for t in moe.gate(flat))
+    x64 = np.asarray(flat, np.float64)
+    out = np.asarray(moe.shared_experts(flat), np.float64)
+    kernels = {name: np.asarray(getattr(moe.experts, name).kernel, np.float64)
+               for name in ("gate_proj", "up_proj", "down_proj")}
+    for e in range(moe.config.n_routed_experts):
+        tokens, slot = np.nonzero(indices == e)
+        if not len(tokens):
+            continue
+        xe = x64[tokens]  # (n_e, C)
+        g = xe @ kernels["gate_proj"][e]
+        h = g / (1 + np.exp(-g)) * (xe @ kernels["up_proj"][e])  # (n_e, F)
+        out[tokens] += weights[tokens, slot][:, None] * (h @ kernels["down_proj"][e])
+    return out, indices
+
+
+@pytest.mark.parametrize("router", list(ROUTERS))
+@pytest.mark.parametrize("capacity_factor", [None, 4.0])
+def test_stacked_experts_equal_a_per_expert_reference(tiny_config, router, capacity_factor):
+    config = tiny_config.replace(**ROUTERS[router])
+    moe = _moe(config, seed=1)
+    x = tf.constant(np.random.default_rng(2).normal(size=(2, 8, 32)), tf.float32)
+    out, load, _, dropped = moe(x, capacity_factor=capacity_factor)
+    expected, indices = _per_expert_reference(moe, x)
+    np.testing.assert_allclose(np.asarray(out).reshape(16, 32), expected, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(load, np.bincount(indices.ravel(), minlength=8))
+    assert float(dropped) == 0.0  # capacity = min(ceil(4 * 16 * 2 / 8), 16) = 16 = N
+
+
+def test_experts_without_tokens_and_a_single_token(tiny_config):
+    """E = 64 experts, N = 3 tokens, K = 2: at least 58 experts get no token."""
+    config = tiny_config.replace(n_routed_experts=64, n_group=1, topk_group=1)
+    moe = _moe(config, seed=3)
+    for n_tokens in (3, 1):
+        x = tf.constant(np.random.default_rng(n_tokens).normal(size=(1, n_tokens, 32)),
+                        tf.float32)
+        for capacity_factor in (None, 100.0):
+            out, load, _, _ = moe(x, capacity_factor=capacity_factor)
+            expected, _ = _per_expert_reference(moe, x)
+            np.testing.assert_allclose(np.asarray(out)[0], expected, rtol=0, atol=1e-6)
+            assert int(np.sum(np.asarray(load) == 0)) >= 64 - 2 * n_tokens
+
+
+def test_dropless_gradients_equal_the_reference_gradients(tiny_config):
+    """d(sum(out * probe))/d(x, stacked kernels): the layer against the same loss on the
+    per-expert computation written with tf ops (each expert's slice on its tokens)."""
+    moe = _moe(tiny_config, seed=4)
+    x = tf.constant(np.random.default_rng(5).normal(size=(2, 6, 32)), tf.float32)
+    probe = tf.sin(tf.range(32, dtype=tf.float32))
+    kernels = moe.experts.trainable_variables  # gate, up, down (E, in, out)
+
+    def reference(x):
+        flat = tf.reshape(x, [-1, 32])
+        indices, weights, _ = moe.gate(flat)
+        out = moe.shared_experts(flat)
+        for t in range(12):
+            for k in range(2):
+                e = int(indices[t, k])
+                xt = flat[t:t + 1]
+                h = tf.nn.silu(xt @ kernels[0][e]) * (xt @ kernels[1][e])
+                out = tf.tensor_scatter_nd_add(out, [[t]], weights[t, k] * (h @ kernels[2][e]))
+        return out
+
+    grads = []
+    for fn in (lambda x: moe(x)[0], reference):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            objective = tf.reduce_sum(tf.reshape(fn(x), [-1, 32]) * probe)
+        grads.append([tf.convert_to_tensor(g) for g in
+                      tape.gradient(objective, [x, *kernels])])
+    for ours, ref, name in zip(*grads, ["x", "gate_proj", "up_proj", "down_proj"], strict=True):
+        assert_float32_close(ours, ref, ulps=8, err_msg=name)
+
+
+def test_int8_experts_equal_keras_int8_dense_per_expert(tiny_config):
+    """Per expert, the stacked int8 call is Keras 3.6's int8 Dense on that expert's kernel:
+    the same per-channel weight scales and per-token input scales."""
+    moe = _moe(tiny_config, seed=6)
+    buffer = tf.constant(np.random.default_rng(7).normal(size=(8, 5, 32)), tf.float32)
+    dense = []
+    for e in range(8):
+        layer = keras.layers.Dense(16, use_bias=False)
+        layer.build((None, 32))
+        layer.kernel.assign(moe.experts.gate_proj.kernel[e])
+        layer.quantize("int8")
+        dense.append(layer)
+    moe.experts.gate_proj.quantize("int8")
+    projection = moe.experts.gate_proj
+    assert projection.kernel_variable().dtype == "int8"
+    assert tuple(projection.kernel_scale.shape) == (8, 16)  # (E, out)
+    ours = np.asarray(projection(buffer))
+    for e in range(8):
+        np.testing.assert_array_equal(np.asarray(projection.kernel_variable()[e]),
+                                      np.asarray(dense[e]._kernel))
+        np.testing.assert_array_equal(np.asarray(projection.kernel_scale[e]),
+                                      np.asarray(dense[e].kernel_scale))
+        assert_float32_close(ours[e], np.asarray(dense[e](buffer[e])), ulps=4,
+                             err_msg=f"expert {e}")
+    with tf.GradientTape() as tape:  # the input gradient goes through Q / s
+        tape.watch(buffer)
+        y = tf.reduce_sum(projection(buffer))
+    assert float(tf.norm(tape.gradient(y, buffer))) > 0
+
+
+def test_lora_adapters_are_per_expert(tiny_config):
+    moe = _moe(tiny_config, seed=8)
+    projection = moe.experts.up_proj
+    projection.enable_lora(3)
+    assert tuple(projection.lora_kernel_a.shape) == (8, 32, 3)
+    assert tuple(projection.lora_kernel_b.shape) == (8, 3, 16)
+    assert not projection.kernel_variable().trainable
+    b = np.random.default_rng(9).normal(size=(8, 3, 16)).astype(np.float32)
+    projection.lora_kernel_b.assign(b)
+    a = np.asarray(projection.lora_kernel_a)
+    w = np.asarray(projection.kernel_variable())
+    for e in (0, 5):
+        np.testing.assert_allclose(np.asarray(projection.expert_kernel(e)), w[e] + a[e] @ b[e],
+                                   rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="LoRA is already enabled"):
+        projection.enable_lora(3)
+    with pytest.raises(ValueError, match="merge them"):
+        projection.quantize("int8")
+
+
+def test_hf_names_map_experts_to_slices_read_and_assigned_in_place(tiny_model):
+    names = hf_weight_map(tiny_model)
+    entry, transpose = names["model.layers.1.mlp.experts.5.down_proj.weight"]
+    assert isinstance(entry, ExpertSlice) and transpose and entry.shape == (16, 32)
+    stacked = tiny_model.moe_layers[0].experts.down_proj.kernel_variable()
+    np.testing.assert_array_equal(tf.convert_to_tensor(entry), np.asarray(stacked)[5])
+    value = np.full((16, 32), 0.25, np.float32)
+    before = np.asarray(stacked).copy()
+    entry.assign(value)
+    after = np.asarray(stacked)
+    np.testing.assert_array_equal(after[5], value)
+    np.testing.assert_array_equal(np.delete(after, 5, 0), np.delete(before, 5, 0))
+    stacked.assign(before)  # the module's shared model, as it was
