@@ -1,7 +1,7 @@
 """How a training step's graph and start-up grow with the number of routed experts.
 
   python benchmarks/moe_scaling.py [--experts 8,64,256] [--dispatch dropless,capacity]
-      [--steps 20] [--repo DIR]
+      [--steps 20] [--repo DIR] [--import-checkpoints DIR[,DIR...]]
 
 The model of the stacked-experts issue: 4 blocks (block 0 dense, blocks 1-3 MoE),
 hidden 64, expert width 16, top-2 of E routed experts (no groups) plus one shared
@@ -16,6 +16,13 @@ printed:
   first_call_s   the first call (graph optimization and the first run)
   step_ms        median wall time of the next `--steps` calls
   ratio_vs_<E0>  each figure over the smallest E's, per dispatch
+
+`--import-checkpoints` instead imports each Hugging Face checkpoint with
+`hf_interop.hf_import(..., dtype="float32")` (what `deepseek-tfx hf-import --dtype
+float32` runs), each in a fresh process: `import_s` is that call's wall time (TensorFlow
+already imported), `saved_model_pb_bytes` the size of the SavedModel's graph, and
+`variables_bytes` that of its weights (e.g. tests/fixtures/hf_deepseek_v3_256/experts_256
+and experts_8: DeepSeek-V3's expert layout at small widths, and the same with 8 experts).
 
 `--repo DIR` imports the model from another checkout (e.g. a worktree of the
 commit before a change, to measure it side by side in one run). The code uses only
@@ -85,22 +92,60 @@ def measure(n_experts: int, dispatch: str, steps: int) -> dict:
             "step_ms": round(1000 * statistics.median(times), 1)}
 
 
+def measure_import(checkpoint: str) -> dict:
+    """hf_import of `checkpoint` into a temporary directory, timed; see the docstring."""
+    import tempfile
+
+    import tensorflow  # noqa: F401  (imported before the clock starts)
+
+    from savedmodel.hf_interop import hf_import
+
+    with tempfile.TemporaryDirectory() as out:
+        t0 = time.perf_counter()
+        hf_import(checkpoint, os.path.join(out, "model"), dtype="float32")
+        elapsed = time.perf_counter() - t0
+        model = os.path.join(out, "model")
+        variables = os.path.join(model, "variables")
+        return {"checkpoint": checkpoint, "import_s": round(elapsed, 2),
+                "saved_model_pb_bytes": os.path.getsize(os.path.join(model, "saved_model.pb")),
+                "variables_bytes": sum(os.path.getsize(os.path.join(variables, f))
+                                       for f in os.listdir(variables))}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--experts", default="8,64,256")
     parser.add_argument("--dispatch", default="dropless,capacity")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repo", default=ROOT, help="the checkout whose model is measured")
+    parser.add_argument("--import-checkpoints", help="HF checkpoint directories to import")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # "E,dispatch": a child run
+    parser.add_argument("--one-import", help=argparse.SUPPRESS)  # a checkpoint: a child run
     args = parser.parse_args(argv)
-    if args.one:
+    if args.one or args.one_import:
         sys.path.insert(0, args.repo)
+        if args.one_import:
+            print(json.dumps(measure_import(args.one_import)))
+            return
         n, dispatch = args.one.split(",")
         print(json.dumps(measure(int(n), dispatch, args.steps)))
         return
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if args.import_checkpoints:
+        runs = []
+        for checkpoint in args.import_checkpoints.split(","):
+            out = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--one-import",
+                 os.path.abspath(checkpoint), "--repo", os.path.abspath(args.repo)],
+                check=True, capture_output=True, text=True, env=env, cwd=args.repo)
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        for run in runs:
+            run["ratio_vs_first"] = {key: round(run[key] / runs[0][key], 2) for key in
+                                     ("import_s", "saved_model_pb_bytes", "variables_bytes")}
+        print(json.dumps({"repo": os.path.abspath(args.repo), "imports": runs}, indent=1))
+        return
     experts = [int(e) for e in args.experts.split(",")]
     runs = []
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     for dispatch in args.dispatch.split(","):
         for n in experts:
             out = subprocess.run(
