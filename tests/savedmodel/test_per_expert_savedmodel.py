@@ -6,7 +6,7 @@ The SavedModels in tests/fixtures/per_expert_savedmodel/ were written by main at
 `tiny` preset (a MoE block and a MoE MTP block, 8 experts each), with the logits the old
 code computed for a Chinese + English prompt. Now a MoE layer holds its experts stacked
 (`mlp/experts/gate_proj/kernel`, (E, in, out)), and `restore_cast` reads each expert's
-tensor into its slice.
+tensor into its slice. Serving, warm start and export are `slow` (15 s and more each).
 """
 
 import os
@@ -35,6 +35,7 @@ def test_a_per_expert_savedmodel_loads_stacked_with_the_same_logits(name):
     np.testing.assert_array_equal(model(tf.constant(ids)).numpy(), expected)
 
 
+@pytest.mark.slow
 def test_a_per_expert_savedmodel_still_serves():
     from serving.server import ModelServer
 
@@ -49,6 +50,7 @@ def test_a_per_expert_savedmodel_still_serves():
         server.close()
 
 
+@pytest.mark.slow
 def test_a_per_expert_savedmodel_warm_starts_a_run():
     from components.trainer import train_loop
     from savedmodel.layout import read_pipeline_config
@@ -60,6 +62,7 @@ def test_a_per_expert_savedmodel_warm_starts_a_run():
     np.testing.assert_array_equal(state.model(tf.constant(ids)).numpy(), expected)
 
 
+@pytest.mark.slow
 def test_a_per_expert_savedmodel_exports_to_hugging_face(tmp_path):
     from models.deepseek import hf_checkpoint, safetensors_reader
     from savedmodel.hf_interop import hf_export
