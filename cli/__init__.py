@@ -37,9 +37,9 @@ project's own lines only; the libraries' logs and warnings go to a log file (`cl
   [-v|--verbose]  show them on the console too     [--log-dir DIR]  where the log goes
 
 One module per group of commands, each with its handlers and `add_parsers(sub)`:
-  run.py (run, validate)   kubeflow.py (compile-kfp)   serve.py (generate, chat, evaluate,
-  serve)   compare.py (compare)   metadata.py (mlmd, report)   hf.py (hf-import,
-  hf-export)   prune.py (prune)   harness.py (harness-task)   plan.py (plan)
+  run.py (run, validate)   kubeflow.py (compile-kfp)   text.py (generate, chat, evaluate)
+  serve.py (serve)   compare.py (compare)   metadata.py (mlmd, report)
+  hf.py (hf-import, hf-export)   prune.py (prune)   harness.py (harness-task)   plan.py (plan)
 and what they share: data.py (default corpus, --data), settings.py (config, warm start,
 teacher, output directory, --until choices), progress.py (component progress lines),
 model_dir.py (--model: a SavedModel or a serving dir's newest version), console.py.
@@ -54,7 +54,7 @@ import os
 import shlex
 import sys
 
-from cli import compare, console, harness, hf, kubeflow, metadata, plan, prune, run, serve
+from cli import compare, console, harness, hf, kubeflow, metadata, plan, prune, run, serve, text
 from cli.console import failure_message
 from cli.data import DEFAULT_CORPUS_NAME, DEFAULT_CORPUS_URL, default_corpus, split_data_path
 from cli.model_dir import resolve_model_dir
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `deepseek-tfx` parser; each subcommand's `fn` is its handler (args -> exit code)."""
     parser = argparse.ArgumentParser(prog="deepseek-tfx", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (run, kubeflow, serve, compare, metadata, hf, prune, harness, plan):  # `--help` order
+    for group in (run, kubeflow, text, serve, compare, metadata, hf, prune, harness, plan):  # `--help` order
         group.add_parsers(sub)
     return parser
 

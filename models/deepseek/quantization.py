@@ -21,7 +21,7 @@ with it a tied head), every RMSNorm, and the router (`gate.weight`, the bias): t
 router picks experts by comparing scores, and an int8 rounding there moves tokens
 between experts.
 
-Three places read a projection's weights instead of calling it; they use
+Two places read a projection's weights instead of calling it; they use
 `float_kernel` (Q / s, plus A B with LoRA):
   - MLA's absorbed decoding (`mla_attention.py`): W_UK and W_UV are dequantized
     in the graph at each call, not once at load: a float copy kept at load would be

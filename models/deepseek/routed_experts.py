@@ -74,9 +74,6 @@ class RoutedExperts(keras.layers.Layer):
             raise IndexError(f"expert {expert} of {self.num_experts}")
         return ExpertView(self, expert % self.num_experts)
 
-    def __iter__(self):
-        return (self[e] for e in range(self.num_experts))
-
     def get_config(self):
         return {
             **super().get_config(),
