@@ -18,8 +18,10 @@ tokenizer_config.json), else `DEFAULT_CHAT_TEMPLATE` (`resolve`).
 Rendering follows transformers' `apply_chat_template` (transformers 4.4x
 `utils/chat_template_utils.py`): `jinja2.sandbox.ImmutableSandboxedEnvironment`
 with `trim_blocks`, `lstrip_blocks` and the `loopcontrols` extension; the
-variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`; the
-global `raise_exception(message)`; a `tojson` filter that keeps non-ASCII text.
+variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, and any
+extra ones the caller gives (`template_kwargs`, as `apply_chat_template(...,
+**kwargs)` passes e.g. `thinking=True` to DeepSeek's templates); the global
+`raise_exception(message)`; a `tojson` filter that keeps non-ASCII text.
 
 A template is a user's code, so a render runs within limits (`RenderLimits`) and is
 refused with `ChatTemplateLimitError` (a `ChatTemplateError`) past them, before the
@@ -106,9 +108,10 @@ class RenderLimits:
 
     @classmethod
     def for_messages(cls, messages: Sequence[Mapping[str, Any]], *special: str) -> RenderLimits:
-        """2 x (characters of the messages' contents and `special`) + RENDER_ALLOWANCE_CHARS,
-        at most MAX_RENDER_CHARS; MAX_RENDER_SECONDS."""
-        given = sum(len(str(m.get("content", ""))) for m in messages) + sum(map(len, special))
+        """2 x (characters of the messages' `content` and `reasoning_content`, and of `special`)
+        + RENDER_ALLOWANCE_CHARS, at most MAX_RENDER_CHARS; MAX_RENDER_SECONDS."""
+        given = sum(len(str(m.get("content", ""))) + len(str(m.get("reasoning_content") or ""))
+                    for m in messages) + sum(map(len, special))
         return cls(min(MAX_RENDER_CHARS, 2 * given + RENDER_ALLOWANCE_CHARS))
 
 
@@ -387,8 +390,29 @@ def _compile(template: str):
         raise ChatTemplateError(f"the chat template is not valid Jinja: {e}") from e
 
 
+# The variables render_prompt sets itself, which template_kwargs may not set.
+_RENDER_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+def _check_template_kwargs(template_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`template_kwargs` as a dict, refused when a name is not an identifier, is one that
+    render_prompt sets, or would hide one of the sandbox's globals (`raise_exception`,
+    `range`, the guards of `_guard`)."""
+    kwargs = dict(template_kwargs or {})
+    if not kwargs:
+        return kwargs
+    taken = _RENDER_VARIABLES | set(_compile(DEFAULT_CHAT_TEMPLATE).environment.globals)
+    for name in kwargs:
+        if not isinstance(name, str) or not name.isidentifier() or name in taken:
+            raise ChatTemplateError(
+                f"template_kwargs may not set {name!r}: not an identifier, or a name the "
+                "renderer sets itself")
+    return kwargs
+
+
 def render_prompt(template: str, messages: Sequence[Mapping[str, Any]], bos_token: str,
-                  eos_token: str, limits: RenderLimits | None = None) -> str:
+                  eos_token: str, limits: RenderLimits | None = None,
+                  template_kwargs: Mapping[str, Any] | None = None) -> str:
     """The prompt text: `messages` (the turns before the response) rendered with the
     generation prompt (`add_generation_prompt=True`), as transformers'
     `apply_chat_template(messages, tokenize=False, add_generation_prompt=True)`.
@@ -400,29 +424,36 @@ def render_prompt(template: str, messages: Sequence[Mapping[str, Any]], bos_toke
       bos_token, eos_token: the strings the template's `bos_token` / `eos_token`
         stand for (the encoder maps them to their ids as added tokens).
       limits: the render's bounds; default `RenderLimits.for_messages(messages,
-        bos_token, eos_token)`.
+        bos_token, eos_token, *the string values of template_kwargs)`.
+      template_kwargs: extra template variables, as the keyword arguments of transformers'
+        `apply_chat_template` (e.g. `{"thinking": True}` for
+        `deepseek_v4_chat.DEEPSEEK_V4_CHAT_TEMPLATE`); default none.
 
     Returns:
       The rendered text.
 
     Raises:
       ChatTemplateError (a ValueError): no messages, the last one is the
-        assistant's, the template is not valid Jinja, or rendering fails (its
-        `raise_exception`, or any error inside the template), naming the cause;
-        ChatTemplateLimitError (a ChatTemplateError) when it goes past `limits`.
+        assistant's, a `template_kwargs` name is one the renderer sets (`messages`,
+        `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception`, `range`, ...),
+        the template is not valid Jinja, or rendering fails (its `raise_exception`, or any
+        error inside the template), naming the cause; ChatTemplateLimitError (a
+        ChatTemplateError) when it goes past `limits`.
     """
+    kwargs = _check_template_kwargs(template_kwargs)
     if not messages:
         raise ChatTemplateError("no messages to render")
     if messages[-1].get("role") == "assistant":
         raise ChatTemplateError("the last message is the assistant's: the prompt holds the "
                                 "turns before the response, not the response")
     compiled = _compile(template)
-    limits = limits or RenderLimits.for_messages(messages, bos_token, eos_token)
+    limits = limits or RenderLimits.for_messages(
+        messages, bos_token, eos_token, *(v for v in kwargs.values() if isinstance(v, str)))
     budget = _Budget(limits)
     token = _budget.set(budget)
     pieces, size = [], 0
     try:
-        for piece in compiled.generate(messages=[dict(m) for m in messages],
+        for piece in compiled.generate(**kwargs, messages=[dict(m) for m in messages],
                                        add_generation_prompt=True, bos_token=bos_token,
                                        eos_token=eos_token):
             size += len(piece)
@@ -443,9 +474,12 @@ def render_prompt(template: str, messages: Sequence[Mapping[str, Any]], bos_toke
     return "".join(pieces)
 
 
-def prompt_affixes(template: str, bos_token: str, eos_token: str) -> tuple[str, str]:
+def prompt_affixes(template: str, bos_token: str, eos_token: str,
+                   template_kwargs: Mapping[str, Any] | None = None) -> tuple[str, str]:
     """(prefix, suffix) with `render_prompt(template, [{"role": "user", "content": p}],
-    bos_token, eos_token) == prefix + p + suffix` for every p.
+    bos_token, eos_token, template_kwargs=template_kwargs) == prefix + p + suffix` for
+    every p (`template_kwargs`: see `render_prompt`; e.g. `{"thinking": True}` gives
+    DeepSeek-V4's thinking-mode affixes).
 
     Found by rendering a sentinel and splitting there, then checked on a second
     prompt with surrounding whitespace and newlines (a template that trims or
@@ -456,15 +490,15 @@ def prompt_affixes(template: str, bos_token: str, eos_token: str) -> tuple[str, 
         content into the text verbatim exactly once (or cannot render one user turn).
     """
     rendered = render_prompt(template, [{"role": "user", "content": _SENTINEL}], bos_token,
-                             eos_token)
+                             eos_token, template_kwargs=template_kwargs)
     if rendered.count(_SENTINEL) != 1:
         raise ChatTemplateError(
             f"the chat template places a user's content {rendered.count(_SENTINEL)} times, "
             "not exactly once; serving cannot wrap a prompt with it")
     prefix, suffix = rendered.split(_SENTINEL)
     probe = " \n 两 lines\n\n" + _SENTINEL[::-1] + " "
-    if render_prompt(template, [{"role": "user", "content": probe}], bos_token,
-                     eos_token) != prefix + probe + suffix:
+    if render_prompt(template, [{"role": "user", "content": probe}], bos_token, eos_token,
+                     template_kwargs=template_kwargs) != prefix + probe + suffix:
         raise ChatTemplateError(
             "the chat template does not place a user's content verbatim (it trims or changes "
             "it); serving cannot wrap a prompt with it")

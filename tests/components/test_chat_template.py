@@ -249,3 +249,39 @@ def test_the_default_output_limit_follows_the_messages():
     with pytest.raises(chat_template.ChatTemplateLimitError, match="output is over"):
         render_prompt("{{ messages[0]['content'] * 1 }}{{ messages[0]['content'] }}", huge,
                       BOS, EOS)
+
+
+# --- extra template variables (transformers' apply_chat_template(**kwargs)) --------------
+
+def test_template_kwargs_are_template_variables():
+    template = ("{{ bos_token }}{% if thinking is defined and thinking %}<think>{% endif %}"
+                "{{ messages[0]['content'] }}|{{ effort | default('none') }}")
+    user = [{"role": "user", "content": "问"}]
+    assert render_prompt(template, user, BOS, EOS) == BOS + "问|none"
+    assert render_prompt(template, user, BOS, EOS, template_kwargs={}) == BOS + "问|none"
+    assert render_prompt(template, user, BOS, EOS,
+                         template_kwargs={"thinking": True, "effort": "max"}) == (
+        BOS + "<think>问|max")
+    assert prompt_affixes(template, BOS, EOS, template_kwargs={"thinking": True}) == (
+        BOS + "<think>", "|none")
+
+
+@pytest.mark.parametrize("name", ["messages", "add_generation_prompt", "bos_token",
+                                  "eos_token", "raise_exception", "range", "namespace",
+                                  "dtfx_guarded_iter", "dtfx_concat", "not-a-name", 3])
+def test_template_kwargs_cannot_replace_what_the_renderer_sets(name):
+    """The renderer's own variables and the sandbox's globals (its guards among them)."""
+    with pytest.raises(ChatTemplateError, match="template_kwargs may not set"):
+        render_prompt(DEFAULT_CHAT_TEMPLATE, [{"role": "user", "content": "q"}], BOS, EOS,
+                      template_kwargs={name: "x"})
+
+
+def test_the_default_output_limit_counts_reasoning_and_string_kwargs():
+    messages = [{"role": "assistant", "content": "a", "reasoning_content": "想" * 1000},
+                {"role": "user", "content": "q"}]
+    limits = chat_template.RenderLimits.for_messages(messages, BOS, EOS)
+    assert limits.max_chars == 2 * (1002 + len(BOS) + len(EOS)) + (
+        chat_template.RENDER_ALLOWANCE_CHARS)
+    long = "长" * 100_000  # a template variable's text is the template's to render
+    assert render_prompt("{{ note }}{{ messages[0]['content'] }}", messages[1:], BOS, EOS,
+                         template_kwargs={"note": long}) == long + "q"
