@@ -160,8 +160,8 @@ class ChatSession:
         self._encode = tf.function(lambda text: encoder.encode(text),
                                    input_signature=[tf.TensorSpec([None], tf.string)])
         c = model.config
-        cache_spec = tf.TensorSpec([c.num_hidden_layers, 1, self.context,
-                                    c.kv_lora_rank + c.qk_rope_head_dim], model.compute_dtype)
+        cache_spec = tf.TensorSpec([c.num_hidden_layers, 1, self.context, c.cache_width],
+                                   model.compute_dtype)
         self._step = tf.function(self._step_fn, input_signature=[
             tf.TensorSpec([1, None], tf.int32), cache_spec, tf.TensorSpec([], tf.int32),
             tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
@@ -271,7 +271,7 @@ class ChatSession:
     # -- decoding -------------------------------------------------------------------
     def _step_fn(self, ids, cache, index, temperature, top_k, top_p, seed, step):
         """Runs ids (1, T) at positions index.. on the cache; -> (the next token, int32
-        scalar, chosen from the last position; the new cache (L, 1, S, R + Dr))."""
+        scalar, chosen from the last position; the new cache (L, 1, S, config.cache_width))."""
         logits, cache = self.model.call_with_cache(ids, cache, index)  # (1, T, V)
         token = next_token(logits[:, -1], temperature, top_k, top_p, seed, step)  # (1,)
         return token[0], cache
@@ -285,7 +285,7 @@ class ChatSession:
         """
         s = self.sampling
         if self._cache is None:
-            self._cache = self.model.init_cache(1, self.context)  # (L, 1, S, R + Dr)
+            self._cache = self.model.init_cache(1, self.context)  # (L, 1, S, W)
         shared = 0
         for a, b in zip(self._cached, prompt[:-1], strict=False):  # >= 1 token to run
             if a != b:

@@ -268,14 +268,15 @@ class DeepSeekCausalLM(keras.Model):
           max_length: int or int32 scalar tensor S, the most positions it can hold.
 
         Returns:
-          zeros of shape (num_hidden_layers, B, S, kv_lora_rank + qk_rope_head_dim),
-          in the model's compute dtype. Per layer and token it holds the
-          normalized latent c_kv and the rotated shared key k_pe.
+          zeros of shape (num_hidden_layers, B, S, config.cache_width), in the model's
+          compute dtype. Per layer and token it holds the normalized latent c_kv
+          (kv_lora_rank) and the rotated shared key k_pe (qk_rope_head_dim): width
+          kv_lora_rank + qk_rope_head_dim; with DeepSeek Sparse Attention (V3.2) also
+          the lightning indexer's key (index_head_dim) after them.
         """
         c = self.config
-        return tf.zeros(
-            [c.num_hidden_layers, batch_size, max_length, c.kv_lora_rank + c.qk_rope_head_dim],
-            dtype=self.compute_dtype)
+        return tf.zeros([c.num_hidden_layers, batch_size, max_length, c.cache_width],
+                        dtype=self.compute_dtype)
 
     def call_with_cache(self, input_ids, cache, cache_index, absorb=True):
         """Logits of new tokens given the cache of the tokens before them.
@@ -284,7 +285,9 @@ class DeepSeekCausalLM(keras.Model):
           input_ids: int32 tensor (B, T), the tokens of row b at positions
             cache_index[b] .. cache_index[b] + T - 1 (T = prompt length to
             prefill, or 1).
-          cache: tensor from `init_cache` or a previous call, (L, B, S, R + Dr).
+          cache: tensor from `init_cache` or a previous call, (L, B, S, W), W =
+            config.cache_width (R + Dr, plus index_head_dim with DeepSeek Sparse
+            Attention).
           cache_index: int32 scalar, or (B,) vector, the number of positions
             already in the cache of each row (rows of a right-padded batch
             decode at their own positions; see `MultiHeadLatentAttention`).
@@ -293,7 +296,7 @@ class DeepSeekCausalLM(keras.Model):
             logits up to float32 rounding.
 
         Returns:
-          (logits float32 (B, T, V), new_cache (L, B, S, R + Dr)).
+          (logits float32 (B, T, V), new_cache (L, B, S, W)).
 
         Raises:
           InvalidArgumentError (at run time): if cache_index + T > S.
@@ -303,8 +306,8 @@ class DeepSeekCausalLM(keras.Model):
         for i, block in enumerate(self.decoder_layers):
             h, layer_cache, _ = block(h, cache=cache[i], cache_index=cache_index,
                                       absorb=absorb)  # (B, T, C)
-            new_caches.append(layer_cache)  # (B, S, R + Dr)
-        return self.logits_from_hidden(self.norm(h)), tf.stack(new_caches)  # (L, B, S, R+Dr)
+            new_caches.append(layer_cache)  # (B, S, W)
+        return self.logits_from_hidden(self.norm(h)), tf.stack(new_caches)  # (L, B, S, W)
 
     # ------------------------------------------------------------------ config
 

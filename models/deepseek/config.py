@@ -87,6 +87,15 @@ class DeepSeekConfig:
       seq_aux: DeepSeek's `seq_aux`: True = the balance loss is computed per
         sequence and averaged over the batch; False = once over all tokens of
         the batch (V2 methods only; DeepSeek-V3 is sequence-wise).
+      index_topk: DeepSeek Sparse Attention (DeepSeek-V3.2, HF `DeepseekV32Config`):
+        every query attends only the `index_topk` earlier tokens its lightning
+        indexer scores highest (`lightning_indexer.py`). None (with the two fields
+        below) = no DSA, dense causal attention (V2 / V3).
+      index_n_heads: the indexer's query heads (V3.2: 64); None without DSA.
+      index_head_dim: width of the indexer's query heads and of its single key
+        (V3.2: 128), >= qk_rope_head_dim (RoPE rotates its first qk_rope_head_dim
+        dims); None without DSA. DSA needs q_lora_rank (the indexer's queries are
+        projected from the query latent c_q).
 
     Raises:
       ValueError: on construction, naming the offending field and value.
@@ -129,6 +138,10 @@ class DeepSeekConfig:
     topk_method: str = "noaux_tc"
     scoring_func: str = "sigmoid"
     seq_aux: bool = True
+    # DeepSeek Sparse Attention (DeepSeek-V3.2); None = dense attention (appended last).
+    index_topk: int | None = None
+    index_n_heads: int | None = None
+    index_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -177,6 +190,7 @@ class DeepSeekConfig:
                 f"first_k_dense_replace={self.first_k_dense_replace} must be <= "
                 f"num_hidden_layers={self.num_hidden_layers}"
             )
+        self._check_sparse_attention()
         # A frozen dataclass: store the canonical (validated, defaults filled) form.
         object.__setattr__(self, "rope_scaling", normalize_rope_scaling(
             self.rope_scaling, self.max_position_embeddings))
@@ -196,7 +210,42 @@ class DeepSeekConfig:
             raise ValueError("seq_aux=False with topk_method='noaux_tc' is not supported: the "
                              "DeepSeek-V3 balance loss is sequence-wise (arXiv 2412.19437 eq. 17)")
 
+    def _check_sparse_attention(self) -> None:
+        """Refuses, by name, a partial or invalid DeepSeek Sparse Attention setting."""
+        names = ("index_topk", "index_n_heads", "index_head_dim")
+        given = [n for n in names if getattr(self, n) is not None]
+        if not given:
+            return
+        if len(given) != len(names):
+            missing = [n for n in names if n not in given]
+            raise ValueError(f"{', '.join(f'{n}={getattr(self, n)!r}' for n in given)} given "
+                             f"without {', '.join(missing)}: DeepSeek Sparse Attention needs "
+                             "all three (or none)")
+        for name in names:
+            _check_int(name, getattr(self, name), minimum=1)
+        if self.index_head_dim < self.qk_rope_head_dim:
+            raise ValueError(f"index_head_dim={self.index_head_dim} must be >= "
+                             f"qk_rope_head_dim={self.qk_rope_head_dim}: the indexer rotates "
+                             "the first qk_rope_head_dim dims of its heads")
+        if self.q_lora_rank is None:
+            raise ValueError(f"index_topk={self.index_topk} needs q_lora_rank (got None): the "
+                             "DeepSeek-V3.2 indexer projects its queries from the query "
+                             "latent c_q (indexer.wq_b)")
+
     # ------------------------------------------------------------------ derived sizes
+
+    @property
+    def uses_sparse_attention(self) -> bool:
+        """True with DeepSeek Sparse Attention (DeepSeek-V3.2's lightning indexer)."""
+        return self.index_topk is not None
+
+    @property
+    def cache_width(self) -> int:
+        """Numbers per token and layer in the inference cache (`DeepSeekCausalLM.init_cache`):
+        kv_lora_rank + qk_rope_head_dim (MLA's latent and rotated shared key), plus
+        index_head_dim (the indexer's key) with DeepSeek Sparse Attention."""
+        extra = self.index_head_dim if self.uses_sparse_attention else 0
+        return self.kv_lora_rank + self.qk_rope_head_dim + extra
 
     @property
     def uses_router_bias(self) -> bool:

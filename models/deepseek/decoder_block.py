@@ -30,8 +30,8 @@ class DeepSeekDecoderBlock(keras.layers.Layer):
     Returns:
       (hidden_states, new_cache, moe_aux):
         hidden_states: (B, T, C);
-        new_cache: the updated latent cache (B, S, kv_lora_rank +
-          qk_rope_head_dim), or None when no cache was given;
+        new_cache: the updated latent cache (B, S, config.cache_width), or None
+          when no cache was given;
         moe_aux: None for a dense block, else (expert_load float32 (E,),
           balance_loss float32 scalar, dropped float32 scalar) from DeepSeekMoE.
 

@@ -14,6 +14,15 @@ forward, x3 for forward + backward; with d_qk = d_v = Q it is nanoGPT's
 causal half. L_attn counts the MTP blocks when they are included.
 `decode_flops_per_token` counts the forward FLOPs of one generated token with
 the latent cache, with and without MLA's weight absorption.
+
+DeepSeek Sparse Attention (DeepSeek-V3.2, `config.uses_sparse_attention`): the
+lightning indexer's weights count as parameters (`_indexer_params`, used by every
+token), but they run forward only (no gradient reaches them), so training charges
+them 2 FLOPs per use, not 6; scoring a query against T keys costs
+2 * T * Hi * (Di + 1) FLOPs per layer (q . k per head, then the weighted sum over
+the Hi heads), forward only. The main attention is counted over all T keys: this
+implementation masks a dense score matrix to the index_topk kept keys, so DSA
+changes which keys count, not how many are computed.
 This module imports neither TensorFlow nor Keras.
 """
 
@@ -36,7 +45,24 @@ def _attention_params(c: DeepSeekConfig) -> int:
           + c.kv_lora_rank  # kv_a_layernorm
           + c.kv_lora_rank * h * (c.qk_nope_head_dim + c.v_head_dim))  # kv_b_proj
     o = h * c.v_head_dim * c.hidden_size  # o_proj
-    return q + kv + o
+    return q + kv + o + _indexer_params(c)
+
+
+def _indexer_params(c: DeepSeekConfig) -> int:
+    """The lightning indexer of one attention layer (0 without DeepSeek Sparse Attention):
+    wq_b, wk, k_norm (weight and bias), weights_proj."""
+    if not c.uses_sparse_attention:
+        return 0
+    hi, di = c.index_n_heads, c.index_head_dim
+    return c.q_lora_rank * hi * di + c.hidden_size * di + 2 * di + c.hidden_size * hi
+
+
+def _indexer_score_flops(c: DeepSeekConfig, keys: int) -> int:
+    """Forward FLOPs of one query's index scores against `keys` keys, one layer: q . k for
+    each of the Hi heads (2 Di per key) and the weighted sum over the heads (2 per key)."""
+    if not c.uses_sparse_attention:
+        return 0
+    return 2 * keys * c.index_n_heads * (c.index_head_dim + 1)
 
 
 def _moe_params(c: DeepSeekConfig, experts: int) -> int:
@@ -103,6 +129,9 @@ def flops_per_token(config: DeepSeekConfig, seq_len: int, include_mtp: bool = Tr
     See the module docstring for the formula's source (nanoGPT estimate_mfu /
     PaLM appendix B) and meaning. include_mtp (default True, since MTP modules
     run in training) adds the MTP modules' parameters and attention layers.
+    With DeepSeek Sparse Attention each attention layer's indexer adds its forward
+    only: 2 * its parameters (instead of the 6 that N_active charges) plus
+    2 * T * Hi * (Di + 1) for its scores (module docstring).
 
     Raises:
       ValueError: if seq_len < 1.
@@ -112,7 +141,8 @@ def flops_per_token(config: DeepSeekConfig, seq_len: int, include_mtp: bool = Tr
     c = config
     layers = c.num_hidden_layers + (c.num_nextn_predict_layers if include_mtp else 0)
     attention = 6 * layers * c.num_attention_heads * seq_len * (c.qk_head_dim + c.v_head_dim)
-    return 6 * activated_params(c, include_mtp=include_mtp) + attention
+    indexer = layers * (_indexer_score_flops(c, seq_len) - 4 * _indexer_params(c))
+    return 6 * activated_params(c, include_mtp=include_mtp) + attention + indexer
 
 
 def decode_flops_per_token(config: DeepSeekConfig, context_len: int,
@@ -137,7 +167,10 @@ def decode_flops_per_token(config: DeepSeekConfig, context_len: int,
 
     plus, either way, 2 * (N_active - L*R*H*(Dn + Dv)): every other per-token
     matmul as `activated_params` counts it (projections, MLP or routed and
-    shared experts, router, lm_head; no MTP), kv_b_proj being counted above.
+    shared experts, router, lm_head, the DSA indexer's projections; no MTP),
+    kv_b_proj being counted above; and with DeepSeek Sparse Attention the index
+    scores against the S cached indexer keys, 2*S*Hi*(Di + 1) per layer (the main
+    attention is still computed over all S slots, masked to the kept ones).
     So absorbed = 2*N_active + L * 2*S*H*(2R + Dr), linear in S with a small
     slope, while expanded grows by 2*R*H*(Dn + Dv) per layer and cached token.
 
@@ -159,6 +192,7 @@ def decode_flops_per_token(config: DeepSeekConfig, context_len: int,
         attention = 2 * h * dn * r + 2 * s * h * (r + dr) + 2 * s * h * r + 2 * h * r * dv
     else:
         attention = 2 * s * kv_b + 2 * s * h * (dn + dr) + 2 * s * h * dv
+    attention += _indexer_score_flops(c, s)
     return rest + c.num_hidden_layers * attention
 
 
@@ -184,7 +218,9 @@ def kv_cache_bytes_per_token(config: DeepSeekConfig, bytes_per_number: int = 4,
     """Bytes of inference cache per token of context, over all layers.
 
     layout "mla": the latent cache of Multi-head Latent Attention,
-        L * (kv_lora_rank + qk_rope_head_dim) numbers (DeepSeek-V2 §2.1.4, Table 1);
+        L * (kv_lora_rank + qk_rope_head_dim) numbers (DeepSeek-V2 §2.1.4, Table 1),
+        plus L * index_head_dim for the lightning indexer's keys with DeepSeek Sparse
+        Attention (V3.2): L * `config.cache_width`, what `init_cache` allocates;
     layout "mha": an equivalent multi-head attention cache of full keys and values,
         L * n_h * (qk_head_dim + v_head_dim) numbers.
     MTP modules are not counted (they do not run at inference).
@@ -194,7 +230,7 @@ def kv_cache_bytes_per_token(config: DeepSeekConfig, bytes_per_number: int = 4,
     """
     c = config
     if layout == "mla":
-        per_layer = c.kv_lora_rank + c.qk_rope_head_dim
+        per_layer = c.cache_width
     elif layout == "mha":
         per_layer = c.num_attention_heads * (c.qk_head_dim + c.v_head_dim)
     else:

@@ -88,7 +88,7 @@ def generate(model, input_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1
 
     if use_cache:
         cache_len = tf.reduce_max(tf.concat([ends, [1]], axis=0))  # 1 if B = 0
-        cache = model.init_cache(batch, cache_len)  # (L, B, S, R+Dr)
+        cache = model.init_cache(batch, cache_len)  # (L, B, S, config.cache_width)
         logits, cache = model.call_with_cache(input_ids, cache, 0, absorb=absorb)  # (B, P', V)
         logits = tf.gather(logits, prompt_lengths - 1, batch_dims=1)  # (B, V)
     else:

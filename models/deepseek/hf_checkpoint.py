@@ -1,4 +1,4 @@
-"""Reading Hugging Face DeepSeek-V3 / V2 checkpoints: `config.json` + `*.safetensors`.
+"""Reading Hugging Face DeepSeek-V3 / V3.2 / V2 checkpoints: `config.json` + `*.safetensors`.
 
   open_hf_checkpoint(dir)            -> everything checked, nothing allocated
   load_hf_checkpoint(dir, dtype)     -> DeepSeekCausalLM with the checkpoint's weights
@@ -69,6 +69,8 @@ CONFIG_LIMITS = {
     "qk_rope_head_dim": 4096, "v_head_dim": 4096, "n_routed_experts": 4096,
     "n_shared_experts": 256, "num_nextn_predict_layers": 16,
     "max_position_embeddings": 1 << 24,
+    # DeepSeek Sparse Attention (V3.2: 2048, 64, 128)
+    "index_topk": 1 << 24, "index_n_heads": 1024, "index_head_dim": 4096,
 }
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _PRECISIONS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "bfloat16"}

@@ -8,6 +8,11 @@ multi-token-prediction modules sit at layer index `num_hidden_layers + d`
 `embed_tokens`, plus a full decoder block). Linear weights are PyTorch's
 [out, in]; Keras kernels are [in, out], so they are transposed both ways.
 
+With DeepSeek Sparse Attention (DeepSeek-V3.2) every attention layer, the MTP blocks
+included, has `self_attn.indexer.{wq_b,wk,weights_proj}.weight` (linear, transposed)
+and `self_attn.indexer.k_norm.{weight,bias}` (LayerNorm gamma and beta), as transformers
+5.24's `DeepseekV32ForCausalLM.save_pretrained` writes them and DeepSeek releases them.
+
 Routed experts are one tensor per expert on disk (`mlp.experts.e.gate_proj.weight`,
 as DeepSeek releases them and transformers' `save_pretrained` writes them) and
 stacked kernels in the model (`RoutedExperts`): each name maps to an `ExpertSlice`,
@@ -113,6 +118,13 @@ def hf_weight_map(model) -> dict[str, tuple[tf.Variable, bool]]:
         norm(f"{prefix}.self_attn.kv_a_layernorm", a.kv_a_layernorm)
         dense(f"{prefix}.self_attn.kv_b_proj", a.kv_b_proj)
         dense(f"{prefix}.self_attn.o_proj", a.o_proj)
+        if a.indexer is not None:
+            ix = a.indexer
+            dense(f"{prefix}.self_attn.indexer.wq_b", ix.wq_b)
+            dense(f"{prefix}.self_attn.indexer.wk", ix.wk)
+            names[f"{prefix}.self_attn.indexer.k_norm.weight"] = (ix.k_norm.gamma, False)
+            names[f"{prefix}.self_attn.indexer.k_norm.bias"] = (ix.k_norm.beta, False)
+            dense(f"{prefix}.self_attn.indexer.weights_proj", ix.weights_proj)
         if b.is_moe:
             moe = b.mlp
             names[f"{prefix}.mlp.gate.weight"] = (moe.gate.weight, False)  # [E, C] both
@@ -152,7 +164,11 @@ def expected_hf_shapes(config: DeepSeekConfig) -> dict[str, tuple[int, ...]]:
     embeddings [vocab_size, hidden_size], RMSNorm weights [width], the router
     `mlp.gate.weight` [n_routed_experts, hidden_size] and, for the DeepSeek-V3
     router (`topk_method` "noaux_tc"), `mlp.gate.e_score_correction_bias`
-    [n_routed_experts]. MTP modules sit at layer index num_hidden_layers + d;
+    [n_routed_experts]. With DeepSeek Sparse Attention each attention layer adds
+    `self_attn.indexer.wq_b.weight` [index_n_heads * index_head_dim, q_lora_rank],
+    `indexer.wk.weight` [index_head_dim, hidden_size], `indexer.k_norm.weight` and
+    `.bias` [index_head_dim], `indexer.weights_proj.weight` [index_n_heads,
+    hidden_size]. MTP modules sit at layer index num_hidden_layers + d;
     their `embed_tokens` / `shared_head.head` copies are not included (see
     `shared_mtp_names`). The keys are those of `hf_weight_map(model)`.
     """
@@ -183,6 +199,13 @@ def expected_hf_shapes(config: DeepSeekConfig) -> dict[str, tuple[int, ...]]:
         shapes[f"{a}.kv_b_proj.weight"] = (
             heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)
         shapes[f"{a}.o_proj.weight"] = (h, heads * c.v_head_dim)
+        if getattr(c, "index_topk", None) is not None:
+            di = c.index_head_dim
+            shapes[f"{a}.indexer.wq_b.weight"] = (c.index_n_heads * di, c.q_lora_rank)
+            shapes[f"{a}.indexer.wk.weight"] = (di, h)
+            shapes[f"{a}.indexer.k_norm.weight"] = (di,)
+            shapes[f"{a}.indexer.k_norm.bias"] = (di,)
+            shapes[f"{a}.indexer.weights_proj.weight"] = (c.index_n_heads, h)
         if c.is_moe_layer(layer_idx):
             shapes[f"{prefix}.mlp.gate.weight"] = (c.n_routed_experts, h)
             if router_bias:

@@ -42,10 +42,15 @@ def _hf_tensor(variable, transpose: bool, dtype: tf.DType | None = None) -> tf.T
     return tf.transpose(value) if transpose else value
 
 
+# Written float32 whatever `dtype`: the router bias (DeepSeek's checkpoints store it so; a
+# bf16 bias would move the routing) and DeepSeek-V3.2's indexer weights_proj (float32 in
+# the model, as transformers keeps it: `DeepseekV32PreTrainedModel._keep_in_fp32_modules`).
+FLOAT32_ON_DISK = ("e_score_correction_bias", "indexer.weights_proj.weight")
+
+
 def _disk_dtype(name: str, dtype: tf.DType) -> tf.DType:
-    """`dtype`, except the router's `e_score_correction_bias`: float32 always, as
-    DeepSeek's checkpoints store it (a bf16 bias would move the routing)."""
-    return tf.float32 if name.endswith("e_score_correction_bias") else dtype
+    """`dtype`, except the tensors of `FLOAT32_ON_DISK`: float32 always."""
+    return tf.float32 if name.endswith(FLOAT32_ON_DISK) else dtype
 
 
 def model_tensors(model) -> dict[str, tf.Tensor]:

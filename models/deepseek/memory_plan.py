@@ -31,7 +31,13 @@ What is counted, per device (`Plan`):
   LoRA adds one merged kernel W + A B per adapted kernel in the compute dtype,
   which Keras' `Dense.enable_lora` computes in every call and the matmul keeps.
 - KV cache (inference): MLA caches kv_lora_rank + qk_rope_head_dim numbers per
-  token and layer (DeepSeek-V2 §2.1.4; `flops.kv_cache_bytes_per_token`).
+  token and layer (DeepSeek-V2 §2.1.4; `flops.kv_cache_bytes_per_token`), plus
+  index_head_dim for the lightning indexer's key with DeepSeek Sparse Attention
+  (DeepSeek-V3.2): `DeepSeekConfig.cache_width`.
+- DeepSeek Sparse Attention's indexer (`lightning_indexer.py`): its weights count
+  (frozen: never trained, no gradient or optimizer state); the (B, T, S) top-k mask
+  is kept for the backward pass (T bytes per token); its scores are not (they run
+  under `tf.stop_gradient`).
 
 Sharding (`sharding`): "none" = plain data parallelism (MirroredStrategy and
 MultiWorkerMirroredStrategy, what the Trainer does): every device holds
@@ -85,7 +91,8 @@ class WeightTensor:
       path: as `trainable.weight_path` writes it, e.g. `layers.1/self_attn/o_proj/kernel`.
       shape: its shape; a Dense kernel is (in, out), the routed experts' stacked
         kernels (E, in, out).
-      trainable: False only for the routers' `e_score_correction_bias`.
+      trainable: False only for the routers' `e_score_correction_bias` and the
+        weights of DeepSeek Sparse Attention's lightning indexer.
       lora: "attention" or "mlp" when it is a kernel that `train.lora_targets`
         can adapt, else "".
     """
@@ -117,8 +124,15 @@ def _block_tensors(c: DeepSeekConfig, prefix: str, layer_idx: int) -> list[Weigh
           WeightTensor(f"{a}kv_b_proj/kernel",
                        (c.kv_lora_rank, H * (c.qk_nope_head_dim + c.v_head_dim)),
                        lora="attention"),
-          WeightTensor(f"{a}o_proj/kernel", (H * c.v_head_dim, C), lora="attention"),
-          WeightTensor(f"{prefix}post_attention_layernorm/weight", (C,))]
+          WeightTensor(f"{a}o_proj/kernel", (H * c.v_head_dim, C), lora="attention")]
+    if c.uses_sparse_attention:  # LightningIndexer: not trainable
+        hi, di, ix = c.index_n_heads, c.index_head_dim, f"{a}indexer/"
+        t += [WeightTensor(f"{ix}wq_b/kernel", (c.q_lora_rank, hi * di), trainable=False),
+              WeightTensor(f"{ix}wk/kernel", (C, di), trainable=False),
+              WeightTensor(f"{ix}k_norm/gamma", (di,), trainable=False),
+              WeightTensor(f"{ix}k_norm/beta", (di,), trainable=False),
+              WeightTensor(f"{ix}weights_proj/kernel", (C, hi), trainable=False)]
+    t.append(WeightTensor(f"{prefix}post_attention_layernorm/weight", (C,)))
 
     def swiglu(p: str, width: int) -> list[WeightTensor]:
         return [WeightTensor(f"{p}gate_proj/kernel", (C, width), lora="mlp"),
@@ -292,6 +306,7 @@ def block_activation_items(config: DeepSeekConfig, layer_idx: int, seq_len: int,
       kv_a_layernorm          4R + aR + aR (kv_b_proj input)
       values                  a H Dv
       softmax output          4 H T (float32; + a H T cast to the compute dtype if a < 4)
+      DSA top-k mask          T (bool (B, T, S), with DeepSeek Sparse Attention only)
       attention output        a H Dv (o_proj input)
       post_attention_layernorm 4C + aC + aC
       dense MLP (width F)     4aF: gate out (SiLU input), SiLU out, up out, product
@@ -324,6 +339,7 @@ def block_activation_items(config: DeepSeekConfig, layer_idx: int, seq_len: int,
               ("kv_a_layernorm", norm(r)),
               ("values", a * H * dv),
               ("softmax", 4 * H * T + (a * H * T if a < 4 else 0)),
+              *([("indexer top-k mask", T)] if c.uses_sparse_attention else []),
               ("attention output", a * H * dv),
               ("post_attention_layernorm", norm(C))]
     if not c.is_moe_layer(layer_idx):

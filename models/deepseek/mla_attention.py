@@ -37,6 +37,15 @@ Per generated token this costs O(S * H * (R + Dr)) instead of expanding the S
 cached latents (O(S * R * H * (Dn + Dv))); `flops.decode_flops_per_token`
 gives both. `absorb=False` selects the expanding path (same logits up to
 float32 rounding).
+
+DeepSeek Sparse Attention (DeepSeek-V3.2; `config.uses_sparse_attention`): a
+`LightningIndexer` (sublayer `indexer`, lightning_indexer.py) picks for each query
+the `index_topk` visible tokens of highest index score, and the attention mask is
+causal AND picked (HF transformers 5.24 `DeepseekV32Attention` folds the same top-k
+into its attention mask). The indexer's key of every token (index_head_dim numbers)
+is cached after [c_kv | k_pe], so a cached call scores the new queries against the
+cache and recomputes nothing of the prefix. The score matrix stays dense (masked),
+so DSA changes the result, not the cost, of this implementation's attention.
 """
 
 import keras
@@ -44,6 +53,7 @@ import tensorflow as tf
 
 from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
+from models.deepseek.lightning_indexer import LightningIndexer
 from models.deepseek.quantization import float_kernel
 from models.deepseek.rms_norm import RMSNorm
 from models.deepseek.rope_scaling import softmax_scale
@@ -65,9 +75,10 @@ class MultiHeadLatentAttention(keras.layers.Layer):
       hidden_states: float tensor (B, T, C).
       positions_offset: int scalar (Python or tensor), absolute position of the
         first of the T tokens when no cache is given (default 0).
-      cache: optional float tensor (B, S, kv_lora_rank + qk_rope_head_dim), the
-        latent cache of this layer: per slot the normalized c_kv then the
-        rotated k_pe. S is the maximum length (see `init_cache`).
+      cache: optional float tensor (B, S, config.cache_width), the latent cache of
+        this layer: per slot the normalized c_kv (kv_lora_rank), the rotated k_pe
+        (qk_rope_head_dim) and, with DeepSeek Sparse Attention, the indexer's key
+        (index_head_dim). S is the maximum length (see `init_cache`).
       cache_index: int32 scalar or (B,) vector, the slot (= absolute position)
         where the first of the T tokens of each row is written; required with
         `cache`. A query at position p sees the slots <= p of its row only, so
@@ -79,7 +90,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
 
     Returns:
       Without cache: the output, float tensor (B, T, C).
-      With cache: (output (B, T, C), new_cache (B, S, kv_lora_rank + qk_rope_head_dim)).
+      With cache: (output (B, T, C), new_cache (B, S, config.cache_width)).
 
     Raises:
       ValueError: if `cache` is given without `cache_index`.
@@ -87,7 +98,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         cache_index is neither a scalar nor (B,).
 
     Reference: DeepSeek-V2 arXiv 2405.04434 §2.1; HF transformers
-    `modeling_deepseek_v3.py` (DeepseekV3Attention).
+    `modeling_deepseek_v3.py` (DeepseekV3Attention); with DSA, the DeepSeek-V3.2-Exp
+    report §2.1 and `modeling_deepseek_v32.py` (DeepseekV32Attention).
     """
 
     def __init__(self, config, **kwargs):
@@ -120,6 +132,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         self.o_proj = dense(config.hidden_size, "o_proj")
         self.dropout = (keras.layers.Dropout(config.attention_dropout, name="attention_dropout")
                         if config.attention_dropout > 0 else None)
+        self.indexer = (LightningIndexer(config, name="indexer", dtype=self.dtype_policy)
+                        if config.uses_sparse_attention else None)
 
     def build(self, input_shape=None):
         c = self.config
@@ -133,6 +147,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         self.kv_a_layernorm.build((None, None, c.kv_lora_rank))
         self.kv_b_proj.build((None, None, c.kv_lora_rank))
         self.o_proj.build((None, None, c.num_attention_heads * c.v_head_dim))
+        if self.indexer is not None:
+            self.indexer.build()
 
     def call(self, hidden_states, positions_offset=0, cache=None, cache_index=None,
              training=False, absorb=True):
@@ -144,7 +160,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         if c.q_lora_rank is None:
             q = self.q_proj(hidden_states)  # (B, T, H*Dqk)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))  # (B, T, H*Dqk)
+            c_q = self.q_a_layernorm(self.q_a_proj(hidden_states))  # (B, T, Rq)
+            q = self.q_b_proj(c_q)  # (B, T, H*Dqk)
         q = tf.reshape(q, [batch, seq, nh, dn + dr])  # (B, T, H, Dqk)
         q_nope, q_pe = tf.split(q, [dn, dr], axis=-1)  # (B, T, H, Dn), (B, T, H, Dr)
 
@@ -163,20 +180,34 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         q_pe = self._rotate(q_pe, q_positions)  # (B, T, H, Dr)
         k_pe = self._rotate(k_pe[:, :, None, :], q_positions)[:, :, 0, :]  # (B, T, Dr)
 
+        index_keys = None
+        if self.indexer is not None:
+            index_keys = self.indexer.keys(hidden_states, q_positions)  # (B, T, Di)
+
         if cache is None:
-            causal = q_positions[None, :] <= q_positions[:, None]  # (T, S = T)
-            out = self._expanded_attention(q_nope, q_pe, c_kv, k_pe, causal[None, None],
+            mask = (q_positions[None, :] <= q_positions[:, None])[None]  # (1, T, S = T)
+            if self.indexer is not None:
+                mask = self.indexer(hidden_states, c_q, index_keys, q_positions,
+                                    mask)  # (B, T, S) causal and picked
+            out = self._expanded_attention(q_nope, q_pe, c_kv, k_pe, mask[:, None],
                                            training)  # (B, T, H, Dv)
         else:
-            new_cache = _write_cache(cache, tf.concat([c_kv, k_pe], axis=-1), index)  # (B,S,R+Dr)
+            entries = [c_kv, k_pe] + ([index_keys] if index_keys is not None else [])
+            new_cache = _write_cache(cache, tf.concat(entries, axis=-1),
+                                     index)  # (B, S, R + Dr [+ Di])
             slots = tf.range(tf.shape(new_cache)[1])  # (S,)
-            causal = slots[None, None, :] <= q_positions[:, :, None]  # (B, T, S)
+            mask = slots[None, None, :] <= q_positions[:, :, None]  # (B, T, S) causal
+            if self.indexer is not None:
+                mask = self.indexer(hidden_states, c_q, new_cache[:, :, r + dr:], q_positions,
+                                    mask)  # (B, T, S) causal and picked
+            latents = (new_cache if self.indexer is None
+                       else new_cache[:, :, :r + dr])  # (B, S, R + Dr)
             if absorb:
-                out = self._absorbed_attention(q_nope, q_pe, new_cache, causal[:, None],
+                out = self._absorbed_attention(q_nope, q_pe, latents, mask[:, None],
                                                training)  # (B, T, H, Dv)
             else:
-                c_kv, k_pe = tf.split(new_cache, [r, dr], axis=-1)  # (B, S, R), (B, S, Dr)
-                out = self._expanded_attention(q_nope, q_pe, c_kv, k_pe, causal[:, None],
+                c_kv, k_pe = tf.split(latents, [r, dr], axis=-1)  # (B, S, R), (B, S, Dr)
+                out = self._expanded_attention(q_nope, q_pe, c_kv, k_pe, mask[:, None],
                                                training)  # (B, T, H, Dv)
 
         out = tf.reshape(out, [batch, seq, nh * c.v_head_dim])  # (B, T, H*Dv)
