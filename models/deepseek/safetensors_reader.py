@@ -12,8 +12,9 @@ where a tensor's bytes are `buffer[begin:end]`, row-major, little-endian.
 The safetensors library's TensorFlow backend cannot read FP8 (numpy has no
 float8 type), so headers are parsed here and tensor bytes are read into numpy
 arrays of `ml_dtypes` types: BF16 -> ml_dtypes.bfloat16, F8_E4M3 ->
-ml_dtypes.float8_e4m3fn, F16 -> float16, F32 -> float32. Other dtypes are
-refused by name.
+ml_dtypes.float8_e4m3fn, F16 -> float16, F32 -> float32; and, for DeepSeek-V4's
+formats, F8_E8M0 -> uint8 (the raw exponent bytes), I8 -> int8, I64 -> int64. Other
+dtypes are refused by name.
 
 Checkpoint directories are untrusted. Before any tensor is read:
   - every shard named by `model.safetensors.index.json` must be a relative name
@@ -46,14 +47,20 @@ from models.deepseek.hf_config import CheckpointError
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 
-# safetensors dtype name -> numpy dtype.
+# safetensors dtype name -> numpy dtype. F8_E8M0 (float8_e8m0fnu, DeepSeek-V4's scales) is
+# read as its raw biased-exponent bytes, uint8 (ml_dtypes 0.3 has no e8m0 type; decode with
+# `mxfp4.e8m0_to_float32`); I8 holds DeepSeek-V4-Flash's packed MXFP4 experts (two e2m1
+# codes a byte, `mxfp4.py`); I64 its hash-routing tables (`ffn.gate.tid2eid`).
 DTYPES = {
     "F32": np.dtype(np.float32),
     "F16": np.dtype(np.float16),
     "BF16": np.dtype(ml_dtypes.bfloat16),
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E8M0": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "I64": np.dtype(np.int64),
 }
-NAMES_OF_DTYPES = {v: k for k, v in DTYPES.items()}
+NAMES_OF_DTYPES = {v: k for k, v in DTYPES.items()}  # uint8 is written as F8_E8M0
 # The safetensors library refuses headers above 100 MB; so do we.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 MAX_INDEX_BYTES = 100 * 1024 * 1024
@@ -66,7 +73,8 @@ class TensorInfo:
     Attributes:
       name: the tensor's name in the checkpoint.
       path: the shard's absolute path.
-      dtype: safetensors dtype name ("BF16", "F8_E4M3", "F16", "F32").
+      dtype: safetensors dtype name ("BF16", "F8_E4M3", "F16", "F32", "F8_E8M0", "I8",
+        "I64").
       shape: the stored shape (PyTorch's [out, in] for linear weights).
       offset: absolute file offset of the first byte.
       nbytes: byte count (= prod(shape) * itemsize).
@@ -220,7 +228,8 @@ class Checkpoint:
 
         Returns:
           A numpy array of the stored dtype (ml_dtypes.bfloat16 / float8_e4m3fn for
-          BF16 / F8_E4M3) and the stored shape (first axis r1 - r0 with `rows`).
+          BF16 / F8_E4M3, uint8 exponent bytes for F8_E8M0) and the stored shape (first
+          axis r1 - r0 with `rows`).
 
         Raises:
           CheckpointError: no such tensor, or the file is shorter than its header
@@ -355,7 +364,8 @@ def write_safetensors_streaming(path: str, entries: list, metadata: dict[str, st
       path: the file to write.
       entries: [(name, shape, numpy dtype, make)], in file order; `make()` returns the
         array (that shape and dtype; float32, float16, ml_dtypes bfloat16 or
-        float8_e4m3fn).
+        float8_e4m3fn; uint8 is written as F8_E8M0 exponent bytes, int8 as I8, int64
+        as I64).
       metadata: the header's `__metadata__` (default {"format": "pt"}, as transformers).
 
     Raises:
