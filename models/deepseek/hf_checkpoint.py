@@ -302,7 +302,7 @@ def load_hf_checkpoint(checkpoint_dir: str, dtype: str = "float32"):
             f"{sorted(set(weight_map) ^ set(checked.shapes))[:10]}")
     infos = checked.files.tensors
     for name in sorted(weight_map, key=lambda n: (infos[n].path, infos[n].offset)):
-        _assign(checked, name, *weight_map[name])
+        assign_tensor(checked, name, *weight_map[name])
     _check_shared_copies(checked)
     memory.release_free_memory()  # the loader's freed temporaries (common/memory.py)
     return model
@@ -310,17 +310,27 @@ def load_hf_checkpoint(checkpoint_dir: str, dtype: str = "float32"):
 
 # A tensor larger than this is assigned in row blocks of about this size, in place.
 ASSIGN_BLOCK_BYTES = 64 * 1024 * 1024
+# Stored dtypes read whole and dequantized (FP8; MXFP4 pairs in I8); I64: tid2eid tables.
+QUANTIZED_DTYPES = ("F8_E4M3", "I8", "I64")
 
 
-def _assign(checked: CheckedCheckpoint, name: str, variable, transpose: bool) -> None:
+def assign_tensor(checked, name: str, variable, transpose: bool,
+                  stored: str | None = None) -> None:
     """Copies tensor `name` into `variable` (its transpose for a Dense kernel).
+
+    `checked` is a `CheckedCheckpoint` or anything with its `files` (the
+    `safetensors_reader.Checkpoint`) and `read_float(name)` (the tensor as a float array,
+    dequantized; `models/deepseek_v4/hf_checkpoint.CheckedV4Checkpoint` too); `stored` is
+    the tensor's name in the files when it differs from `name` (an alias).
 
     A 2-D unquantized tensor larger than `ASSIGN_BLOCK_BYTES` goes in row blocks written
     in place into the variable's buffer (`tf.Variable` slice assign), so loading holds
     one block beside the model, not the whole tensor, its converted copy and the
     variable's old buffer (an embedding of 129,280 x 2,048 bf16 is 0.53 GB each)."""
-    info, dtype = checked.files.info(name), _numpy_dtype(variable)
-    if (info.dtype == "F8_E4M3" or len(info.shape) != 2 or info.nbytes <= ASSIGN_BLOCK_BYTES
+    stored = name if stored is None else stored
+    info, dtype = checked.files.info(stored), _numpy_dtype(variable)
+    if (info.dtype in QUANTIZED_DTYPES or len(info.shape) != 2
+            or info.nbytes <= ASSIGN_BLOCK_BYTES
             or isinstance(variable, ExpertSlice)):  # a slice assigns in place itself
         value = checked.read_float(name).astype(dtype, copy=False)
         variable.assign(value.T if transpose else value)
@@ -329,7 +339,7 @@ def _assign(checked: CheckedCheckpoint, name: str, variable, transpose: bool) ->
     target = variable.value  # the backend's tf.Variable: its slices assign in place
     for r0 in range(0, info.shape[0], rows):
         r1 = min(r0 + rows, info.shape[0])
-        block = checked.files.read(name, (r0, r1)).astype(dtype, copy=False)  # (r1-r0, in)
+        block = checked.files.read(stored, (r0, r1)).astype(dtype, copy=False)  # (r1-r0, in)
         if transpose:
             target[:, r0:r1].assign(block.T)
         else:

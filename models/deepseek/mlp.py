@@ -1,9 +1,9 @@
 """SwiGLU MLP (Shazeer 2020), the dense FFN and the expert of DeepSeek-V3."""
 
 import keras
-import tensorflow as tf
 
 from models.deepseek import initializers
+from models.deepseek.routed_experts import swiglu
 
 
 @keras.saving.register_keras_serializable(package="deepseek")
@@ -19,6 +19,8 @@ class SwiGLU(keras.layers.Layer):
       hidden_size: input and output width C.
       intermediate_size: inner width F.
       initializer_range: stddev of the normal kernel initializer.
+      swiglu_limit: None, or L > 0 to clamp the pre-activations as DeepSeek-V4's
+        shared expert does (`routed_experts.swiglu`).
 
     Call args:
       x: float tensor (..., C).
@@ -28,11 +30,12 @@ class SwiGLU(keras.layers.Layer):
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int,
-                 initializer_range: float = 0.02, **kwargs):
+                 initializer_range: float = 0.02, swiglu_limit: float | None = None, **kwargs):
         super().__init__(**kwargs)
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.initializer_range = initializer_range
+        self.swiglu_limit = swiglu_limit
 
         def dense(units, name):
             return keras.layers.Dense(
@@ -49,7 +52,8 @@ class SwiGLU(keras.layers.Layer):
         self.down_proj.build((None, self.intermediate_size))
 
     def call(self, x):
-        return self.down_proj(tf.nn.silu(self.gate_proj(x)) * self.up_proj(x))  # (..., C)
+        h = swiglu(self.gate_proj(x), self.up_proj(x), self.swiglu_limit)  # (..., F)
+        return self.down_proj(h)  # (..., C)
 
     def get_config(self):
         return {
@@ -57,4 +61,5 @@ class SwiGLU(keras.layers.Layer):
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "initializer_range": self.initializer_range,
+            "swiglu_limit": self.swiglu_limit,
         }

@@ -133,6 +133,90 @@ def expert_capacity(n_tokens, n_experts: int, top_k: int, capacity_factor: float
     return tf.cast(tf.minimum((num * n + den - 1) // den, n), tf.int32)
 
 
+def expert_counts(topk_indices, n_experts: int):
+    """(token, expert) pairs per expert: int32 (E,) from int (N, K) choices.
+
+    tf.math.bincount derives its output size from the data, which XLA cannot
+    compile; the raw op takes the constant size E."""
+    return tf.raw_ops.DenseBincount(input=tf.reshape(topk_indices, [-1]), size=n_experts,
+                                    weights=tf.zeros([0], tf.int32))  # (E,) int32
+
+
+def dispatch_to_experts(experts, x, topk_indices, topk_weights, counts, slots):
+    """Routed output (N, C) of `experts` with S = `slots` per expert; pairs past S dropped.
+
+    The dispatch of `DeepSeekMoE` (module docstring), shared with DeepSeek-V4's MoE.
+
+    Args:
+      experts: a RoutedExperts, called on an (E, S, C) buffer.
+      x: (N, C) tokens.
+      topk_indices: int (N, K) chosen experts; topk_weights: float (N, K) their weights.
+      counts: int32 (E,) pairs per expert (`expert_counts`).
+      slots: S, a Python int or int32 scalar tensor (max(counts) for dropless).
+
+    Returns:
+      (N, C) in the experts' output dtype: sum over the K pairs of weight * expert output.
+    """
+    top_k = topk_indices.shape[-1]
+    hidden_size = x.shape[-1]
+    n_pairs = tf.size(topk_indices)  # N*K
+
+    # Rank of each pair within its expert: pairs sorted by expert (stable), minus
+    # the expert's first position (exclusive cumsum of the counts).
+    flat_expert = tf.reshape(topk_indices, [-1])  # (N*K,) pair p = token p // K
+    order = tf.argsort(flat_expert, stable=True)  # (N*K,) sorted position -> pair
+    sorted_expert = tf.gather(flat_expert, order)  # (N*K,)
+    starts = tf.cumsum(counts, exclusive=True)  # (E,) first sorted position per expert
+    sorted_rank = tf.range(n_pairs) - tf.gather(starts, sorted_expert)  # (N*K,)
+    # argsort(order) inverts the permutation. tf.math.invert_permutation compiles
+    # for this layer alone but not inside forward_train (TF 2.16 XLA: "Dynamic
+    # reshape is not implemented"); a second sort of N*K ints compiles in both.
+    rank = tf.gather(sorted_rank, tf.argsort(order))  # (N*K,) pair order
+    keep = rank < slots  # (N*K,)
+
+    # Dispatch: slot (e, s) holds the pair at sorted position starts[e] + s when
+    # s < counts[e] (so the kept pairs, ranks 0..S-1), else zeros. A gather per
+    # slot, equivalent to scattering the kept pairs into the buffer.
+    s = tf.range(slots)  # (S,)
+    filled = s[None, :] < counts[:, None]  # (E, S)
+    position = tf.minimum(starts[:, None] + s[None, :], tf.maximum(n_pairs - 1, 0))  # (E, S)
+    slot_token = tf.gather(order, position) // top_k  # (E, S)
+    buffer = tf.where(filled[:, :, None], tf.gather(x, slot_token),
+                      tf.zeros([], x.dtype))  # (E, S, C)
+
+    y = experts(buffer)  # (E, S, C): all experts at once, stacked kernels
+
+    # Combine: each pair reads its slot (dropped pairs read zero), times its
+    # gating weight, then the K pairs of a token are summed (pair p = n*K + k).
+    slot = flat_expert * slots + tf.minimum(rank, tf.maximum(slots - 1, 0))  # (N*K,)
+    y_pairs = tf.gather(tf.reshape(y, [-1, hidden_size]), slot)  # (N*K, C)
+    y_pairs = tf.where(keep[:, None], y_pairs, tf.zeros([], y.dtype))  # (N*K, C)
+    y_pairs *= tf.cast(tf.reshape(topk_weights, [-1]), y.dtype)[:, None]  # (N*K, C)
+    return tf.reduce_sum(tf.reshape(y_pairs, [-1, top_k, hidden_size]),
+                         axis=1)  # (N, K, C) -> (N, C)
+
+
+def sequence_balance_loss(topk_indices, scores, batch, seq, n_routed_experts: int,
+                          num_experts_per_tok: int, aux_loss_alpha: float):
+    """alpha * L_Bal, DeepSeek-V3 (arXiv 2412.19437) §2.1.2 eq. 17-20, float32 scalar.
+
+    Args:
+      topk_indices: int (B*T, K) chosen experts (sequence-major rows).
+      scores: float32 (B*T, E) unbiased affinities s (renormalized here, eq. 19).
+      batch, seq: B and T; n_routed_experts, num_experts_per_tok: E and K.
+      aux_loss_alpha: alpha.
+    """
+    n_experts, top_k = n_routed_experts, num_experts_per_tok
+    seq_f = tf.cast(seq, tf.float32)
+    chosen = tf.reduce_sum(tf.one_hot(topk_indices, n_experts), axis=1)  # (N, E) 0/1
+    chosen = tf.reshape(chosen, [batch, seq, n_experts])  # (B, T, E)
+    f = n_experts / (top_k * seq_f) * tf.reduce_sum(chosen, axis=1)  # (B, E)  eq. 18
+    s_norm = scores / tf.reduce_sum(scores, axis=-1, keepdims=True)  # (N, E)  eq. 19
+    p = tf.reduce_mean(tf.reshape(s_norm, [batch, seq, n_experts]), axis=1)  # (B, E) eq. 20
+    per_sequence = tf.reduce_sum(tf.stop_gradient(f) * p, axis=-1)  # (B,)  eq. 17
+    return aux_loss_alpha * tf.reduce_mean(per_sequence)
+
+
 @keras.saving.register_keras_serializable(package="deepseek")
 class DeepSeekMoE(keras.layers.Layer):
     """Mixture of experts: DeepSeek-V3's sigmoid, group-limited, bias-balanced
@@ -198,10 +282,7 @@ class DeepSeekMoE(keras.layers.Layer):
         x = tf.reshape(hidden_states, [-1, c.hidden_size])  # (N, C), N = B*T
 
         topk_indices, topk_weights, scores = self.gate(x)  # (N, K), (N, K), (N, E)
-        # Pairs per expert. tf.math.bincount derives its output size from the data,
-        # which XLA cannot compile; the raw op takes the constant size E.
-        counts = tf.raw_ops.DenseBincount(input=tf.reshape(topk_indices, [-1]), size=n_experts,
-                                          weights=tf.zeros([0], tf.int32))  # (E,) int32
+        counts = expert_counts(topk_indices, n_experts)  # (E,) int32 pairs per expert
 
         if capacity_factor is None:
             routed = self._dropless(x, topk_indices, topk_weights, counts)  # (N, C)
@@ -245,57 +326,14 @@ class DeepSeekMoE(keras.layers.Layer):
         return self._dispatch(x, topk_indices, topk_weights, counts, slots), dropped
 
     def _dispatch(self, x, topk_indices, topk_weights, counts, slots):
-        """Routed output (N, C) with S = `slots` per expert; pairs past S are dropped."""
-        c = self.config
-        top_k = c.num_experts_per_tok
-        n_pairs = tf.size(topk_indices)  # N*K
-
-        # Rank of each pair within its expert: pairs sorted by expert (stable), minus
-        # the expert's first position (exclusive cumsum of the counts).
-        flat_expert = tf.reshape(topk_indices, [-1])  # (N*K,) pair p = token p // K
-        order = tf.argsort(flat_expert, stable=True)  # (N*K,) sorted position -> pair
-        sorted_expert = tf.gather(flat_expert, order)  # (N*K,)
-        starts = tf.cumsum(counts, exclusive=True)  # (E,) first sorted position per expert
-        sorted_rank = tf.range(n_pairs) - tf.gather(starts, sorted_expert)  # (N*K,)
-        # argsort(order) inverts the permutation. tf.math.invert_permutation compiles
-        # for this layer alone but not inside forward_train (TF 2.16 XLA: "Dynamic
-        # reshape is not implemented"); a second sort of N*K ints compiles in both.
-        rank = tf.gather(sorted_rank, tf.argsort(order))  # (N*K,) pair order
-        keep = rank < slots  # (N*K,)
-
-        # Dispatch: slot (e, s) holds the pair at sorted position starts[e] + s when
-        # s < counts[e] (so the kept pairs, ranks 0..S-1), else zeros. A gather per
-        # slot, equivalent to scattering the kept pairs into the buffer.
-        s = tf.range(slots)  # (S,)
-        filled = s[None, :] < counts[:, None]  # (E, S)
-        position = tf.minimum(starts[:, None] + s[None, :], tf.maximum(n_pairs - 1, 0))  # (E, S)
-        slot_token = tf.gather(order, position) // top_k  # (E, S)
-        buffer = tf.where(filled[:, :, None], tf.gather(x, slot_token),
-                          tf.zeros([], x.dtype))  # (E, S, C)
-
-        y = self.experts(buffer)  # (E, S, C): all experts at once, stacked kernels
-
-        # Combine: each pair reads its slot (dropped pairs read zero), times its
-        # gating weight, then the K pairs of a token are summed (pair p = n*K + k).
-        slot = flat_expert * slots + tf.minimum(rank, tf.maximum(slots - 1, 0))  # (N*K,)
-        y_pairs = tf.gather(tf.reshape(y, [-1, c.hidden_size]), slot)  # (N*K, C)
-        y_pairs = tf.where(keep[:, None], y_pairs, tf.zeros([], y.dtype))  # (N*K, C)
-        y_pairs *= tf.cast(tf.reshape(topk_weights, [-1]), y.dtype)[:, None]  # (N*K, C)
-        return tf.reduce_sum(tf.reshape(y_pairs, [-1, top_k, c.hidden_size]),
-                             axis=1)  # (N, K, C) -> (N, C)
+        """Routed output (N, C) with S = `slots` per expert (`dispatch_to_experts`)."""
+        return dispatch_to_experts(self.experts, x, topk_indices, topk_weights, counts, slots)
 
     def _sequence_balance_loss(self, topk_indices, scores, batch, seq):
-        """alpha * L_Bal, DeepSeek-V3 §2.1.2 eq. 17-20, float32 scalar."""
+        """alpha * L_Bal, DeepSeek-V3 §2.1.2 eq. 17-20 (`sequence_balance_loss`)."""
         c = self.config
-        n_experts, top_k = c.n_routed_experts, c.num_experts_per_tok
-        seq_f = tf.cast(seq, tf.float32)
-        chosen = tf.reduce_sum(tf.one_hot(topk_indices, n_experts), axis=1)  # (N, E) 0/1
-        chosen = tf.reshape(chosen, [batch, seq, n_experts])  # (B, T, E)
-        f = n_experts / (top_k * seq_f) * tf.reduce_sum(chosen, axis=1)  # (B, E)  eq. 18
-        s_norm = scores / tf.reduce_sum(scores, axis=-1, keepdims=True)  # (N, E)  eq. 19
-        p = tf.reduce_mean(tf.reshape(s_norm, [batch, seq, n_experts]), axis=1)  # (B, E) eq. 20
-        per_sequence = tf.reduce_sum(tf.stop_gradient(f) * p, axis=-1)  # (B,)  eq. 17
-        return c.aux_loss_alpha * tf.reduce_mean(per_sequence)
+        return sequence_balance_loss(topk_indices, scores, batch, seq, c.n_routed_experts,
+                                     c.num_experts_per_tok, c.aux_loss_alpha)
 
     def update_bias(self, expert_load, update_speed=None):
         """Applies b_i -= gamma * sign(load_i - mean load) to `gate.e_score_correction_bias`.

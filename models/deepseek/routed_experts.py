@@ -33,6 +33,9 @@ class RoutedExperts(keras.layers.Layer):
       hidden_size: C.
       intermediate_size: F (config.moe_intermediate_size).
       initializer_range: stddev of the normal kernel initializers.
+      swiglu_limit: None (DeepSeek-V2/V3), or a float L > 0 that clamps the
+        pre-activations, silu(min(gate, L)) * clip(up, -L, L) (DeepSeek-V4,
+        transformers `DeepseekV4Experts._apply_gate`).
 
     Call args:
       x: float tensor (E, S, C), row e for expert e.
@@ -42,12 +45,13 @@ class RoutedExperts(keras.layers.Layer):
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
-                 initializer_range: float = 0.02, **kwargs):
+                 initializer_range: float = 0.02, swiglu_limit: float | None = None, **kwargs):
         super().__init__(**kwargs)
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.initializer_range = initializer_range
+        self.swiglu_limit = swiglu_limit
         e, c, f, r = num_experts, hidden_size, intermediate_size, initializer_range
         self.gate_proj = ExpertProjection(e, c, f, r, name="gate_proj", dtype=self.dtype_policy)
         self.up_proj = ExpertProjection(e, c, f, r, name="up_proj", dtype=self.dtype_policy)
@@ -63,7 +67,7 @@ class RoutedExperts(keras.layers.Layer):
         return [self.gate_proj, self.up_proj, self.down_proj]
 
     def call(self, x):
-        h = tf.nn.silu(self.gate_proj(x)) * self.up_proj(x)  # (E, S, F)
+        h = swiglu(self.gate_proj(x), self.up_proj(x), self.swiglu_limit)  # (E, S, F)
         return self.down_proj(h)  # (E, S, C)
 
     def __len__(self) -> int:
@@ -81,7 +85,18 @@ class RoutedExperts(keras.layers.Layer):
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "initializer_range": self.initializer_range,
+            "swiglu_limit": self.swiglu_limit,
         }
+
+
+def swiglu(gate, up, limit: float | None = None):
+    """silu(gate) * up; with `limit` L, silu(min(gate, L)) * clip(up, -L, L) (DeepSeek-V4's
+    clamped SwiGLU, transformers `DeepseekV4MLP` / `DeepseekV4Experts`). Shapes and dtype
+    of `gate` (= those of `up`)."""
+    if limit is not None:
+        gate = tf.minimum(gate, tf.cast(limit, gate.dtype))
+        up = tf.clip_by_value(up, tf.cast(-limit, up.dtype), tf.cast(limit, up.dtype))
+    return tf.nn.silu(gate) * up
 
 
 class ExpertView:
@@ -99,7 +114,7 @@ class ExpertView:
     def __call__(self, x):
         x = tf.cast(x, tf.float32)
         w = {name: tf.cast(getattr(self, name).kernel, tf.float32) for name in PROJECTIONS}
-        h = tf.nn.silu(x @ w["gate_proj"]) * (x @ w["up_proj"])  # (..., F)
+        h = swiglu(x @ w["gate_proj"], x @ w["up_proj"], self.experts.swiglu_limit)  # (..., F)
         return h @ w["down_proj"]  # (..., C)
 
 

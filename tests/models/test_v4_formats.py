@@ -414,7 +414,6 @@ def test_bad_scale_values_are_refused_by_name(tmp_path, edit, match):
 NAMES_TXT = ROOT / "tests" / "fixtures" / "hf_deepseek_v4" / "tiny" / "names.txt"
 
 
-@pytest.mark.skipif(not NAMES_TXT.exists(), reason="the V4 fixture's names.txt is not there")
 def test_writer_names_are_transformers_save_names_in_release_spelling():
     """names.txt lists what transformers 5.24 `save_pretrained` wrote for the tiny V4
     fixture; its `conversion_mapping.py` "deepseek_v4" maps the release's names and these

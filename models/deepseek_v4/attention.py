@@ -1,0 +1,302 @@
+"""DeepSeek-V4 attention: shared-KV MQA over a sliding window plus compressed entries.
+
+transformers 5.24 `DeepseekV4Attention` (with gpt-oss's `eager_attention_forward` for the
+sink) and the DeepSeek-V4 paper §2.3. For hidden states h (B, T, C) at positions p:
+
+    c_q = RMSNorm(h W_qa)                         (B, T, q_lora_rank)   q_a_proj, q_a_norm
+    q   = RoPE(RMSNorm_unweighted(c_q W_qb))      (B, T, H, D) per head, q_b_proj
+    kv  = RoPE(RMSNorm(h W_kv))                   (B, T, D), ONE head, key = value
+    RoPE on the trailing qk_rope_head_dim dims (layout [nope | rope], interleaved pairs):
+    the "main" rope (rope_theta) in sliding layers, the "compress" rope (compress_rope_theta,
+    YaRN) in CSA / HCA layers.
+
+Keys/values = [kv_1..kv_T | e_1..e_N]: the T tokens under a sliding-window causal mask
+(query p sees keys p - sliding_window < k <= p: `sliding_window` keys, itself included,
+as transformers' `masking_utils`), then the N compressed entries of the layer's
+`KVCompressor` (none in sliding layers) under a block mask: HCA: entry w iff
+(w + 1) * m <= p + 1; CSA: the entries the `LightningIndexer` picked for the query (never
+-1). Per head h, with a learned sink logit s_h (`sinks`, release `attn_sink`):
+
+    a = softmax([q.k_1, ..., q.k_S, s_h] * [D^-0.5, ..., 1])  then the sink column dropped
+    o = sum_j a_j v_j                                         (B, T, H, D)
+
+(the sink takes probability mass but has no value; logits minus their max, float32).
+Because value = key carries RoPE, the output's rope slice is rotated back by -p (cos, -sin
+at the query position). The grouped output projection splits the H*D outputs into
+o_groups groups of H*D/g, maps each by its own block of `wo_a` to o_lora_rank, and mixes
+the g*o_lora_rank values with `wo_b` to C.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from models.deepseek import initializers
+from models.deepseek.rms_norm import RMSNorm
+from models.deepseek_v4 import kv_cache
+from models.deepseek_v4.compressor import KVCompressor
+from models.deepseek_v4.config import CSA, SLIDING, DeepSeekV4Config
+from models.deepseek_v4.lightning_indexer import LightningIndexer
+from models.deepseek_v4.ops import (
+    apply_rope,
+    rope_cos_sin,
+    rope_inv_freq,
+    sliding_window_mask,
+    unweighted_rms_norm,
+    visible_compressed_count,
+)
+
+
+def compressed_block_mask(positions, n_entries, compress_rate: int, batch, topk_indices=None):
+    """bool (B, T, N): which compressed entries each query may attend to.
+
+    Args:
+      positions: int32 (T,) or (B, T) query positions.
+      n_entries: N (int or int32 scalar).
+      compress_rate: m.
+      batch: B.
+      topk_indices: None (HCA: every complete entry), or int32 (B, T, k) indexer picks
+        with -1 for none (CSA: the picked entries only; picks are always complete).
+    """
+    seq = tf.shape(positions)[-1]
+    if topk_indices is None:
+        visible = visible_compressed_count(positions, compress_rate)  # (T,) or (B, T)
+        visible = tf.broadcast_to(visible, [batch, seq])[..., None]  # (B, T, 1)
+        return tf.range(n_entries)[None, None, :] < visible  # (B, T, N)
+    # Scatter a hit per pick into N + 1 columns, -1 (no pick) into the extra last one
+    # (transformers' `block_bias.scatter_`), then drop it: O(B*T*k) work, not B*T*k*N.
+    picks = tf.where(topk_indices >= 0, topk_indices, n_entries)  # (B, T, k)
+    shape = tf.shape(picks)
+    rows = tf.broadcast_to(tf.range(shape[0])[:, None, None], shape)  # (B, T, k) batch index
+    cols = tf.broadcast_to(tf.range(shape[1])[None, :, None], shape)  # (B, T, k) query index
+    coords = tf.stack([rows, cols, picks], axis=-1)  # (B, T, k, 3)
+    hits = tf.scatter_nd(coords, tf.ones_like(picks), [shape[0], shape[1], n_entries + 1])
+    return hits[..., :n_entries] > 0  # (B, T, N)
+
+
+def attend_with_sink(q, keys, mask, sinks, scale: float, dropout_rate: float = 0.0,
+                     training: bool = False):
+    """Single-KV-head attention with a per-head sink logit (gpt-oss `eager_attention_forward`).
+
+    Args:
+      q: float (B, T, H, D).
+      keys: float (B, S, D), also the values.
+      mask: bool (B or 1, T, S), True = may attend.
+      sinks: float32 (H,).
+      scale: multiplies q.k (not the sink).
+      dropout_rate, training: attention dropout on the probabilities.
+
+    Returns:
+      (B, T, H, D) in the dtype of `q`.
+    """
+    logits = tf.einsum("bthd,bsd->bhts", tf.cast(q, tf.float32),
+                       tf.cast(keys, tf.float32)) * scale  # (B, H, T, S)
+    logits = tf.where(mask[:, None], logits, float("-inf"))  # (B, H, T, S)
+    batch, seq = tf.shape(q)[0], tf.shape(q)[1]
+    sink = tf.broadcast_to(tf.cast(sinks, tf.float32)[None, :, None, None],
+                           [batch, sinks.shape[0], seq, 1])  # (B, H, T, 1)
+    combined = tf.concat([logits, sink], axis=-1)  # (B, H, T, S + 1)
+    combined -= tf.reduce_max(combined, axis=-1, keepdims=True)
+    probs = tf.nn.softmax(combined, axis=-1)[..., :-1]  # (B, H, T, S): the sink dropped
+    if training and dropout_rate > 0:
+        probs = tf.nn.dropout(probs, rate=dropout_rate)
+    out = tf.einsum("bhts,bsd->bthd", tf.cast(probs, keys.dtype), keys)  # (B, T, H, D)
+    return tf.cast(out, q.dtype)
+
+
+@keras.saving.register_keras_serializable(package="deepseek_v4")
+class DeepSeekV4Attention(keras.layers.Layer):
+    """Sliding-window MQA with attention sinks, plus CSA / HCA compressed entries.
+
+    Sublayers and weights (release names under `layers.N.attn.` in brackets):
+    `q_a_proj` [`wq_a`], `q_a_norm` [`q_norm`], `q_b_proj` [`wq_b`], `kv_proj` [`wkv`],
+    `kv_norm` [`norm`], `wo_a` kernel (H*D/g, g*o_lora_rank), block-diagonal by group
+    [`wo_a`, stored (g*o_lora_rank, H*D/g)], `o_b_proj` [`wo_b`], `sinks` float32 (H,),
+    zeros [`attn_sink`]; CSA / HCA: `compressor` (KVCompressor) [`compressor.*`]; CSA:
+    `indexer` (LightningIndexer) [`indexer.*`].
+
+    Args:
+      config: a DeepSeekV4Config (or its `to_dict()`).
+      layer_idx: block index (selects config.layer_types[layer_idx]).
+
+    Call args:
+      hidden_states: float (B, T, C), at positions 0 .. T-1 without a cache, or at
+        cache_index[b] .. cache_index[b] + T - 1 with one.
+      training: enables attention dropout.
+      cache: None (the stateless forward), or this layer's dict of buffers
+        (`kv_cache.init_layer_cache`; keys "kv", and "comp_kv", "comp_gate", "entries"
+        in CSA / HCA, "index_kv", "index_gate", "index_entries" in CSA).
+      cache_index: int32 scalar or (B,), the first new position of each row (required
+        with a cache; every row's positions below it must hold its real tokens).
+
+    Returns:
+      Without a cache: (B, T, C), the compute dtype. With one: ((B, T, C), the updated
+      cache dict). The cached path (transformers `DeepseekV4HCACache` / `CSACache`, on
+      position-indexed buffers, see `models.deepseek_v4.kv_cache`): the new tokens' kv
+      are written at their positions and the keys are the W - 1 positions before the
+      first new token plus the new ones (W = sliding_window; positions < 0 masked),
+      under the same sliding-window mask; then every entry slot (S // m + 1) under the
+      block mask (HCA: complete windows; CSA: the indexer's picks over all its key
+      slots). Entry slots of windows not closed yet are never visible; the compressors
+      re-pool the windows the new tokens touch (`kv_cache.update_compressed`). The
+      work per new token is O(W + S / m), the prefix is never recomputed.
+    """
+
+    def __init__(self, config, layer_idx: int, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(config, dict):
+            config = DeepSeekV4Config.from_dict(config)
+        self.config = c = config
+        self.layer_idx = layer_idx
+        self.layer_type = c.layer_types[layer_idx]
+        if self.layer_type == SLIDING:  # the "main" rope
+            self.inv_freq = rope_inv_freq(c.qk_rope_head_dim, c.rope_theta, None)
+        else:  # the "compress" rope, shared with the compressor
+            self.inv_freq = rope_inv_freq(c.qk_rope_head_dim, c.compress_rope_theta,
+                                          c.rope_scaling)
+        init = initializers.normal(c.initializer_range)
+
+        def dense(units, name):
+            return keras.layers.Dense(units, use_bias=False, name=name, dtype=self.dtype_policy,
+                                      kernel_initializer=init)
+
+        heads, dim = c.num_attention_heads, c.head_dim
+        self.q_a_proj = dense(c.q_lora_rank, "q_a_proj")
+        self.q_a_norm = RMSNorm(c.rms_norm_eps, name="q_a_norm", dtype="float32")
+        self.q_b_proj = dense(heads * dim, "q_b_proj")
+        self.kv_proj = dense(dim, "kv_proj")
+        self.kv_norm = RMSNorm(c.rms_norm_eps, name="kv_norm", dtype="float32")
+        self.o_b_proj = dense(c.hidden_size, "o_b_proj")
+        self.compressor = None
+        self.indexer = None
+        if self.layer_type != SLIDING:
+            self.compress_rate = c.compress_rates[self.layer_type]
+            self.compressor = KVCompressor(
+                c.hidden_size, dim, self.compress_rate, self.layer_type == CSA,
+                c.qk_rope_head_dim, c.compress_rope_theta, c.rope_scaling, c.rms_norm_eps,
+                c.initializer_range, name="compressor", dtype=self.dtype_policy)
+        if self.layer_type == CSA:
+            self.indexer = LightningIndexer(c, name="indexer", dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        c = self.config
+        heads, dim, groups = c.num_attention_heads, c.head_dim, c.o_groups
+        self.q_a_proj.build((None, None, c.hidden_size))
+        self.q_a_norm.build((None, None, c.q_lora_rank))
+        self.q_b_proj.build((None, None, c.q_lora_rank))
+        self.kv_proj.build((None, None, c.hidden_size))
+        self.kv_norm.build((None, None, dim))
+        # wo_a: g blocks (H*D/g -> o_lora_rank), held as one (H*D/g, g*o_lora_rank) kernel,
+        # the transpose of the checkpoint's (g*o_lora_rank, H*D/g) `wo_a.weight`.
+        self.wo_a = self.add_weight(
+            name="wo_a", shape=(heads * dim // groups, groups * c.o_lora_rank),
+            initializer=initializers.normal(c.initializer_range))
+        self.o_b_proj.build((None, None, groups * c.o_lora_rank))
+        self.sinks = self.add_weight(name="sinks", shape=(heads,), initializer="zeros",
+                                     dtype="float32")
+        if self.compressor is not None:
+            self.compressor.build()
+        if self.indexer is not None:
+            self.indexer.build()
+
+    def call(self, hidden_states, training=False, cache=None, cache_index=None):
+        if cache is not None:
+            if cache_index is None:
+                raise ValueError(f"{self.name}: cache_index is required when a cache is given")
+            return self._call_cached(hidden_states, cache, cache_index, training)
+        c = self.config
+        batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
+        positions = tf.range(seq)  # (T,)
+        cos, sin = rope_cos_sin(positions, self.inv_freq)  # (T, rope/2)
+        q_residual, q, kv = self._queries_and_kv(hidden_states, cos, sin)
+        mask = sliding_window_mask(positions, positions, c.sliding_window)[None]  # (1, T, T)
+
+        if self.compressor is not None:
+            entries = self.compressor(hidden_states)  # (B, N, D)
+            n_entries = tf.shape(entries)[1]
+            topk = None
+            if self.indexer is not None:
+                topk = self.indexer(hidden_states, q_residual, positions)  # (B, T, k)
+            block = compressed_block_mask(positions, n_entries, self.compress_rate, batch,
+                                          topk)  # (B, T, N)
+            kv = tf.concat([kv, tf.cast(entries, kv.dtype)], axis=1)  # (B, T + N, D)
+            mask = tf.concat([tf.broadcast_to(mask, [batch, seq, seq]), block],
+                             axis=-1)  # (B, T, T + N)
+        return self._attend_and_project(q, kv, mask, cos, sin, training)  # (B, T, C)
+
+    def _queries_and_kv(self, hidden_states, cos, sin):
+        """(q_residual (B, T, q_lora_rank), q (B, T, H, D), kv (B, T, D)), RoPE'd by cos/sin
+        ((T, rope/2) or (B, T, rope/2)); the module docstring's first three lines."""
+        c = self.config
+        heads, dim = c.num_attention_heads, c.head_dim
+        batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
+        q_residual = tf.cast(self.q_a_norm(self.q_a_proj(hidden_states)),
+                             hidden_states.dtype)  # (B, T, q_lora_rank)
+        q = self.q_b_proj(q_residual)  # (B, T, H*D)
+        q = tf.reshape(q, [batch, seq, heads, dim])  # (B, T, H, D)
+        q = apply_rope(unweighted_rms_norm(q, c.rms_norm_eps), cos, sin)
+
+        kv = tf.cast(self.kv_norm(self.kv_proj(hidden_states)), q.dtype)  # (B, T, D)
+        kv = apply_rope(kv[:, :, None, :], cos, sin)[:, :, 0, :]  # (B, T, 1, D) -> (B, T, D)
+        return q_residual, q, kv
+
+    def _attend_and_project(self, q, keys, mask, cos, sin, training):
+        """Sink attention of q (B, T, H, D) over keys (B, S, D) under mask (B|1, T, S), the
+        values' rotation undone at the query positions (cos/sin), then the grouped output
+        projection -> (B, T, C)."""
+        c = self.config
+        heads, dim, groups = c.num_attention_heads, c.head_dim, c.o_groups
+        batch, seq = tf.shape(q)[0], tf.shape(q)[1]
+        out = attend_with_sink(q, keys, mask, self.sinks, dim ** -0.5, c.attention_dropout,
+                               training)  # (B, T, H, D)
+        out = apply_rope(out, cos, sin, inverse=True)  # undo the values' rotation
+
+        grouped = tf.reshape(out, [batch, seq, groups, heads * dim // groups])  # (B,T,g,HD/g)
+        wo_a = tf.reshape(tf.cast(self.wo_a, grouped.dtype),
+                          [heads * dim // groups, groups, c.o_lora_rank])  # (HD/g, g, R)
+        grouped = tf.einsum("btgi,igr->btgr", grouped, wo_a)  # (B, T, g, R)
+        grouped = tf.reshape(grouped, [batch, seq, groups * c.o_lora_rank])  # (B, T, g*R)
+        return self.o_b_proj(grouped)  # (B, T, C)
+
+    def _call_cached(self, hidden_states, cache, cache_index, training):
+        """The cached path (class docstring); returns ((B, T, C), the updated cache dict)."""
+        c = self.config
+        window = c.sliding_window
+        batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
+        index, positions = kv_cache.query_positions(cache_index, batch, seq)  # (B,), (B, T)
+        cos, sin = rope_cos_sin(positions, self.inv_freq)  # (B, T, rope/2)
+        q_residual, q, kv = self._queries_and_kv(hidden_states, cos, sin)
+        new_cache = dict(cache)
+        new_cache["kv"] = kv_cache.write_positions(cache["kv"], kv, positions)  # (B, S, D)
+
+        # The sliding window of the first query to the last: W - 1 + T keys per row.
+        key_positions = index[:, None] - (window - 1) + tf.range(window - 1 + seq)[None, :]
+        keys, valid = kv_cache.read_positions(new_cache["kv"], key_positions)  # (B, W-1+T, D)
+        mask = sliding_window_mask(positions, key_positions, window)  # (B, T, W-1+T)
+        mask &= valid[:, None, :]
+
+        if self.compressor is not None:
+            new_cache["comp_kv"], new_cache["comp_gate"], new_cache["entries"] = (
+                kv_cache.update_compressed(self.compressor, cache["comp_kv"],
+                                           cache["comp_gate"], cache["entries"],
+                                           hidden_states, index))
+            entries = new_cache["entries"]  # (B, N, D), N = S // m + 1 slots
+            topk = None
+            if self.indexer is not None:
+                new_cache["index_kv"], new_cache["index_gate"], new_cache["index_entries"] = (
+                    kv_cache.update_compressed(self.indexer.compressor, cache["index_kv"],
+                                               cache["index_gate"], cache["index_entries"],
+                                               hidden_states, index))
+                topk = self.indexer(hidden_states, q_residual, positions,
+                                    compressed_keys=new_cache["index_entries"])  # (B, T, k)
+            block = compressed_block_mask(positions, tf.shape(entries)[1], self.compress_rate,
+                                          batch, topk)  # (B, T, N)
+            keys = tf.concat([keys, tf.cast(entries, keys.dtype)], axis=1)  # (B, W-1+T+N, D)
+            mask = tf.concat([mask, block], axis=-1)  # (B, T, W-1+T+N)
+        out = self._attend_and_project(q, keys, mask, cos, sin, training)  # (B, T, C)
+        return out, new_cache
+
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict(),
+                "layer_idx": self.layer_idx}

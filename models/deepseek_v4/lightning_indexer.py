@@ -1,0 +1,104 @@
+"""The lightning indexer of DeepSeek-V4's CSA layers (paper §2.3.1, eqs. 13-17).
+
+transformers 5.24 `DeepseekV4Indexer` + `DeepseekV4IndexerScorer`. The indexer keeps its
+own overlapping compressor at index_head_dim (`KVCompressor`, overlap=True, same windows
+as the CSA compressor) giving keys K^I (B, N, c^I), and scores every query t against them:
+
+    q^I_t   = RoPE(c_q,t W^IUQ)                 (B, T, n^I, c^I), c_q = the q_lora residual
+                                                 (after q_norm), compress rope at position t
+    w_t     = (h_t W^w) * n^I^-0.5              (B, T, n^I)       (`weights_proj`)
+    I_t,s   = sum_h w_t,h * ReLU(q^I_t,h . K^I_s) * c^I^-0.5      (B, T, N)
+
+Entries not yet complete at t (s >= (t + 1) // m) score -inf; the top min(index_topk, N)
+entries are kept, and picks that are not complete (queries with fewer than index_topk
+usable entries) become -1.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from models.deepseek import initializers
+from models.deepseek_v4.compressor import KVCompressor
+from models.deepseek_v4.config import CSA, DeepSeekV4Config
+from models.deepseek_v4.ops import apply_rope, rope_cos_sin, visible_compressed_count
+
+
+@keras.saving.register_keras_serializable(package="deepseek_v4")
+class LightningIndexer(keras.layers.Layer):
+    """Picks the index_topk compressed entries each query of a CSA layer attends to.
+
+    Sublayers (release names in brackets, under `attn.indexer.`): `compressor`
+    KVCompressor(index_head_dim, overlap) [`compressor.{wkv,wgate,ape,norm}`], `q_b_proj`
+    Dense q_lora_rank -> index_n_heads * index_head_dim [`wq_b`], `weights_proj` Dense
+    C -> index_n_heads [`weights_proj`].
+
+    Args:
+      config: a DeepSeekV4Config (or its `to_dict()`).
+
+    Call args:
+      hidden_states: float (B, T, C), the attention input, positions 0 .. T-1.
+      q_residual: float (B, T, q_lora_rank), the normalized query latent.
+      positions: int32 (T,) or (B, T) absolute positions of the queries (default 0 .. T-1).
+      compressed_keys: optional (B, N, index_head_dim) keys (a cache's); default: computed
+        from `hidden_states` by the compressor.
+
+    Returns:
+      int32 (B, T, min(index_topk, N)): entry indices, -1 where no usable entry was left.
+    """
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(config, dict):
+            config = DeepSeekV4Config.from_dict(config)
+        self.config = c = config
+        self.compress_rate = c.compress_rates[CSA]
+        self.compressor = KVCompressor(
+            c.hidden_size, c.index_head_dim, self.compress_rate, True, c.qk_rope_head_dim,
+            c.compress_rope_theta, c.rope_scaling, c.rms_norm_eps, c.initializer_range,
+            name="compressor", dtype=self.dtype_policy)
+        self.q_b_proj = keras.layers.Dense(
+            c.index_n_heads * c.index_head_dim, use_bias=False, name="q_b_proj",
+            dtype=self.dtype_policy, kernel_initializer=initializers.normal(c.initializer_range))
+        self.weights_proj = keras.layers.Dense(
+            c.index_n_heads, use_bias=False, name="weights_proj", dtype=self.dtype_policy,
+            kernel_initializer=initializers.normal(c.initializer_range))
+
+    def build(self, input_shape=None):
+        c = self.config
+        self.compressor.build()
+        self.q_b_proj.build((None, None, c.q_lora_rank))
+        self.weights_proj.build((None, None, c.hidden_size))
+
+    def call(self, hidden_states, q_residual, positions=None, compressed_keys=None):
+        c = self.config
+        batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
+        if positions is None:
+            positions = tf.range(seq)  # (T,)
+        if compressed_keys is None:
+            compressed_keys = self.compressor(hidden_states)  # (B, N, c^I)
+        n_entries = tf.shape(compressed_keys)[1]
+
+        cos, sin = rope_cos_sin(positions, self.compressor.inv_freq)  # (T|B,T, rope/2)
+        q = self.q_b_proj(q_residual)  # (B, T, n^I * c^I)
+        q = tf.reshape(q, [batch, seq, c.index_n_heads, c.index_head_dim])  # (B, T, n^I, c^I)
+        q = apply_rope(q, cos, sin)
+
+        scores = tf.einsum("bthd,bsd->bths", tf.cast(q, tf.float32),
+                           tf.cast(compressed_keys, tf.float32))  # (B, T, n^I, N)
+        scores = tf.nn.relu(scores) * c.index_head_dim ** -0.5
+        weights = tf.cast(self.weights_proj(hidden_states), tf.float32)  # (B, T, n^I)
+        weights *= c.index_n_heads ** -0.5
+        index_scores = tf.reduce_sum(scores * weights[..., None], axis=2)  # (B, T, N)
+
+        visible = visible_compressed_count(positions, self.compress_rate)  # (T,) or (B, T)
+        visible = tf.broadcast_to(visible, [batch, seq])[..., None]  # (B, T, 1)
+        future = tf.range(n_entries)[None, None, :] >= visible  # (B, T, N)
+        index_scores = tf.where(future, float("-inf"), index_scores)
+        top_k = tf.minimum(c.index_topk, n_entries)
+        indices = tf.math.top_k(index_scores, k=top_k).indices  # (B, T, k)
+        return tf.where(indices >= visible, -1, indices)  # (B, T, k), -1 = not usable
+
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict()}
