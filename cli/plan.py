@@ -3,6 +3,10 @@
   deepseek-tfx plan [--tables]
       the design table: 7B on 1 x A100 80 GB, 65B on 8 x A100, 175B on 64 x A100
       (and the fewest that fit), DeepSeek-V2-Lite, DeepSeek-V3 671B; full and LoRA
+  deepseek-tfx plan --preset deepseek_v4_flash | deepseek_v4_pro  [same options]
+      the V4 planner (`models/deepseek_v4/memory_plan.py`), plus total / activated
+      parameters against DeepSeek's published sizes, weight bytes per dtype and the V4
+      caches (sliding window, CSA / HCA compressed entries, indexer keys, compressor state)
   deepseek-tfx plan --preset NAME | --config CONFIG_JSON  [--mode full|lora|frozen|inference]
       [--weights-dtype bfloat16|float32] [--compute-dtype bfloat16|float32]
       [--optimizer adamw|sgd|adafactor] [--lora-rank R] [--lora-targets attention,mlp]
@@ -24,13 +28,17 @@ from common.json_file import read_json
 from models.deepseek import flops, memory_plan
 from models.deepseek.deepseek_presets import DEEPSEEK_PRESETS, deepseek_preset
 from models.deepseek.hf_config import CONFIG_NAME, config_from_hf
+from models.deepseek_v4 import memory_plan as v4_plan
+from models.deepseek_v4.config import DeepSeekV4Config
+from models.deepseek_v4.presets import DEEPSEEK_V4_PRESETS, PUBLISHED_SIZES, deepseek_v4_preset
 
 # Models of the planner itself, beside models/deepseek/deepseek_presets.py.
 PLAN_MODELS = tuple(memory_plan.DESIGN_CONFIGS)
 
 
 def _config(args: argparse.Namespace):
-    """The DeepSeekConfig of --preset or --config (a config.json or its directory)."""
+    """The DeepSeekConfig (or DeepSeekV4Config) of --preset or --config (a config.json or
+    its directory)."""
     if args.config:
         path = args.config
         if os.path.isdir(path):
@@ -42,11 +50,14 @@ def _config(args: argparse.Namespace):
     name = args.preset
     if name in memory_plan.DESIGN_CONFIGS:
         return memory_plan.DESIGN_CONFIGS[name]
+    if name in DEEPSEEK_V4_PRESETS:
+        return deepseek_v4_preset(name)
     try:
         return deepseek_preset(name)
     except ValueError:
         raise SystemExit(f"error: --preset {name!r}: choose one of "
-                         f"{sorted(DEEPSEEK_PRESETS) + list(PLAN_MODELS)}") from None
+                         f"{sorted(DEEPSEEK_PRESETS) + sorted(DEEPSEEK_V4_PRESETS)}"
+                         f" or {list(PLAN_MODELS)}") from None
 
 
 def _peak(args: argparse.Namespace) -> tuple[float, str]:
@@ -93,7 +104,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             seq_len=args.seq_len, grad_accum_steps=args.grad_accum_steps,
             recompute=args.recompute, devices=args.devices, memory_gib=args.memory_gb,
             sharding=args.sharding, peak_flops=peak, mfu=args.mfu)
-        pl = memory_plan.plan(case)
+        pl = (v4_plan.plan(case) if isinstance(config, DeepSeekV4Config)
+              else memory_plan.plan(case))
     except ValueError as e:
         raise SystemExit(f"error: {e}") from e
     if args.json:
@@ -120,7 +132,46 @@ def cmd_plan(args: argparse.Namespace) -> int:
     what = "decoding step" if args.mode == "inference" else "optimizer step"
     print(f"time at {args.mfu:.0%} MFU of {peak_text}: {pl.step_time_s:.4g} s per {what} "
           f"({pl.tokens_per_step:,} tokens), {pl.token_time_s:.3g} s per token")
+    if isinstance(config, DeepSeekV4Config):
+        print(_v4_report(name, config, args.seq_len, args.compute_dtype))
     return 0
+
+
+def _v4_report(name: str, config: DeepSeekV4Config, seq_len: int, compute_dtype: str) -> str:
+    """Parameters in DeepSeek's convention (against the published sizes when `name` is a
+    preset), weight bytes per dtype and the V4 caches of one sequence of `seq_len` tokens."""
+    s = v4_plan.parameter_summary(config)
+
+    def vs(n: int, published: float | None) -> str:
+        return "" if published is None else (
+            f"; published {published / 1e9:,.0f}B, {100 * (n / published - 1):+.2f}%")
+
+    total_pub, active_pub = PUBLISHED_SIZES.get(name, (None, None))
+    w = v4_plan.weight_bytes(config)
+    released = v4_plan.weight_bytes(config, include_mtp=True)["released"]
+    b = memory_plan.DTYPE_BYTES[compute_dtype]
+    kv = v4_plan.kv_cache_items(config, seq_len, b)
+    mib = 2**20
+    return "\n".join([
+        f"\n{name} in DeepSeek's convention (MTP excluded; activated = all but the unchosen "
+        "routed experts and the embedding):",
+        f"  total {s.total:,} ({s.total / 1e9:,.2f}B{vs(s.total, total_pub)})",
+        f"  activated per token {s.activated:,} ({s.activated / 1e9:,.2f}B"
+        f"{vs(s.activated, active_pub)}); with the embedding {s.activated_with_embedding:,}",
+        f"  routed experts {s.routed_experts / 1e9:,.2f}B; MTP modules (released, not built) "
+        f"{s.mtp:,} ({s.mtp_activated:,} activated); tid2eid buffers {s.tid2eid:,} int64",
+        f"  weights (no MTP): float32 {w['float32'] / memory_plan.GIB:,.1f} GiB, bfloat16 "
+        f"{w['bfloat16'] / memory_plan.GIB:,.1f} GiB; released checkpoint (FP4 experts, FP8, "
+        f"bf16, with MTP and scales, estimated) {released / memory_plan.GIB:,.1f} GiB",
+        f"  KV cache of one sequence at {seq_len:,} tokens ({compute_dtype} entries, float32 "
+        f"compressor state): {sum(kv.values()) / mib:,.2f} MiB = "
+        + " + ".join(f"{k} {v / mib:,.2f}" for k, v in kv.items()),
+        f"  KV growth per token of context: {v4_plan.kv_cache_bytes_per_token(config, b):,.0f} "
+        f"bytes (CSA entries 1 per {config.compress_rates['compressed_sparse_attention']} "
+        f"tokens + indexer keys, HCA entries 1 per "
+        f"{config.compress_rates['heavily_compressed_attention']}); the sliding window "
+        f"({config.sliding_window} entries per block) and the compressor state are bounded",
+    ])
 
 
 DESIGN_INTRO = (
@@ -145,7 +196,7 @@ def add_parsers(sub) -> None:
                        "(no arguments: the design table)")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--preset", help=f"a model preset: {', '.join(sorted(DEEPSEEK_PRESETS))}, "
-                      f"{', '.join(PLAN_MODELS)}")
+                      f"{', '.join(sorted(DEEPSEEK_V4_PRESETS))}, {', '.join(PLAN_MODELS)}")
     what.add_argument("--config", help="a HF config.json (or its checkpoint directory)")
     what.add_argument("--tables", action="store_true", help="print the design table")
     p.add_argument("--json", action="store_true",
