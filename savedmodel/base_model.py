@@ -25,7 +25,7 @@ import os
 
 import tensorflow as tf
 
-from models.deepseek.hf_checkpoint import load_hf_checkpoint, read_config_json
+from models.checkpoints import load_hf_checkpoint, read_config_json
 from savedmodel import layout
 from savedmodel.hf_interop import checkpoint_weight_dtype, load_model_from_savedmodel
 

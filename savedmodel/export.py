@@ -79,7 +79,7 @@ from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 from common.json_file import write_json
 from config import GenerationConfig, PipelineConfig
 from config.data import CHAT_TASKS
-from models.deepseek import hf_checkpoint
+from models import checkpoints
 from models.deepseek.generation import generate
 from savedmodel.hf_generation import generation_config_to_hf
 from savedmodel.layout import (
@@ -259,7 +259,7 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
 
     Besides the SavedModel (signatures above; tokenizer.json and tokenizer_config.json
     as assets), writes in `assets.extra/`, in transformers' forms, what `hf-export`
-    passes on: `config.json` (the model's config, `hf_checkpoint.config_to_hf`) and
+    passes on: `config.json` (the model's config, `checkpoints.config_to_hf`) and
     `generation_config.json` (the defaults of `serving_default` and the tokenizer's
     bos/eos/pad ids, `hf_interop.generation_config_to_hf`); `precision.json`, the
     dtype of the model's variables (`layout.write_weight_dtype`), which readers build
@@ -293,7 +293,7 @@ def save_text_model(model, tokenizer: ByteLevelBpe, generation: GenerationConfig
             signatures["generate_raw"] = module.generate_raw
         tf.saved_model.save(module, export_dir, signatures=signatures, options=SAVE_OPTIONS)
         write_warmup_requests(export_dir, text_warmup_requests(module, signatures, tokenizer))
-    extras = {MODEL_CONFIG_NAME: hf_checkpoint.config_to_hf(model.config),
+    extras = {MODEL_CONFIG_NAME: checkpoints.config_to_hf(model.config),
               GENERATION_CONFIG_NAME: generation_config_to_hf(generation, tokenizer)}
     if chat_prompt is not None:
         extras[CHAT_PROMPT_ASSET] = {"prefix": chat_prompt[0], "suffix": chat_prompt[1]}

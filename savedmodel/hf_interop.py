@@ -46,6 +46,7 @@ import tensorflow as tf
 from common import memory
 from common.json_file import read_json, write_json
 from config import GenerationConfig
+from models import checkpoints
 from models.deepseek import hf_checkpoint
 from models.deepseek.quantization import quantize_int8
 from savedmodel.hf_generation import (
@@ -97,7 +98,7 @@ class LogitsModule(tf.Module):
 
 def checkpoint_weight_dtype(checkpoint_dir: str) -> str:
     """The precision a HF checkpoint's weights are stored in, read from the safetensors
-    headers (`hf_checkpoint.stored_precision`, not config.json's `torch_dtype`): BF16 and
+    headers (`checkpoints.stored_precision`, not config.json's `torch_dtype`): BF16 and
     FP8 (which dequantizes to bf16) -> "bfloat16"; F32 -> "float32"; F16 -> "float32",
     the supported dtype that holds it exactly.
 
@@ -105,7 +106,7 @@ def checkpoint_weight_dtype(checkpoint_dir: str) -> str:
       FileNotFoundError, hf_checkpoint.CheckpointError: see
         `hf_checkpoint.stored_precision`.
     """
-    stored = hf_checkpoint.stored_precision(checkpoint_dir)
+    stored = checkpoints.stored_precision(checkpoint_dir)
     return "float32" if stored == "float16" else stored
 
 
@@ -172,8 +173,11 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
     from savedmodel.export import SAVE_OPTIONS, save_text_model, write_warmup_requests
 
     # Everything about the directory is checked before anything is allocated or written.
-    config = hf_checkpoint.open_hf_checkpoint(checkpoint_dir).config
+    config = checkpoints.open_hf_checkpoint(checkpoint_dir).config
     weight_dtype = resolve_weight_dtype(dtype, checkpoint_weight_dtype(checkpoint_dir))
+    if weight_dtype == INT8 and checkpoints.is_v4(config):
+        raise ValueError("dtype='int8': a DeepSeek-V4 model has no int8 form yet; import it "
+                         "as 'auto', 'bfloat16' or 'float32'")
     policy = keras_policy(weight_dtype)  # "int8": float32, quantized once loaded
     tokenizer = None
     if use_tokenizer and tf.io.gfile.exists(os.path.join(checkpoint_dir, TOKENIZER_FILE)):
@@ -189,7 +193,7 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
         module = LogitsModule(model)
         tf.saved_model.save(module, out_dir, options=SAVE_OPTIONS,
                             signatures={"serving_default": module.logits, "logits": module.logits})
-        write_json(extra_path(out_dir, MODEL_CONFIG_NAME), hf_checkpoint.config_to_hf(model.config))
+        write_json(extra_path(out_dir, MODEL_CONFIG_NAME), checkpoints.config_to_hf(model.config))
         write_weight_dtype(out_dir, weight_dtype_of(model))
         write_warmup_requests(out_dir, warmup_requests(
             {name: {spec.name: spec for spec in module.logits.input_signature}
@@ -204,8 +208,10 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
         generation, source = generation_config_from_hf(hf_generation), hf_generation_path
     else:
         generation, source = GenerationConfig(), "the pipeline's GenerationConfig() defaults"
+    chat_prompt = _v4_chat_prompt(tokenizer) if checkpoints.is_v4(config) else None
     model = _load_checkpoint(checkpoint_dir, policy, weight_dtype)
-    save_text_model(model, tokenizer, generation, out_dir)  # also config.json, precision.json
+    save_text_model(model, tokenizer, generation, out_dir,  # also config.json, precision.json
+                    chat_prompt=chat_prompt)
     if hf_generation is not None:  # keep the checkpoint's other keys for hf-export
         write_json(extra_path(out_dir, GENERATION_CONFIG_NAME),
                    {**hf_generation, **generation_config_to_hf(generation, tokenizer)})
@@ -213,10 +219,30 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
                          weight_dtype_of(model))
 
 
+def _v4_chat_prompt(tokenizer: ByteLevelBpe) -> tuple[str, str]:
+    """A DeepSeek-V4 import is a chat model: its tokenizer's own `chat_template` if the
+    checkpoint carries one, else DeepSeek-V4's format (`tokenization/deepseek_v4_chat.py`,
+    DeepSeek's `encoding_dsv4.py`), which the tokenizer then carries; returns the
+    single-turn (prefix, suffix) of chat mode (non-thinking), which `generate` wraps a
+    prompt in.
+
+    Raises:
+      chat_template.ChatTemplateError: the checkpoint's template has no single-turn
+        affixes.
+    """
+    from tokenization import chat_template
+    from tokenization.deepseek_v4_chat import DEEPSEEK_V4_CHAT_TEMPLATE
+
+    if not tokenizer.chat_template:
+        tokenizer.tokenizer_config["chat_template"] = DEEPSEEK_V4_CHAT_TEMPLATE
+    return chat_template.prompt_affixes(tokenizer.chat_template,
+                                        *chat_template.special_tokens(tokenizer))
+
+
 def _load_checkpoint(checkpoint_dir: str, policy: str, weight_dtype: str):
     """`load_hf_checkpoint` in `policy`, then quantized when `weight_dtype` is "int8"
     (layer by layer: the peak is the float32 model plus one int8 kernel)."""
-    model = hf_checkpoint.load_hf_checkpoint(checkpoint_dir, dtype=policy)
+    model = checkpoints.load_hf_checkpoint(checkpoint_dir, dtype=policy)
     if weight_dtype == INT8:
         quantize_int8(model)
     return model
@@ -246,13 +272,12 @@ def load_model_from_savedmodel(model_dir: str, dtype: str | None = None):
       AssertionError: the SavedModel's variables do not cover the model.
       ValueError: precision.json names a dtype that is not supported.
     """
-    from models.deepseek.causal_lm import DeepSeekCausalLM
     from models.deepseek.initializers import weights_from_checkpoint
 
     stored = read_weight_dtype(model_dir)
     with weights_from_checkpoint():  # every weight is restored below (checked)
-        model = DeepSeekCausalLM(read_model_config(model_dir),
-                                 dtype=keras_policy(stored) if dtype is None else dtype)
+        model = checkpoints.build_model(read_model_config(model_dir),
+                                        dtype=keras_policy(stored) if dtype is None else dtype)
         if stored == INT8:  # the same int8 variables as were saved, restored below
             quantize_int8(model)
     # One variable at a time, cast if asked: `tf.train.Checkpoint.read` restores every
@@ -403,7 +428,7 @@ def hf_export(model_dir: str, out_dir: str,
         weight_dtype = "float32"
     if model is None:
         model = load_model_from_savedmodel(model_dir)
-    files = hf_checkpoint.save_hf_checkpoint(model, out_dir, max_shard_bytes=max_shard_bytes,
+    files = checkpoints.save_hf_checkpoint(model, out_dir, max_shard_bytes=max_shard_bytes,
                                              config_form=config_form, dtype=weight_dtype)
     tokenizer = read_tokenizer(model_dir)
     if tokenizer is None:

@@ -60,6 +60,7 @@ import numpy as np
 
 from common.json_file import exists, read_json, write_json
 from config import GenerationConfig, PipelineConfig
+from models import checkpoints
 from models.deepseek import hf_checkpoint
 from models.deepseek.config import DeepSeekConfig
 from savedmodel.hf_generation import generation_config_from_hf
@@ -192,7 +193,7 @@ def read_model_config(model_dir: str) -> DeepSeekConfig:
         return DeepSeekConfig.from_dict(
             read_json(pipeline_path, "the SavedModel's pipeline config")["model"])
     if exists(hf_path):
-        return hf_checkpoint.config_from_hf(read_json(hf_path, "the SavedModel's model config"))
+        return checkpoints.config_from_hf(read_json(hf_path, "the SavedModel's model config"))
     raise FileNotFoundError(
         f"{model_dir}: no {ASSETS_EXTRA_DIR}/{MODEL_CONFIG_NAME} or "
         f"{ASSETS_EXTRA_DIR}/{PIPELINE_CONFIG_ASSET}; not a deepseek-tfx SavedModel")

@@ -14,8 +14,9 @@ SavedModel's variables, `base_model.load_model`), its tokenizer (the SavedModel'
      after a newline unless the text ends with one; an empty line adds nothing,
      the model continues), after the [EOS] document separator;
   2. is trimmed to the context: the oldest turns are dropped while the prompt +
-     max_new_tokens exceeds max_position_embeddings (one line on `err` says so);
-     a single turn still too long keeps its last max_position_embeddings -
+     max_new_tokens exceeds the context (max_position_embeddings, at most
+     CHAT_CONTEXT_CAP; one line on `err` says so); a single turn still too long keeps
+     its last context -
      max_new_tokens tokens, as the `generate` signature crops it;
   3. is decoded one token per call of a compiled step over the model's latent KV
      cache (`DeepSeekCausalLM.call_with_cache`), sampled with `generate`'s own
@@ -74,6 +75,7 @@ from tokenization.byte_pair_encoder import BytePairEncoder
 
 EXIT, RESET = "/exit", "/reset"
 DEFAULT_MAX_NEW_TOKENS = 100  # a SavedModel without generation_config.json
+CHAT_CONTEXT_CAP = 32_768  # the most positions a session's cache holds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,17 +134,20 @@ class ChatSession:
         (`assets.extra/chat_prompt.json`), None for a plain language model.
 
     Raises:
-      ValueError: max_new_tokens outside [1, max_position_embeddings - 1].
+      ValueError: max_new_tokens outside [1, context - 1] (the context:
+        max_position_embeddings, at most CHAT_CONTEXT_CAP).
     """
 
     def __init__(self, model, tokenizer: ByteLevelBpe, sampling: Sampling,
                  chat_prompt: tuple[str, str] | None = None):
         self.model = model
         self.sampling = sampling
-        self.context = model.config.max_position_embeddings
+        # The KV cache is allocated whole, so a model of a long context (DeepSeek-V4's
+        # 1,048,576 positions) chats within the first CHAT_CONTEXT_CAP of them.
+        self.context = min(model.config.max_position_embeddings, CHAT_CONTEXT_CAP)
         if not 1 <= sampling.max_new_tokens < self.context:
             raise ValueError(f"max_new_tokens={sampling.max_new_tokens} must be in [1, "
-                             f"{self.context - 1}] (max_position_embeddings={self.context})")
+                             f"{self.context - 1}] (the session's context of {self.context} positions)")
         self.eos_id = tokenizer.eos_id
         self.chat_prompt = chat_prompt
         self.bos_token, self.eos_token = chat_template.special_tokens(tokenizer)
@@ -159,9 +164,10 @@ class ChatSession:
                                   tokenizer, self.surfaces)
         self._encode = tf.function(lambda text: encoder.encode(text),
                                    input_signature=[tf.TensorSpec([None], tf.string)])
-        c = model.config
-        cache_spec = tf.TensorSpec([c.num_hidden_layers, 1, self.context, c.cache_width],
-                                   model.compute_dtype)
+        # The cache's structure is the model's own (one tensor for MLA; a tuple of dicts
+        # of buffers for DeepSeek-V4): its specs come from an empty cache.
+        cache_spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
+                                           model.init_cache(1, self.context))
         self._step = tf.function(self._step_fn, input_signature=[
             tf.TensorSpec([1, None], tf.int32), cache_spec, tf.TensorSpec([], tf.int32),
             tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
@@ -194,7 +200,7 @@ class ChatSession:
                                        **{k: v for k, v in knobs.items() if v is not None})
         model = base_model.load_model(model_dir)
         if knobs.get("max_new_tokens") is None:  # the default: clamped to the context
-            context = model.config.max_position_embeddings
+            context = min(model.config.max_position_embeddings, CHAT_CONTEXT_CAP)
             sampling = dataclasses.replace(
                 sampling, max_new_tokens=min(sampling.max_new_tokens, context - 1))
         return cls(model, tokenizer, sampling, read_chat_prompt(model_dir))
@@ -271,14 +277,14 @@ class ChatSession:
     # -- decoding -------------------------------------------------------------------
     def _step_fn(self, ids, cache, index, temperature, top_k, top_p, seed, step):
         """Runs ids (1, T) at positions index.. on the cache; -> (the next token, int32
-        scalar, chosen from the last position; the new cache (L, 1, S, config.cache_width))."""
+        scalar, chosen from the last position; the new cache, as `init_cache(1, S)`)."""
         logits, cache = self.model.call_with_cache(ids, cache, index)  # (1, T, V)
         token = next_token(logits[:, -1], temperature, top_k, top_p, seed, step)  # (1,)
         return token[0], cache
 
     def stream_ids(self, prompt: list[int]) -> Iterator[int]:
         """Yields the new tokens after `prompt` one by one, until [EOS] (not yielded) or
-        max_new_tokens. len(prompt) + max_new_tokens must be <= max_position_embeddings.
+        max_new_tokens. len(prompt) + max_new_tokens must be <= the session's context.
 
         The cache keeps its longest prefix shared with `prompt` from the previous call;
         `_cached` always names exactly the ids whose keys and values it holds.
