@@ -73,6 +73,8 @@ CONFIG_LIMITS = {
     "index_topk": 1 << 24, "index_n_heads": 1024, "index_head_dim": 4096,
 }
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# The dtypes a V2/V3/V3.2 weight may be stored in (FP8 with its float32 scale).
+WEIGHT_DTYPES = ("F32", "F16", "BF16", "F8_E4M3")
 _PRECISIONS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "bfloat16"}
 
 
@@ -197,6 +199,10 @@ def open_hf_checkpoint(checkpoint_dir: str) -> CheckedCheckpoint:
             raise CheckpointError(
                 f"{info.file}: tensor {name} has shape {info.shape}, expected {expected}"
                 f"{_shape_hint(name, config)}")
+        if info.dtype not in WEIGHT_DTYPES:  # the reader also knows I8, I64, F8_E8M0 (V4)
+            raise CheckpointError(
+                f"{info.file}: tensor {name} has dtype {info.dtype}, expected one of "
+                f"{list(WEIGHT_DTYPES)}")
         if info.dtype == "F8_E4M3":
             if quant is None:
                 raise CheckpointError(

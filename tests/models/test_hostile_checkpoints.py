@@ -126,6 +126,13 @@ def _wrong_shape(tmp):
     return d, rf"model.safetensors: tensor {O_PROJ} has shape \(3, 5\), expected \(64, 64\)"
 
 
+def _weight_in_an_integer_dtype(tmp):
+    # The reader knows I8 (V4's MXFP4 pairs): a V2/V3 weight in it is refused, not cast.
+    d = copy_fixture(BF16_FREE, tmp / "ckpt")
+    rewrite_tensors(d, lambda t: {**t, O_PROJ: np.ones(t[O_PROJ].shape, np.int8)})
+    return d, rf"model.safetensors: tensor {O_PROJ} has dtype I8, expected one of"
+
+
 def _missing_scale(tmp):
     d = copy_fixture(FP8, tmp / "ckpt")
     rewrite_tensors(d, lambda t: {k: v for k, v in t.items() if k != FP8_O_PROJ + "_scale_inv"})
@@ -169,7 +176,7 @@ def _unknown_scale_fmt(tmp):
 CASES = {f.__name__[1:]: f for f in (
     _outside_index, _etc_passwd, _linked_folder_outside, _huge_vocab, _huge_depth, _more_layers,
     _fifo, _short_file, _header_beyond_file, _absent_shard, _index_disagrees, _wrong_shape,
-    _missing_scale, _scale_wrong_dtype, _scale_wrong_shape, _fp8_without_quantization_config,
+    _weight_in_an_integer_dtype, _missing_scale, _scale_wrong_dtype, _scale_wrong_shape, _fp8_without_quantization_config,
     _unknown_quant_method, _unknown_scale_fmt)}
 
 
