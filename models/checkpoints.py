@@ -36,6 +36,7 @@ V4_PREFIX = "deepseek_v4"  # "deepseek_v4"; V4.1's model types are refused by th
 CONFIG_NAME = "config.json"
 _PRECISIONS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 _QUANTIZED = ("F8_E4M3", "I8", "U8")  # FP8, and MXFP4 packed two values per byte
+_MAX_CONFIG_BYTES = 16 * 1024 * 1024  # as the families' readers
 
 
 def is_v4(config) -> bool:
@@ -72,23 +73,30 @@ def config_to_hf(config, form: str = "5.x") -> dict:
 
 
 def read_config_json(checkpoint_dir: str):
-    """The config of `checkpoint_dir/config.json`.
+    """The config of `checkpoint_dir/config.json` (local or any tf.io.gfile path), read by
+    its family's `read_config_json`.
 
     Raises:
       FileNotFoundError: no config.json. CheckpointError, ValueError: a config the
       models cannot take (named).
     """
-    path = os.path.join(checkpoint_dir, CONFIG_NAME)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no config.json (is this a HF checkpoint directory?)")
-    return config_from_hf(read_json(path, "the checkpoint's config.json"))
+    if _is_v4_dir(checkpoint_dir):
+        return v4_config.read_config_json(checkpoint_dir)
+    return v3_config.read_config_json(checkpoint_dir)
 
 
 def _is_v4_dir(checkpoint_dir: str) -> bool:
+    """Whether config.json says "deepseek_v4..."; False when it cannot be read as a small
+    regular JSON file (the family's own reader then names what is wrong, as before)."""
     path = os.path.join(checkpoint_dir, CONFIG_NAME)
-    if not os.path.isfile(path):
-        return False  # the family's own reader names what is missing
-    return _is_v4_type(read_json(path, "the checkpoint's config.json"))
+    if "://" not in path and not (os.path.isfile(path)
+                                  and os.path.getsize(path) <= _MAX_CONFIG_BYTES):
+        return False  # absent, a FIFO or a device, or far too large
+    try:
+        hf = read_json(path, "the checkpoint's config.json")
+    except (OSError, ValueError):
+        return False
+    return _is_v4_type(hf)
 
 
 def _is_v4_type(hf: dict) -> bool:

@@ -17,7 +17,6 @@ no reference for it. Only `read_config_json` touches files.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
@@ -210,20 +209,18 @@ def config_to_hf(config: DeepSeekV4Config) -> dict:
 
 
 def read_config_json(checkpoint_dir: str) -> DeepSeekV4Config:
-    """The DeepSeekV4Config of `checkpoint_dir/config.json` (a local directory).
+    """The DeepSeekV4Config of `checkpoint_dir/config.json` (local or any tf.io.gfile path).
 
     Raises:
       FileNotFoundError: no config.json.
-      CheckpointError: not JSON, or see `config_from_hf`.
+      JsonFileError (a ValueError): not a JSON object; CheckpointError: see `config_from_hf`.
     """
+    from common.json_file import read_json
+
     path = os.path.join(checkpoint_dir, CONFIG_NAME)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no config.json (is this a checkpoint directory?)")
-    with open(path) as f:
-        try:
-            raw = json.load(f)
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{path}: not valid JSON ({e})") from e
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: not a JSON object")
+    try:
+        raw = read_json(path, "the checkpoint's config.json")
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{path}: no config.json (is this a checkpoint directory?)") from None
     return config_from_hf(raw)
