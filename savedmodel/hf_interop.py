@@ -1,4 +1,4 @@
-"""`deepseek-tfx hf-import` / `hf-export`: HF DeepSeek-V3 checkpoints <-> SavedModels.
+"""`deepseek-tfx hf-import` / `hf-export`: HF DeepSeek checkpoints <-> SavedModels.
 
   hf_import(CHECKPOINT_DIR, OUT_DIR)  config.json + safetensors (+ tokenizer.json,
                                       tokenizer_config.json, generation_config.json
@@ -30,7 +30,8 @@ an FP8 one, dequantized to bf16) imports as a SavedModel with bf16 variables unl
 builds the model in it, and `hf_export` writes it back unchanged (bit for bit) by
 default.
 
-The weights travel through `models/deepseek/hf_checkpoint.py`; the SavedModel's
+The weights travel through `models/checkpoints.py` (V2/V3/V3.2:
+`models/deepseek/hf_checkpoint.py`; V4: `models/deepseek_v4/hf_checkpoint.py`); the SavedModel's
 variables are read back into a freshly built model with `tf.train.Checkpoint`
 (the exported module keeps the model under the attribute `model`).
 Needs only TensorFlow (and safetensors); no torch, no TFX.
@@ -134,7 +135,9 @@ class ImportedModel:
 
 def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
               dtype: str = "auto") -> ImportedModel:
-    """Reads a HF DeepSeek-V3 checkpoint directory and writes a SavedModel.
+    """Reads a HF DeepSeek checkpoint directory (V2, V3, V3.2 or V4: `models/checkpoints.py`
+    picks the family from config.json's model_type) and writes a SavedModel. A V4 text
+    model is a chat model in DeepSeek-V4's format (`_v4_chat_prompt`).
 
     With a `tokenizer.json` in `checkpoint_dir` (and `use_tokenizer`), the SavedModel
     is a text model with the pushed model's signatures (`serving_default`,
@@ -160,7 +163,8 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
       An `ImportedModel` naming the signatures written and the weights' dtype.
 
     Raises:
-      ValueError: `dtype` is not "auto" or one of `layout.WEIGHT_DTYPES`.
+      ValueError: `dtype` is not "auto" or one of `layout.WEIGHT_DTYPES`; or "int8" for a
+        DeepSeek-V4 checkpoint (V4 has no int8 form yet).
       FileNotFoundError: no config.json or no safetensors files.
       hf_checkpoint.CheckpointError: the weights do not match config.json (see
         `load_hf_checkpoint`), or the tokenizer has ids beyond config.json's

