@@ -17,9 +17,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from v4_random_model import random_v4_model
 
 from models.deepseek import generation
-from models.deepseek_v4.causal_lm import DeepSeekV4CausalLM
 from models.deepseek_v4.compressor import KVCompressor
 from models.deepseek_v4.config import CSA, HCA, SLIDING, DeepSeekV4Config
 
@@ -37,22 +37,7 @@ SMALL = DeepSeekV4Config(
 
 @pytest.fixture(scope="module")
 def small_model():
-    keras.utils.set_random_seed(0)
-    model = DeepSeekV4CausalLM(SMALL)
-    rng = np.random.default_rng(0)
-    for block in model.decoder_layers:  # zero-initialized weights made non-trivial
-        attn = block.self_attn
-        attn.sinks.assign(rng.normal(size=attn.sinks.shape).astype(np.float32))
-        for comp in (attn.compressor, attn.indexer and attn.indexer.compressor):
-            if comp is not None:
-                comp.position_bias.assign(
-                    rng.normal(size=comp.position_bias.shape).astype(np.float32))
-        gate = block.mlp.gate
-        if gate.tid2eid is not None:
-            table = np.stack([rng.permutation(SMALL.n_routed_experts)[:2]
-                              for _ in range(SMALL.vocab_size)])
-            gate.tid2eid.assign(table.astype(np.int32))
-    return model
+    return random_v4_model(SMALL)
 
 
 def _ids(batch, seq, seed):
