@@ -81,7 +81,7 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
     int: an int, an integral float, or a string of one; float: a finite number or a
     string of one; bool: true/false (any case), 1/0; str: a string, or the JSON text of
     a number or bool given for it (`--set x=123`); `X | None`: None/"none"/"null" or
-    an X; dict: a JSON object.
+    an X; dict: a JSON object; tuple: a list; either may be given as its JSON text.
 
     Raises:
       ValueError: naming the key, the value and the type expected.
@@ -133,11 +133,27 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
         if isinstance(value, (bool, int, float)):
             return json.dumps(value)  # --set data.field=123 meant the text "123"
     elif hint is dict or typing.get_origin(hint) is dict:
+        value = _json_text(value)
         if isinstance(value, dict):
             return value
+    elif typing.get_origin(hint) is tuple:
+        value = _json_text(value)
+        if isinstance(value, (list, tuple)):
+            return tuple(value)
+        expected = "a JSON list"
     else:
         return value  # a type without a rule here: the section validates it
     raise ValueError(f"{key}={value!r}: expected {expected}")
+
+
+def _json_text(value: Any) -> Any:
+    """The JSON value a string holds, else `value` itself."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            pass
+    return value
 
 
 _TYPE_NAMES = {int: "an integer", float: "a finite number (e.g. 3e-4)",

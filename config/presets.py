@@ -12,6 +12,12 @@ vocabulary size.
   cpu_small    the default main job: Tiny Shakespeare on a 2-core CPU in minutes.
   gpu_base     a ~100M-parameter model for one GPU.
   deepseek_v3  the released 671B DeepSeek-V3 architecture (arithmetic only).
+
+  tiny_v4, cpu_small_v4, gpu_base_v4
+               the same jobs with a DeepSeek-V4-style model (mHC, SWA/CSA/HCA with the
+               lightning indexer, hash-routed first layers;
+               `models/deepseek_v4/presets.py`): each is the V3 preset it is named
+               after with the changes in `V4_PRESETS`.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from config.overrides import apply_overrides
 from config.sections import PipelineConfig
 from config.serialization import section_types
 from models.deepseek.deepseek_presets import deepseek_preset
+from models.deepseek_v4.presets import DEEPSEEK_V4_PRESETS, deepseek_v4_preset
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {
@@ -54,6 +61,17 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "eval": dict(max_bits_per_byte=1.0, batch_size=8),
     },
 }
+# The V4-style presets: (the V3 preset they start from, their changes to it).
+V4_PRESETS: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
+    "tiny_v4": ("tiny", {}),
+    # V4's step costs ~1.4x cpu_small's on 2 cores (mHC's four streams, the compressors and
+    # the indexer): 300 steps keep the main job inside its 10 minutes.
+    "cpu_small_v4": ("cpu_small", {"train": dict(train_steps=300, checkpoint_every=100)}),
+    "gpu_base_v4": ("gpu_base", {}),
+}
+for _name, (_base, _changes) in V4_PRESETS.items():
+    PRESETS[_name] = {section: {**PRESETS[_base].get(section, {}), **_changes.get(section, {})}
+                      for section in {**PRESETS[_base], **_changes}}
 DEFAULT_PRESET = "cpu_small"
 
 
@@ -63,7 +81,8 @@ def preset_config(name: str) -> PipelineConfig:
     Raises:
       KeyError: `name` is not in `PRESETS`.
     """
-    model = deepseek_preset(name)
+    model = (deepseek_v4_preset(name) if name in DEEPSEEK_V4_PRESETS
+             else deepseek_preset(name))
     changes = {section: dict(fields) for section, fields in PRESETS[name].items()}
     changes.setdefault("tokenizer", {}).setdefault("vocab_size", model.vocab_size)
     classes = section_types(PipelineConfig)

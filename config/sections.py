@@ -3,20 +3,26 @@
 
 The input sections (`data`, `tokenizer`, `validation`) are in `config/data.py`, the
 training sections (`train`, `eval`) in `config/train.py`, the model (`model`) is
-`models.deepseek.config.DeepSeekConfig`.
+`models.deepseek.config.DeepSeekConfig` (V2/V3/V3.2-style) or
+`models.deepseek_v4.config.DeepSeekV4Config` (V4-style); the dict form of a V4 model section
+says so by `"model_type": "deepseek_v4"` (`MODEL_TYPE_KEY`), a V2/V3 one by its absence.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from config import serialization
 from config.data import DataConfig, TokenizerConfig, ValidationConfig
 from config.train import EvalConfig, TrainConfig
 from models.deepseek.config import DeepSeekConfig
+from models.deepseek_v4.config import CSA, DeepSeekV4Config
 
 PIPELINE_NAME = "deepseek-tfx"
+MODEL_TYPE_KEY = "model_type"
+V4_MODEL_TYPE = "deepseek_v4"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,11 +99,13 @@ class PipelineConfig:
       ValueError: on construction, when the model's vocabulary differs from a learned
         tokenizer's, `train.seq_len` exceeds `model.max_position_embeddings`, or
         `train.prune_keep_experts` is set for a model without MoE layers or is not a
-        valid number of experts to keep (`DeepSeekConfig.check_keep_experts`).
+        valid number of experts to keep (`DeepSeekConfig.check_keep_experts`; V4: between
+        `num_experts_per_tok` and `n_routed_experts`), or a V4 model's `index_topk` exceeds
+        the compressed entries a `train.seq_len` sequence has in a CSA layer.
     """
 
     preset: str
-    model: DeepSeekConfig
+    model: DeepSeekConfig | DeepSeekV4Config
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
@@ -117,13 +125,35 @@ class PipelineConfig:
                 f"train.seq_len={self.train.seq_len} exceeds "
                 f"model.max_position_embeddings={self.model.max_position_embeddings}"
             )
+        if isinstance(self.model, DeepSeekV4Config):
+            self._check_v4_model()
         if self.train.prune_keep_experts:
             self._check_pruning()
+
+    def _check_v4_model(self) -> None:
+        """The checks of a V4 model that need the training section: the indexer's top-k
+        must be a choice among the compressed entries a training sequence has (the
+        static top-k of the XLA step)."""
+        m, seq_len = self.model, self.train.seq_len
+        if CSA in m.layer_types:
+            rate = m.compress_rates[CSA]
+            entries = seq_len // rate
+            if m.index_topk > entries:
+                raise ValueError(
+                    f"model.index_topk={m.index_topk} exceeds the {entries} compressed entries "
+                    f"a train.seq_len={seq_len} sequence has in a CSA layer (model.compress_rates"
+                    f"[{CSA!r}]={rate}); lower it or lengthen the sequences")
 
     def _check_pruning(self) -> None:
         """Refuses `train.prune_keep_experts` that `expert_pruning` would refuse after
         training, before anything runs."""
         keep, m = self.train.prune_keep_experts, self.model
+        if isinstance(m, DeepSeekV4Config):  # every V4 block is MoE
+            if not m.num_experts_per_tok <= keep <= m.n_routed_experts:
+                raise ValueError(
+                    f"train.prune_keep_experts={keep} must be between model.num_experts_per_tok"
+                    f"={m.num_experts_per_tok} and model.n_routed_experts={m.n_routed_experts}")
+            return
         if not m.num_moe_layers:
             raise ValueError(
                 f"train.prune_keep_experts={keep}: the model has no MoE layer to prune "
@@ -133,23 +163,47 @@ class PipelineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """`{"preset": name, section: {field: value}}`, JSON-serializable
-        (`serialization.to_dict`)."""
-        return serialization.to_dict(self)
+        (`serialization.to_dict`); a V4 model section starts with its `model_type`."""
+        d = serialization.to_dict(self)
+        if isinstance(self.model, DeepSeekV4Config):
+            d["model"] = {MODEL_TYPE_KEY: V4_MODEL_TYPE, **d["model"]}
+        return d
 
     def to_json(self) -> str:
         """`to_dict()` as JSON text with sorted keys."""
-        return serialization.to_json(self)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PipelineConfig:
         """The config of a `to_dict()`, values parsed into their declared types.
 
         Raises:
-          ValueError: an unknown section or key, or a bad value (named by SECTION.FIELD).
+          ValueError: an unknown section or key, or a bad value (named by SECTION.FIELD),
+            or an unknown `model.model_type`.
         """
-        return serialization.from_dict(cls, d)
+        return serialization.from_dict(cls, d, model_section(d.get("model")))
+
+    def is_v4(self) -> bool:
+        """True when the model is V4-style (`DeepSeekV4Config`)."""
+        return isinstance(self.model, DeepSeekV4Config)
 
     @classmethod
     def from_json(cls, s: str) -> PipelineConfig:
         """The config of a `to_json()` text (see `from_dict`)."""
-        return serialization.from_json(cls, s)
+        return cls.from_dict(json.loads(s))
+
+
+def model_section(values: Any) -> dict[str, type]:
+    """`{"model": its config class}` for a model section's dict form: `DeepSeekV4Config` when
+    its `model_type` is "deepseek_v4", else `DeepSeekConfig` (`{}` for a missing section).
+
+    Raises:
+      ValueError: another `model_type`.
+    """
+    if not isinstance(values, dict):
+        return {"model": DeepSeekConfig} if values is not None else {}
+    model_type = values.get(MODEL_TYPE_KEY)
+    if model_type not in (None, V4_MODEL_TYPE):
+        raise ValueError(f"model.{MODEL_TYPE_KEY}={model_type!r} is not known; a V4 model "
+                         f"section says {V4_MODEL_TYPE!r}, a V2/V3 one nothing")
+    return {"model": DeepSeekV4Config if model_type == V4_MODEL_TYPE else DeepSeekConfig}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 from typing import Any
 
@@ -44,8 +45,12 @@ def to_json(config: Any) -> str:
     return json.dumps(to_dict(config), sort_keys=True)
 
 
-def from_dict(config_cls: type, d: dict[str, Any]) -> Any:
+def from_dict(config_cls: type, d: dict[str, Any],
+              section_classes: dict[str, type] | None = None) -> Any:
     """A `config_cls` from its dict form.
+
+    `section_classes` names the class of a section whose declared type is a union
+    (`PipelineConfig.model`); its dict's `model_type` key is dropped before parsing.
 
     Raises:
       KeyError: a field without a default (`model`, `preset`) is missing.
@@ -56,7 +61,8 @@ def from_dict(config_cls: type, d: dict[str, Any]) -> Any:
     unknown = set(d) - {f.name for f in fields}
     if unknown:
         raise ValueError(f"unknown config sections: {sorted(unknown)}")
-    sections = section_types(config_cls)
+    sections = {**section_types(config_cls), **(section_classes or {})}
+    sections = {f.name: sections[f.name] for f in fields if f.name in sections}  # field order
     required = {f.name for f in fields
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
     kwargs = {name: _section_from_dict(name, section_cls, d[name])
@@ -75,10 +81,16 @@ def _section_from_dict(name: str, section_cls: type, values: Any) -> Any:
     if hasattr(section_cls, "from_dict"):
         # The model config: it fills missing keys and names unknown ones itself.
         if isinstance(values, dict):
+            values = {k: v for k, v in values.items() if k != "model_type"}
             known = {f.name for f in dataclasses.fields(section_cls)}
             values = {**values, **typed_section(
                 name, section_cls, {k: v for k, v in values.items() if k in known})}
-        return section_cls.from_dict(values)
+        try:
+            return section_cls.from_dict(values)
+        except ValueError as e:  # "hidden_size=0 must be ..." -> "model.hidden_size=0 ..."
+            field = re.match(r"\w*", str(e)).group()
+            known = {f.name for f in dataclasses.fields(section_cls)}
+            raise ValueError(f"{name}.{e}" if field in known else f"{name}: {e}") from None
     unknown = set(values) - {f.name for f in dataclasses.fields(section_cls)}
     if unknown:
         raise ValueError(f"unknown keys in config section '{name}': {sorted(unknown)}")

@@ -60,9 +60,11 @@ import numpy as np
 
 from common.json_file import exists, read_json, write_json
 from config import GenerationConfig, PipelineConfig
+from config.sections import MODEL_TYPE_KEY, model_section
 from models import checkpoints
 from models.deepseek import hf_checkpoint
 from models.deepseek.config import DeepSeekConfig
+from models.deepseek_v4.config import DeepSeekV4Config
 from savedmodel.hf_generation import generation_config_from_hf
 from savedmodel.precision import (  # noqa: F401  (re-exported: the SavedModel's precision)
     AUTO,
@@ -178,9 +180,9 @@ def read_pipeline_config(model_dir: str) -> PipelineConfig | None:
     return PipelineConfig.from_dict(read_json(path, "the SavedModel's pipeline config"))
 
 
-def read_model_config(model_dir: str) -> DeepSeekConfig:
-    """The DeepSeekConfig of a SavedModel: the pipeline config's `model` section when it
-    carries one, else `config.json` (the rule of the module docstring).
+def read_model_config(model_dir: str) -> DeepSeekConfig | DeepSeekV4Config:
+    """The DeepSeekConfig (or DeepSeekV4Config) of a SavedModel: the pipeline config's
+    `model` section when it carries one, else `config.json` (the rule of the module docstring).
 
     Raises:
       FileNotFoundError: neither file.
@@ -190,8 +192,9 @@ def read_model_config(model_dir: str) -> DeepSeekConfig:
     pipeline_path = extra_path(model_dir, PIPELINE_CONFIG_ASSET)
     hf_path = extra_path(model_dir, MODEL_CONFIG_NAME)
     if exists(pipeline_path):
-        return DeepSeekConfig.from_dict(
-            read_json(pipeline_path, "the SavedModel's pipeline config")["model"])
+        section = read_json(pipeline_path, "the SavedModel's pipeline config")["model"]
+        model_cls = model_section(section)["model"]  # DeepSeekConfig or DeepSeekV4Config
+        return model_cls.from_dict({k: v for k, v in section.items() if k != MODEL_TYPE_KEY})
     if exists(hf_path):
         return checkpoints.config_from_hf(read_json(hf_path, "the SavedModel's model config"))
     raise FileNotFoundError(

@@ -3,7 +3,8 @@ into, and the copy that leaves training (evaluated and exported by `run_fn`).
 
 A trained model may be in a mixed-precision policy, hold LoRA adapters and have
 its variables on a distribution strategy's devices; the copy that leaves is a
-plain `DeepSeekCausalLM` of `config.model` on no strategy, with the adapters merged
+plain model of `config.model` (`DeepSeekCausalLM`, or `DeepSeekV4CausalLM` for a V4
+config: `models/checkpoints.build_model`) on no strategy, with the adapters merged
 into their kernels (W + A B), in `export_weight_dtype`: bfloat16 when the trained
 model's variables are bf16 (LoRA on a bf16 base: the export stays bf16), int8 when
 its projections are (LoRA on an int8 base: Q / s + A B re-quantized, so the export
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from components.trainer import trainable
 from config import PipelineConfig
+from models import checkpoints
 from models.deepseek import DeepSeekCausalLM, quantization
 from models.deepseek.initializers import weights_from_checkpoint
 from savedmodel.precision import AUTO, INT8, keras_policy, weight_dtype_of
@@ -23,8 +25,9 @@ from savedmodel.precision import AUTO, INT8, keras_policy, weight_dtype_of
 
 def build_model(config: PipelineConfig, dtype: str = "float32") -> DeepSeekCausalLM:
     """`config.model` with its weights created (the constructor builds them), in the
-    Keras dtype policy `dtype` ("float32", "bfloat16", "mixed_bfloat16", "mixed_float16")."""
-    return DeepSeekCausalLM(config.model, dtype=dtype)
+    Keras dtype policy `dtype` ("float32", "bfloat16", "mixed_bfloat16", "mixed_float16"):
+    a `DeepSeekCausalLM`, or a `DeepSeekV4CausalLM` for a `DeepSeekV4Config`."""
+    return checkpoints.build_model(config.model, dtype=dtype)
 
 
 def export_weight_dtype(model: DeepSeekCausalLM) -> str:

@@ -76,6 +76,7 @@ from components.trainer.schedule import make_learning_rate_schedule, make_optimi
 from components.trainer.summaries import TrainSummaries
 from components.trainer.train_step import make_train_step
 from config import PipelineConfig
+from models import checkpoints
 from models.deepseek import DeepSeekCausalLM, flops
 from savedmodel import base_model as base_model_lib
 
@@ -262,7 +263,7 @@ class RunPlan:
         jit = resolve_jit_compile(tc.jit_compile)
         return cls(strategy_lib.describe(strategy), replicas, strategy_lib.num_workers(strategy),
                    precision, tc.batch_size, tc.batch_size // (micro * replicas), micro,
-                   flops.flops_per_token(config.model, tc.seq_len), peak_flops, jit,
+                   flops_per_token(config.model, tc.seq_len), peak_flops, jit,
                    tc.moe_capacity_factor if jit else 0.0)
 
     def log(self, seq_len: int) -> None:
@@ -277,6 +278,16 @@ class RunPlan:
             f"on (MoE capacity factor {self.moe_capacity_factor})" if self.jit_compile
             else "off (dropless MoE dispatch)",
         )
+
+
+def flops_per_token(model_config, seq_len: int) -> int:
+    """Training FLOPs per token of a model config at `seq_len` tokens: V2/V3's
+    `models/deepseek/flops.py`, V4's `models/deepseek_v4/flops.py`."""
+    if checkpoints.is_v4(model_config):
+        from models.deepseek_v4 import flops as v4_flops
+
+        return v4_flops.flops_per_token(model_config, seq_len)
+    return flops.flops_per_token(model_config, seq_len)
 
 
 def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str | None,

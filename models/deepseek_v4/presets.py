@@ -1,5 +1,8 @@
 """The released DeepSeek-V4 architectures, written as differences (keras-hub `*_presets.py` style).
 
+`tiny_v4`, `cpu_small_v4` and `gpu_base_v4` are the pipeline's V4-style models, trained by
+the presets of the same names (`config/presets.py`).
+
 `deepseek_v4_flash` lists the fields of DeepSeek-V4-Flash's `config.json` that differ from
 `DeepSeekV4Config()`'s defaults (a small CPU model); `deepseek_v4_pro` lists what
 DeepSeek-V4-Pro's `config.json` changes from V4-Flash. For parameter, memory, KV-cache and
@@ -89,6 +92,32 @@ _FLASH: dict[str, Any] = dict(
 # swiglu_limit 10.0, rms_norm_eps 1e-6, tie_word_embeddings false, initializer_range 0.02.
 
 DEEPSEEK_V4_PRESETS: dict[str, dict[str, Any]] = {
+    # The pipeline's V4-style models (`config/presets.py` `tiny_v4`, `cpu_small_v4`,
+    # `gpu_base_v4`): the width of the V3 preset of the same size, every V4 piece present
+    # (a sliding-window layer, CSA with its lightning indexer, HCA; hash routing in the first
+    # layer(s), mHC), compress rates scaled to the training sequence length so that each
+    # compressed layer holds several entries (HCA's 128 would hold one at 128 tokens).
+    "tiny_v4": dict(
+        vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+        head_dim=16, q_lora_rank=32, qk_rope_head_dim=8, moe_intermediate_size=32,
+        max_position_embeddings=64, layer_types=(CSA, HCA, SLIDING),
+        compress_rates={CSA: 4, HCA: 8}, sliding_window=8, hc_mult=2, o_groups=2,
+        o_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=4,
+        mlp_layer_types=_mlp_layer_types(1, 3), tie_word_embeddings=True),
+    "cpu_small_v4": dict(
+        vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+        head_dim=64, q_lora_rank=128, qk_rope_head_dim=16, moe_intermediate_size=256,
+        max_position_embeddings=256, layer_types=(SLIDING, CSA, HCA, CSA),
+        compress_rates={CSA: 4, HCA: 32}, sliding_window=32, o_groups=2, o_lora_rank=64,
+        index_n_heads=4, index_head_dim=32, index_topk=8,
+        mlp_layer_types=_mlp_layer_types(1, 4), tie_word_embeddings=True),
+    "gpu_base_v4": dict(
+        vocab_size=32768, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+        head_dim=128, q_lora_rank=384, qk_rope_head_dim=32, moe_intermediate_size=512,
+        n_routed_experts=16, num_experts_per_tok=4, max_position_embeddings=1024,
+        layer_types=(SLIDING, SLIDING) + (CSA, HCA) * 5, sliding_window=128, o_groups=4,
+        o_lora_rank=256, index_n_heads=8, index_head_dim=64, index_topk=64,
+        mlp_layer_types=_mlp_layer_types(2, 12), num_nextn_predict_layers=1),
     # DeepSeek-V4-Flash (284B total, 13B activated; `deepseek-ai/DeepSeek-V4-Flash`).
     "deepseek_v4_flash": _FLASH,
     # DeepSeek-V4-Pro (1.6T total, 49B activated; `deepseek-ai/DeepSeek-V4-Pro`): V4-Flash

@@ -1,0 +1,72 @@
+"""The V4-style presets and the V4 model section of the pipeline config (issue 41)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import config as configs
+from models.deepseek_v4.config import CSA, HCA, SLIDING, DeepSeekV4Config
+
+V4_PRESETS = ("tiny_v4", "cpu_small_v4", "gpu_base_v4")
+
+
+@pytest.mark.parametrize("name", V4_PRESETS)
+def test_v4_presets_are_their_v3_preset_with_a_v4_model(name):
+    config, base = configs.get_config(name), configs.get_config(name.removesuffix("_v4"))
+    assert isinstance(config.model, DeepSeekV4Config) and config.is_v4()
+    assert not base.is_v4()
+    # The V3 preset's width and vocabulary, every V4 piece present.
+    assert config.model.hidden_size == base.model.hidden_size
+    assert config.model.vocab_size == base.model.vocab_size == config.tokenizer.vocab_size
+    assert set(config.model.layer_types) >= {CSA, HCA} and config.model.hc_mult > 1
+    assert config.model.mlp_layer_types[0] == "hash_moe"
+    # Only what the preset names differs from the V3 preset outside the model.
+    changed = configs.presets.V4_PRESETS[name][1]
+    for section in ("data", "tokenizer", "eval", "validation", "generation", "serve"):
+        assert getattr(config, section) == getattr(base, section), section
+    for field, value in vars(config.train).items():
+        assert value == changed.get("train", {}).get(field, getattr(base.train, field)), field
+
+
+@pytest.mark.parametrize("name", V4_PRESETS)
+def test_the_v4_model_section_round_trips_and_says_its_model_type(name):
+    config = configs.get_config(name)
+    d = json.loads(config.to_json())
+    assert d["model"]["model_type"] == "deepseek_v4"
+    assert configs.PipelineConfig.from_json(config.to_json()) == config
+    assert "model_type" not in configs.get_config("tiny").to_dict()["model"]
+
+
+def test_v4_fields_take_overrides_in_their_declared_types():
+    config = configs.get_config("tiny_v4", {
+        "model.hc_mult": "3", "model.layer_types": json.dumps([SLIDING, CSA, CSA]),
+        "model.compress_rates": json.dumps({CSA: 2, HCA: 8})})
+    assert config.model.hc_mult == 3
+    assert config.model.layer_types == (SLIDING, CSA, CSA)
+    assert config.model.compress_rates == {CSA: 2, HCA: 8}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"model.layer_types": json.dumps([SLIDING] * 4)},
+     "model.layer_types has 4 entries, must equal num_hidden_layers=3"),
+    ({"model.hc_mult": 0}, "model.hc_mult=0 must be an integer >= 1"),
+    ({"model.index_topk": 9}, "model.index_topk=9 exceeds the 8 compressed entries a "
+                              "train.seq_len=32 sequence has in a CSA layer"),
+    ({"train.seq_len": 12}, "model.index_topk=4 exceeds the 3 compressed entries"),
+    ({"model.mlp_layer_types": json.dumps(["hash_moe", "moe", "dense"])}, "mlp_layer_types"),
+    ({"model.model_type": "deepseek_v5"}, "model.model_type='deepseek_v5' is not known"),
+    ({"model.kv_lora_rank": 8}, "unknown config key 'model.kv_lora_rank'"),
+    ({"train.prune_keep_experts": 1}, "train.prune_keep_experts=1 must be between "
+                                      "model.num_experts_per_tok=2 and model.n_routed_experts=8"),
+])
+def test_bad_v4_fields_are_refused_by_name(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        configs.get_config("tiny_v4", overrides)
+
+
+def test_a_v3_section_refuses_v4_fields_by_name():
+    with pytest.raises(ValueError, match=re.escape("unknown config key 'model.hc_mult'")):
+        configs.get_config("tiny", {"model.hc_mult": 2})
