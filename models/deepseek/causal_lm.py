@@ -165,19 +165,30 @@ class DeepSeekCausalLM(keras.Model):
               dropped for lack of capacity (zeros when dropless);
             `moe_pairs`: float32 (num_moe_layers,), the (token, expert) pairs
               routed, N*K (= expert_load summed over experts); the dropped
-              fraction is moe_dropped / moe_pairs.
+              fraction is moe_dropped / moe_pairs;
+            `indexer_loss`: float32 scalar, the sum over the decoder layers of the
+              lightning indexer's KL loss (DeepSeek-V3.2 DSA, `lightning_indexer.
+              indexer_kl_loss`; it reaches only the indexers' weights), the MTP blocks'
+              included; 0.0 without DeepSeek Sparse Attention.
         """
         moe_kwargs = dict(training=training, moe_capacity_factor=moe_capacity_factor)
+        with_indexer = self.config.uses_sparse_attention
         embeddings = self.embed_tokens(input_ids)  # (B, T, C)
         h = embeddings
         moe_stats = []  # (expert_load, balance_loss, dropped) per MoE layer
+        indexer_losses = []  # float32 scalars, one per decoder layer with DSA
         for block in self.decoder_layers:
             def block_fn(x, block=block):
-                x, _, moe_aux = block(x, **moe_kwargs)  # (B, T, C)
-                return (x,) if moe_aux is None else (x, *moe_aux)
+                outs = block(x, return_indexer_loss=with_indexer, **moe_kwargs)
+                x, moe_aux = outs[0], outs[2]  # (B, T, C), None or MoE statistics
+                extra = outs[3:]  # (indexer_loss,) with DSA
+                return (x, *extra) if moe_aux is None else (x, *extra, *moe_aux)
 
             outs = tf.recompute_grad(block_fn)(h) if recompute_blocks else block_fn(h)
             h = outs[0]  # (B, T, C)
+            if with_indexer:
+                indexer_losses.append(outs[1])
+                outs = outs[1:]
             if len(outs) > 1:
                 moe_stats.append(outs[1:])
         logits = self.logits_from_hidden(self.norm(h))  # (B, T, V)
@@ -189,13 +200,18 @@ class DeepSeekCausalLM(keras.Model):
             h = h[:, : tf.shape(next_embeddings)[1]]  # (B, T-k, C)  h^{k-1}_i
 
             def mtp_fn(x, e, mtp=mtp):
-                x, normed, moe_aux = mtp(x, e, **moe_kwargs)  # (B, T-k, C) x 2
-                return (x, normed) if moe_aux is None else (x, normed, *moe_aux)
+                x, normed, moe_aux, *extra = mtp(
+                    x, e, return_indexer_loss=with_indexer, **moe_kwargs)  # (B, T-k, C) x 2
+                return ((x, normed, *extra) if moe_aux is None
+                        else (x, normed, *extra, *moe_aux))
 
             outs = (tf.recompute_grad(mtp_fn)(h, next_embeddings) if recompute_blocks
                     else mtp_fn(h, next_embeddings))
             h = outs[0]  # (B, T-k, C)
             mtp_logits.append(self.logits_from_hidden(outs[1]))  # (B, T-k, V)
+            if with_indexer:
+                indexer_losses.append(outs[2])
+                outs = outs[:2] + outs[3:]
             if len(outs) > 2:
                 moe_stats.append(outs[2:])
 
@@ -216,6 +232,8 @@ class DeepSeekCausalLM(keras.Model):
             "expert_load": expert_load,
             "moe_dropped": moe_dropped,
             "moe_pairs": tf.reduce_sum(expert_load, axis=-1),  # (M,) N*K per layer
+            "indexer_loss": (tf.add_n(indexer_losses) if indexer_losses
+                             else tf.constant(0.0, tf.float32)),
         }
 
     def compute_loss(self, input_ids, labels, training=True, recompute_blocks=False,

@@ -26,9 +26,12 @@ class DeepSeekDecoderBlock(keras.layers.Layer):
       positions_offset, cache, cache_index, training, absorb: as for
         `MultiHeadLatentAttention`.
       moe_capacity_factor: `capacity_factor` of DeepSeekMoE (None: dropless).
+      return_indexer_loss: (no cache only) also return the attention's lightning-indexer
+        KL loss (`MultiHeadLatentAttention`; 0.0 without DeepSeek Sparse Attention).
 
     Returns:
-      (hidden_states, new_cache, moe_aux):
+      (hidden_states, new_cache, moe_aux), and indexer_loss (float32 scalar) as a fourth
+      item with `return_indexer_loss`:
         hidden_states: (B, T, C);
         new_cache: the updated latent cache (B, S, config.cache_width), or None
           when no cache was given;
@@ -67,13 +70,17 @@ class DeepSeekDecoderBlock(keras.layers.Layer):
         self.mlp.build(shape)
 
     def call(self, hidden_states, positions_offset=0, cache=None, cache_index=None,
-             training=False, moe_capacity_factor=None, absorb=True):
+             training=False, moe_capacity_factor=None, absorb=True,
+             return_indexer_loss=False):
         attn = self.self_attn(self.input_layernorm(hidden_states),
                               positions_offset=positions_offset, cache=cache,
-                              cache_index=cache_index, training=training, absorb=absorb)
+                              cache_index=cache_index, training=training, absorb=absorb,
+                              return_indexer_loss=return_indexer_loss)
         new_cache = None
         if cache is not None:
             attn, new_cache = attn
+        if return_indexer_loss:
+            attn, indexer_loss = attn  # (B, T, C), float32 scalar
         hidden_states = hidden_states + attn  # (B, T, C)
 
         h = self.post_attention_layernorm(hidden_states)
@@ -84,6 +91,8 @@ class DeepSeekDecoderBlock(keras.layers.Layer):
             moe_aux = (expert_load, balance_loss, dropped)
         else:
             h = self.mlp(h)
+        if return_indexer_loss:
+            return hidden_states + h, new_cache, moe_aux, indexer_loss  # (B, T, C), ...
         return hidden_states + h, new_cache, moe_aux  # (B, T, C)
 
     def get_config(self):

@@ -27,12 +27,26 @@ DeepSeek's own inference code also applies a Hadamard rotation and FP8 to q and 
 before scoring; transformers skips both (the rotation is orthogonal; FP8 is a precision
 choice), and so does this layer, which matches transformers.
 
-The indexer is not trained by the language-model loss (top-k selection has no
-gradient; transformers runs it under `torch.no_grad`); DeepSeek trains it with a KL
-loss against the main attention (§2.1.1), which is not implemented here, so its
-weights are not trainable, and its inputs pass through `tf.stop_gradient`: a
-GradientTape then records none of its ops, and keeps none of its (B, T, Hi, S)
-scores for a backward pass.
+Training (§2.1.1). The indexer is not trained by the language-model loss (top-k selection
+has no gradient; transformers runs it under `torch.no_grad`). DeepSeek trains it with a
+KL loss towards the main attention: in the dense warm-up, for query t,
+
+    p_t = sum_h A_{h,t,:} / ||sum_h A_{h,t,:}||_1     (main attention, summed over heads)
+    L^I = sum_t KL(p_t || softmax(I_t))
+
+and in the sparse stage the same restricted to the selected set S_t,
+L^I = sum_t KL(p_{t,S_t} || softmax(I_{t,S_t})), with "the indexer input detached from
+the computational graph for separate optimization": the indexer is trained by L^I only,
+the main model by the LM loss only. `indexer_kl_loss` is the sparse-stage form (p is
+stop-gradient, renormalized over S_t), averaged over the queries (Megatron-LM's
+`compute_dsa_indexer_loss` averages the per-query KL the same way) instead of summed, so
+its scale does not grow with B*T; `MultiHeadLatentAttention(..., return_indexer_loss=True)`
+and `DeepSeekCausalLM.forward_train` (`indexer_loss`) return it. The indexer's inputs
+pass through `tf.stop_gradient` (the detach), and its top-k selection has no gradient,
+so its weights are trainable and `indexer_loss` is their only training signal (the
+trainer adds it to the loss: `losses.causal_lm_loss`). Set `indexer.trainable = False`
+(Keras' public attribute) to keep an imported indexer as it is: a GradientTape then
+records none of its ops and keeps none of its (B, T, Hi, S) scores for a backward pass.
 """
 
 import keras
@@ -59,12 +73,14 @@ class LightningIndexer(keras.layers.Layer):
     index_head_dim), `k_norm` LayerNormalization (index_head_dim; HF `weight` = gamma,
     `bias` = beta), `weights_proj` Dense (hidden_size -> index_n_heads), float32 under
     any policy (transformers keeps it float32: `_keep_in_fp32_modules`). No biases in
-    the Dense layers. None of the weights is trainable (module docstring).
+    the Dense layers. They train by `indexer_loss` only (module docstring).
 
     Methods:
       keys(hidden_states, positions) -> float (B, T, Di): the rotated, normalized keys
         k of the T tokens (what the inference cache holds per token).
-      call(hidden_states, q_latent, keys, positions, visible) -> bool (B, T, S): keep.
+      call(hidden_states, q_latent, keys, positions, visible, return_scores=False)
+        -> bool (B, T, S) keep, or (keep, float32 (B, T, S) index scores I, -inf
+        where not visible) with `return_scores`.
 
     Call args:
       hidden_states: float (B, T, C), the attention input (after input_layernorm).
@@ -73,10 +89,13 @@ class LightningIndexer(keras.layers.Layer):
       positions: int32 (T,) or (B, T), the absolute positions of the T queries.
       visible: bool (B or 1, T, S), True where query t may attend key s (causal).
 
+      return_scores: also return the index scores I (float32 (B, T, S)).
+
     Returns:
       keep: bool (B, T, S): each query's min(index_topk, S) highest index scores
       (invisible keys score -inf; ties go to the lower index, `tf.math.top_k`), AND
       visible: a query keeps min(index_topk, the keys it sees), never an invisible one.
+      With `return_scores`: (keep, I).
 
     Memory: the (B, T, Hi, S) float32 per-head scores exist during the call (as in
     transformers' eager DeepseekV32Indexer); nothing of it is kept for a backward pass.
@@ -114,7 +133,6 @@ class LightningIndexer(keras.layers.Layer):
         self.wk.build((None, None, c.hidden_size))
         self.k_norm.build((None, None, c.index_head_dim))
         self.weights_proj.build((None, None, c.hidden_size))
-        self.trainable = False  # every weight, now that they exist (module docstring)
 
     def keys(self, hidden_states, positions):
         """k = RoPE_half(LayerNorm(x W_k)) of the T tokens at `positions`.
@@ -125,7 +143,7 @@ class LightningIndexer(keras.layers.Layer):
         k = self.k_norm(self.wk(tf.stop_gradient(hidden_states)))  # (B, T, Di)
         return self._rotate(k[:, :, None, :], positions)[:, :, 0, :]  # (B, T, Di)
 
-    def call(self, hidden_states, q_latent, keys, positions, visible):
+    def call(self, hidden_states, q_latent, keys, positions, visible, return_scores=False):
         c = self.config
         nh, d = c.index_n_heads, c.index_head_dim
         batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
@@ -133,16 +151,22 @@ class LightningIndexer(keras.layers.Layer):
         q = self.wq_b(tf.stop_gradient(q_latent))  # (B, T, Hi*Di)
         q = tf.reshape(q, [batch, seq, nh, d])  # (B, T, Hi, Di)
         q = self._rotate(q, positions)  # (B, T, Hi, Di)
+        # `keys` come from `keys()` (its input detached): the KL loss trains wk and k_norm.
         scores = tf.einsum("bthd,bsd->bths", tf.cast(q, tf.float32),
-                           tf.cast(tf.stop_gradient(keys), tf.float32))  # (B, T, Hi, S) f32
+                           tf.cast(keys, tf.float32))  # (B, T, Hi, S) f32
         scores = tf.nn.relu(scores * d ** -0.5)  # (B, T, Hi, S)
         weights = self.weights_proj(tf.cast(hidden_states, tf.float32)) * nh ** -0.5  # (B,T,Hi)
         index = tf.einsum("bth,bths->bts", weights, scores)  # (B, T, S)
         index = tf.where(visible, index, float("-inf"))  # (B, T, S)
-        keys_len = tf.shape(index)[2]
-        k = tf.minimum(c.index_topk, keys_len)
+        keys_len = index.shape[2]  # static when S is (XLA's top_k needs a constant k)
+        if keys_len is None:
+            keys_len = tf.shape(index)[2]
+            k = tf.minimum(c.index_topk, keys_len)
+        else:
+            k = min(c.index_topk, keys_len)
         top = tf.math.top_k(index, k=k, sorted=False).indices  # (B, T, k)
-        return tf.logical_and(_scatter_true(top, keys_len), visible)  # (B, T, S)
+        keep = tf.logical_and(_scatter_true(top, keys_len), visible)  # (B, T, S)
+        return (keep, index) if return_scores else keep
 
     def _rotate(self, x, positions):
         """rotate_half RoPE of the first qk_rope_head_dim dims of x (B, T, H, Di) at
@@ -164,6 +188,37 @@ class LightningIndexer(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}
+
+
+def indexer_kl_loss(attention_mass, index_scores, kept):
+    """The lightning indexer's sparse-stage KL loss (module docstring; DeepSeek-V3.2-Exp
+    report §2.1.1): mean over queries t of KL(p_t || softmax(I_t)) over the kept keys S_t.
+
+    Args:
+      attention_mass: float (B, T, S) >= 0, the main attention's probabilities summed
+        over heads (only the kept entries are read). Stop-gradient here.
+      index_scores: float (B, T, S), the indexer's scores I (any value where not kept).
+      kept: bool (B, T, S), S_t: the keys the indexer selected (and the query may see).
+
+    Returns:
+      float32 scalar: sum over the queries with at least one kept key of
+      sum_{s in S_t} p_ts (log p_ts - log q_ts), with p_t = mass renormalized over S_t
+      (0 where the mass is 0 everywhere) and q_t = softmax of I over S_t, divided by the
+      number of such queries (0.0 when there are none). Its gradient reaches
+      `index_scores` only: (q_t - p_t) / count.
+    """
+    kept = tf.cast(kept, tf.bool)
+    mass = tf.where(kept, tf.cast(tf.stop_gradient(attention_mass), tf.float32), 0.0)
+    p = tf.math.divide_no_nan(mass, tf.reduce_sum(mass, axis=-1, keepdims=True))  # (B,T,S)
+    # Not-kept keys get a large finite negative logit (not -inf: no inf - inf, no NaN
+    # gradient); their q is 0 and their p is 0, so they add nothing.
+    logits = tf.where(kept, tf.cast(index_scores, tf.float32), -1e30)  # (B, T, S)
+    log_q = tf.nn.log_softmax(logits, axis=-1)  # (B, T, S)
+    per_key = tf.where(kept, tf.math.xlogy(p, p) - p * log_q, 0.0)  # (B, T, S)
+    per_query = tf.reduce_sum(per_key, axis=-1)  # (B, T)
+    has_keys = tf.cast(tf.reduce_any(kept, axis=-1), tf.float32)  # (B, T)
+    return tf.math.divide_no_nan(tf.reduce_sum(per_query * has_keys),
+                                 tf.reduce_sum(has_keys))
 
 
 def _scatter_true(indices, size):

@@ -91,8 +91,7 @@ class WeightTensor:
       path: as `trainable.weight_path` writes it, e.g. `layers.1/self_attn/o_proj/kernel`.
       shape: its shape; a Dense kernel is (in, out), the routed experts' stacked
         kernels (E, in, out).
-      trainable: False only for the routers' `e_score_correction_bias` and the
-        weights of DeepSeek Sparse Attention's lightning indexer.
+      trainable: False only for the routers' `e_score_correction_bias`.
       lora: "attention" or "mlp" when it is a kernel that `train.lora_targets`
         can adapt, else "".
     """
@@ -125,13 +124,13 @@ def _block_tensors(c: DeepSeekConfig, prefix: str, layer_idx: int) -> list[Weigh
                        (c.kv_lora_rank, H * (c.qk_nope_head_dim + c.v_head_dim)),
                        lora="attention"),
           WeightTensor(f"{a}o_proj/kernel", (H * c.v_head_dim, C), lora="attention")]
-    if c.uses_sparse_attention:  # LightningIndexer: not trainable
+    if c.uses_sparse_attention:  # LightningIndexer: trained by its KL only
         hi, di, ix = c.index_n_heads, c.index_head_dim, f"{a}indexer/"
-        t += [WeightTensor(f"{ix}wq_b/kernel", (c.q_lora_rank, hi * di), trainable=False),
-              WeightTensor(f"{ix}wk/kernel", (C, di), trainable=False),
-              WeightTensor(f"{ix}k_norm/gamma", (di,), trainable=False),
-              WeightTensor(f"{ix}k_norm/beta", (di,), trainable=False),
-              WeightTensor(f"{ix}weights_proj/kernel", (C, hi), trainable=False)]
+        t += [WeightTensor(f"{ix}wq_b/kernel", (c.q_lora_rank, hi * di)),
+              WeightTensor(f"{ix}wk/kernel", (C, di)),
+              WeightTensor(f"{ix}k_norm/gamma", (di,)),
+              WeightTensor(f"{ix}k_norm/beta", (di,)),
+              WeightTensor(f"{ix}weights_proj/kernel", (C, hi))]
     t.append(WeightTensor(f"{prefix}post_attention_layernorm/weight", (C,)))
 
     def swiglu(p: str, width: int) -> list[WeightTensor]:

@@ -46,6 +46,10 @@ into its attention mask). The indexer's key of every token (index_head_dim numbe
 is cached after [c_kv | k_pe], so a cached call scores the new queries against the
 cache and recomputes nothing of the prefix. The score matrix stays dense (masked),
 so DSA changes the result, not the cost, of this implementation's attention.
+`call(..., return_indexer_loss=True)` (stateless) also returns the indexer's
+sparse-stage KL loss (V3.2-Exp report §2.1.1, `lightning_indexer.indexer_kl_loss`):
+the target is this layer's attention probabilities (before dropout) summed over heads
+on the kept tokens, L1-normalized, stop-gradient.
 """
 
 import keras
@@ -53,7 +57,7 @@ import tensorflow as tf
 
 from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
-from models.deepseek.lightning_indexer import LightningIndexer
+from models.deepseek.lightning_indexer import LightningIndexer, indexer_kl_loss
 from models.deepseek.quantization import float_kernel
 from models.deepseek.rms_norm import RMSNorm
 from models.deepseek.rope_scaling import softmax_scale
@@ -87,13 +91,17 @@ class MultiHeadLatentAttention(keras.layers.Layer):
       training: enables attention dropout.
       absorb: with a cache, attend in the latent space (module docstring)
         instead of expanding the cache through kv_b_proj. Ignored without cache.
+      return_indexer_loss: (no cache only) also return the lightning indexer's KL
+        loss (module docstring), float32 scalar; 0.0 without DeepSeek Sparse Attention.
 
     Returns:
-      Without cache: the output, float tensor (B, T, C).
+      Without cache: the output, float tensor (B, T, C); with `return_indexer_loss`,
+      (output, indexer_loss float32 scalar).
       With cache: (output (B, T, C), new_cache (B, S, config.cache_width)).
 
     Raises:
-      ValueError: if `cache` is given without `cache_index`.
+      ValueError: if `cache` is given without `cache_index`, or with
+        `return_indexer_loss`.
       InvalidArgumentError (at run time): if cache_index + T > S in some row, or
         cache_index is neither a scalar nor (B,).
 
@@ -151,7 +159,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             self.indexer.build()
 
     def call(self, hidden_states, positions_offset=0, cache=None, cache_index=None,
-             training=False, absorb=True):
+             training=False, absorb=True, return_indexer_loss=False):
         c = self.config
         nh, dn, dr, r = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank
         batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
@@ -175,6 +183,9 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         else:
             if cache_index is None:
                 raise ValueError("cache_index is required when a cache is given")
+            if return_indexer_loss:
+                raise ValueError("MultiHeadLatentAttention: return_indexer_loss is for the "
+                                 "stateless forward (cache=None) only")
             index = tf.broadcast_to(tf.cast(cache_index, tf.int32), [batch])  # (B,)
             q_positions = index[:, None] + tf.range(seq)[None, :]  # (B, T)
         q_pe = self._rotate(q_pe, q_positions)  # (B, T, H, Dr)
@@ -184,13 +195,21 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         if self.indexer is not None:
             index_keys = self.indexer.keys(hidden_states, q_positions)  # (B, T, Di)
 
+        indexer_loss = tf.constant(0.0, tf.float32)
         if cache is None:
             mask = (q_positions[None, :] <= q_positions[:, None])[None]  # (1, T, S = T)
+            with_loss = return_indexer_loss and self.indexer is not None
             if self.indexer is not None:
-                mask = self.indexer(hidden_states, c_q, index_keys, q_positions,
-                                    mask)  # (B, T, S) causal and picked
+                mask = self.indexer(hidden_states, c_q, index_keys, q_positions, mask,
+                                    return_scores=with_loss)  # (B, T, S) causal and picked
+                if with_loss:
+                    mask, index_scores = mask  # (B, T, S) bool, float32
             out = self._expanded_attention(q_nope, q_pe, c_kv, k_pe, mask[:, None],
-                                           training)  # (B, T, H, Dv)
+                                           training, return_probs=with_loss)  # (B,T,H,Dv)
+            if with_loss:
+                out, probs = out  # (B, T, H, Dv), float32 (B, H, T, S)
+                indexer_loss = indexer_kl_loss(tf.reduce_sum(probs, axis=1), index_scores,
+                                               mask)  # over heads: (B, T, S)
         else:
             entries = [c_kv, k_pe] + ([index_keys] if index_keys is not None else [])
             new_cache = _write_cache(cache, tf.concat(entries, axis=-1),
@@ -214,6 +233,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         out = self.o_proj(out)  # (B, T, C)
         if cache is not None:
             return out, new_cache
+        if return_indexer_loss:
+            return out, indexer_loss
         return out
 
     def _rotate(self, x, positions):
@@ -231,31 +252,36 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         flat = apply_rotary_pos_emb(flat, cos, sin, c.rope_interleave)  # (1, B*T, H, Dr)
         return tf.reshape(flat, shape)  # (B, T, H, Dr)
 
-    def _softmax(self, q, k, equation, mask, dtype, training):
+    def _softmax(self, q, k, equation, mask, dtype, training, return_float32=False):
         """Attention probabilities, scale folded into q, scores and softmax in float32.
 
         Args:
           q: (B, T, H, D) queries; k: keys (B, S, H, D) or latents (B, S, D), as
             `equation` says; mask: bool (B or 1, 1, T, S), True where attended.
           dtype: the dtype of the returned probabilities (the compute dtype).
+          return_float32: also return the float32 probabilities before dropout.
 
         Returns:
-          (B, H, T, S) probabilities in `dtype`, after attention dropout.
+          (B, H, T, S) probabilities in `dtype`, after attention dropout; with
+          `return_float32`, (those, the float32 (B, H, T, S) ones before dropout).
         """
         q = tf.cast(q, tf.float32) * self.scale  # (B, T, H, D)
         scores = tf.einsum(equation, q, tf.cast(k, tf.float32))  # (B, H, T, S) float32
         scores = tf.where(mask, scores, _MASK_VALUE)  # (B, H, T, S)
-        probs = tf.cast(tf.nn.softmax(scores, axis=-1), dtype)  # (B, H, T, S)
+        probs32 = tf.nn.softmax(scores, axis=-1)  # (B, H, T, S) float32
+        probs = tf.cast(probs32, dtype)  # (B, H, T, S)
         if self.dropout is not None:
             probs = self.dropout(probs, training=training)
-        return probs
+        return (probs, probs32) if return_float32 else probs
 
-    def _expanded_attention(self, q_nope, q_pe, c_kv, k_pe, mask, training):
+    def _expanded_attention(self, q_nope, q_pe, c_kv, k_pe, mask, training,
+                            return_probs=False):
         """Attention with per-head keys and values expanded from the latents by kv_b_proj.
 
         Args: q_nope (B, T, H, Dn), q_pe (B, T, H, Dr) rotated, c_kv (B, S, R),
           k_pe (B, S, Dr) rotated, mask bool (B or 1, 1, T, S).
-        Returns: (B, T, H, Dv).
+        Returns: (B, T, H, Dv); with `return_probs`, (that, float32 (B, H, T, S)
+          probabilities before dropout).
         """
         c = self.config
         nh, dn, dr, dv = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
@@ -268,7 +294,11 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         k_pe = tf.broadcast_to(k_pe[:, :, None, :], [batch, keys, nh, dr])  # (B, S, H, Dr)
         q = tf.concat([q_nope, q_pe], axis=-1)  # (B, T, H, Dqk)
         k = tf.concat([k_nope, tf.cast(k_pe, k_nope.dtype)], axis=-1)  # (B, S, H, Dqk)
-        probs = self._softmax(q, k, "bthd,bshd->bhts", mask, v.dtype, training)  # (B, H, T, S)
+        probs = self._softmax(q, k, "bthd,bshd->bhts", mask, v.dtype, training,
+                              return_probs)  # (B, H, T, S)
+        if return_probs:
+            probs, probs32 = probs  # compute dtype after dropout, float32 before
+            return tf.einsum("bhts,bshd->bthd", probs, v), probs32  # (B, T, H, Dv), (B,H,T,S)
         return tf.einsum("bhts,bshd->bthd", probs, v)  # (B, T, H, Dv)
 
     def _absorbed_attention(self, q_nope, q_pe, cache, mask, training):

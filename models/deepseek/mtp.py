@@ -72,13 +72,17 @@ class MultiTokenPredictionLayer(keras.layers.Layer):
         self.block.build((None, None, c))
         self.shared_head_norm.build((None, None, c))
 
-    def call(self, hidden_states, token_embeddings, training=False, moe_capacity_factor=None):
+    def call(self, hidden_states, token_embeddings, training=False, moe_capacity_factor=None,
+             return_indexer_loss=False):
+        """(h, shared_head_norm(h), MoE statistics or None), h (B, T', C); with
+        `return_indexer_loss` (a V3.2 block) also its indexer's KL loss, float32 scalar."""
         h = tf.concat([self.enorm(token_embeddings), self.hnorm(hidden_states)],
                       axis=-1)  # (B, T', 2C)
         h = self.eh_proj(h)  # (B, T', C)
-        h, _, moe_aux = self.block(h, training=training,
-                                   moe_capacity_factor=moe_capacity_factor)  # (B, T', C)
-        return h, self.shared_head_norm(h), moe_aux
+        outs = self.block(h, training=training, moe_capacity_factor=moe_capacity_factor,
+                          return_indexer_loss=return_indexer_loss)  # (B, T', C), ...
+        h, moe_aux = outs[0], outs[2]
+        return (h, self.shared_head_norm(h), moe_aux, *outs[3:])
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict(),

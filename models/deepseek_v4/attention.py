@@ -23,8 +23,28 @@ as transformers' `masking_utils`), then the N compressed entries of the layer's
 (the sink takes probability mass but has no value; logits minus their max, float32).
 Because value = key carries RoPE, the output's rope slice is rotated back by -p (cos, -sin
 at the query position). The grouped output projection splits the H*D outputs into
-o_groups groups of H*D/g, maps each by its own block of `wo_a` to o_lora_rank, and mixes
-the g*o_lora_rank values with `wo_b` to C.
+o_groups groups of H*D/g, maps each by its own (H*D/g, o_lora_rank) matrix (`o_a_proj`, an
+`ExpertProjection` with one "expert" per group: transformers' `DeepseekV4GroupedLinear`
+`o_a_proj`, release `wo_a`) to o_lora_rank, and mixes the g*o_lora_rank values with
+`o_b_proj` (`wo_b`) to C. Being an ExpertProjection, `o_a_proj` takes per-group LoRA
+adapters (`enable_lora`) and int8 (`quantize("int8")`) as the stacked experts do.
+
+The lightning indexer's training signal (CSA layers; `call(..., return_indexer_loss=True)`).
+The DeepSeek-V4 report (§2.3.1) reuses DeepSeek-V3.2's DSA indexer on the compressed
+entries but, in the material found for this implementation (the report's summaries,
+transformers 5.24, which runs the indexer without any loss), does not restate how the
+indexer is trained; V3.2's sparse-stage rule (DeepSeek-V3.2-Exp report §2.1.1) is used:
+
+    p_t = stop_gradient(sum_h a_{h,t,s} over the kept entries s in S_t, L1-normalized)
+    L^I = mean_t KL(p_t || softmax_{s in S_t}(I_t,s))
+
+where a are this layer's attention probabilities (sink and sliding-window columns
+included in the softmax, then only the kept compressed entries' columns taken), S_t the
+entries the indexer picked for query t, and I the indexer's scores; the indexer reads
+its inputs through `tf.stop_gradient`, so L^I trains only the indexer and the LM loss
+never reaches it (the picks are integers). `models.deepseek.lightning_indexer.
+indexer_kl_loss` computes it (the mean is over the queries with at least one kept entry,
+as Megatron-LM's `compute_dsa_indexer_loss` averages over queries).
 """
 
 from __future__ import annotations
@@ -33,6 +53,8 @@ import keras
 import tensorflow as tf
 
 from models.deepseek import initializers
+from models.deepseek.expert_projection import ExpertProjection
+from models.deepseek.lightning_indexer import indexer_kl_loss
 from models.deepseek.rms_norm import RMSNorm
 from models.deepseek_v4 import kv_cache
 from models.deepseek_v4.compressor import KVCompressor
@@ -76,7 +98,7 @@ def compressed_block_mask(positions, n_entries, compress_rate: int, batch, topk_
 
 
 def attend_with_sink(q, keys, mask, sinks, scale: float, dropout_rate: float = 0.0,
-                     training: bool = False):
+                     training: bool = False, return_probs: bool = False):
     """Single-KV-head attention with a per-head sink logit (gpt-oss `eager_attention_forward`).
 
     Args:
@@ -86,9 +108,11 @@ def attend_with_sink(q, keys, mask, sinks, scale: float, dropout_rate: float = 0
       sinks: float32 (H,).
       scale: multiplies q.k (not the sink).
       dropout_rate, training: attention dropout on the probabilities.
+      return_probs: also return the probabilities.
 
     Returns:
-      (B, T, H, D) in the dtype of `q`.
+      (B, T, H, D) in the dtype of `q`; with `return_probs`, (that, float32 (B, H, T, S)
+      probabilities before dropout, the sink's column dropped).
     """
     logits = tf.einsum("bthd,bsd->bhts", tf.cast(q, tf.float32),
                        tf.cast(keys, tf.float32)) * scale  # (B, H, T, S)
@@ -99,9 +123,12 @@ def attend_with_sink(q, keys, mask, sinks, scale: float, dropout_rate: float = 0
     combined = tf.concat([logits, sink], axis=-1)  # (B, H, T, S + 1)
     combined -= tf.reduce_max(combined, axis=-1, keepdims=True)
     probs = tf.nn.softmax(combined, axis=-1)[..., :-1]  # (B, H, T, S): the sink dropped
+    attended = probs
     if training and dropout_rate > 0:
-        probs = tf.nn.dropout(probs, rate=dropout_rate)
-    out = tf.einsum("bhts,bsd->bthd", tf.cast(probs, keys.dtype), keys)  # (B, T, H, D)
+        attended = tf.nn.dropout(probs, rate=dropout_rate)
+    out = tf.einsum("bhts,bsd->bthd", tf.cast(attended, keys.dtype), keys)  # (B, T, H, D)
+    if return_probs:
+        return tf.cast(out, q.dtype), probs
     return tf.cast(out, q.dtype)
 
 
@@ -111,8 +138,10 @@ class DeepSeekV4Attention(keras.layers.Layer):
 
     Sublayers and weights (release names under `layers.N.attn.` in brackets):
     `q_a_proj` [`wq_a`], `q_a_norm` [`q_norm`], `q_b_proj` [`wq_b`], `kv_proj` [`wkv`],
-    `kv_norm` [`norm`], `wo_a` kernel (H*D/g, g*o_lora_rank), block-diagonal by group
-    [`wo_a`, stored (g*o_lora_rank, H*D/g)], `o_b_proj` [`wo_b`], `sinks` float32 (H,),
+    `kv_norm` [`norm`], `o_a_proj` ExpertProjection(g, H*D/g, o_lora_rank), kernel
+    (g, H*D/g, o_lora_rank), group j's block `kernel[j]` [`wo_a`, stored
+    (g*o_lora_rank, H*D/g): rows j*o_lora_rank .. (j+1)*o_lora_rank - 1 are
+    kernel[j] transposed], `o_b_proj` [`wo_b`], `sinks` float32 (H,),
     zeros [`attn_sink`]; CSA / HCA: `compressor` (KVCompressor) [`compressor.*`]; CSA:
     `indexer` (LightningIndexer) [`indexer.*`].
 
@@ -129,18 +158,29 @@ class DeepSeekV4Attention(keras.layers.Layer):
         in CSA / HCA, "index_kv", "index_gate", "index_entries" in CSA).
       cache_index: int32 scalar or (B,), the first new position of each row (required
         with a cache; every row's positions below it must hold its real tokens).
+      return_indexer_loss: (stateless path only) also return the indexer's KL loss
+        (module docstring): float32 scalar, 0.0 in layers without an indexer.
 
     Returns:
-      Without a cache: (B, T, C), the compute dtype. With one: ((B, T, C), the updated
-      cache dict). The cached path (transformers `DeepseekV4HCACache` / `CSACache`, on
-      position-indexed buffers, see `models.deepseek_v4.kv_cache`): the new tokens' kv
-      are written at their positions and the keys are the W - 1 positions before the
-      first new token plus the new ones (W = sliding_window; positions < 0 masked),
-      under the same sliding-window mask; then every entry slot (S // m + 1) under the
-      block mask (HCA: complete windows; CSA: the indexer's picks over all its key
-      slots). Entry slots of windows not closed yet are never visible; the compressors
-      re-pool the windows the new tokens touch (`kv_cache.update_compressed`). The
-      work per new token is O(W + S / m), the prefix is never recomputed.
+      Without a cache: (B, T, C), the compute dtype; with `return_indexer_loss`,
+      ((B, T, C), indexer_loss float32 scalar). With a cache: ((B, T, C), the updated
+      cache dict).
+
+    Raises:
+      ValueError: a cache without cache_index, or return_indexer_loss with a cache.
+
+    Shapes are static under `tf.function(jit_compile=True)` when (B, T) are: N = T // m
+    entries, the indexer's k = min(index_topk, N) (a Python int then).
+
+    The cached path (transformers `DeepseekV4HCACache` / `CSACache`, on position-indexed
+    buffers, see `models.deepseek_v4.kv_cache`): the new tokens' kv are written at their
+    positions and the keys are the W - 1 positions before the first new token plus the
+    new ones (W = sliding_window; positions < 0 masked), under the same sliding-window
+    mask; then every entry slot (S // m + 1) under the block mask (HCA: complete
+    windows; CSA: the indexer's picks over all its key slots). Entry slots of windows
+    not closed yet are never visible; the compressors re-pool the windows the new tokens
+    touch (`kv_cache.update_compressed`). The work per new token is O(W + S / m), the
+    prefix is never recomputed.
     """
 
     def __init__(self, config, layer_idx: int, **kwargs):
@@ -167,6 +207,9 @@ class DeepSeekV4Attention(keras.layers.Layer):
         self.q_b_proj = dense(heads * dim, "q_b_proj")
         self.kv_proj = dense(dim, "kv_proj")
         self.kv_norm = RMSNorm(c.rms_norm_eps, name="kv_norm", dtype="float32")
+        self.o_a_proj = ExpertProjection(
+            c.o_groups, heads * dim // c.o_groups, c.o_lora_rank, c.initializer_range,
+            name="o_a_proj", dtype=self.dtype_policy)
         self.o_b_proj = dense(c.hidden_size, "o_b_proj")
         self.compressor = None
         self.indexer = None
@@ -187,11 +230,7 @@ class DeepSeekV4Attention(keras.layers.Layer):
         self.q_b_proj.build((None, None, c.q_lora_rank))
         self.kv_proj.build((None, None, c.hidden_size))
         self.kv_norm.build((None, None, dim))
-        # wo_a: g blocks (H*D/g -> o_lora_rank), held as one (H*D/g, g*o_lora_rank) kernel,
-        # the transpose of the checkpoint's (g*o_lora_rank, H*D/g) `wo_a.weight`.
-        self.wo_a = self.add_weight(
-            name="wo_a", shape=(heads * dim // groups, groups * c.o_lora_rank),
-            initializer=initializers.normal(c.initializer_range))
+        self.o_a_proj.build((groups, None, heads * dim // groups))  # (g, H*D/g, R) kernel
         self.o_b_proj.build((None, None, groups * c.o_lora_rank))
         self.sinks = self.add_weight(name="sinks", shape=(heads,), initializer="zeros",
                                      dtype="float32")
@@ -200,10 +239,14 @@ class DeepSeekV4Attention(keras.layers.Layer):
         if self.indexer is not None:
             self.indexer.build()
 
-    def call(self, hidden_states, training=False, cache=None, cache_index=None):
+    def call(self, hidden_states, training=False, cache=None, cache_index=None,
+             return_indexer_loss=False):
         if cache is not None:
             if cache_index is None:
                 raise ValueError(f"{self.name}: cache_index is required when a cache is given")
+            if return_indexer_loss:
+                raise ValueError(f"{self.name}: return_indexer_loss is for the stateless "
+                                 "forward (cache=None) only")
             return self._call_cached(hidden_states, cache, cache_index, training)
         c = self.config
         batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
@@ -212,18 +255,31 @@ class DeepSeekV4Attention(keras.layers.Layer):
         q_residual, q, kv = self._queries_and_kv(hidden_states, cos, sin)
         mask = sliding_window_mask(positions, positions, c.sliding_window)[None]  # (1, T, T)
 
+        index_scores = None
         if self.compressor is not None:
             entries = self.compressor(hidden_states)  # (B, N, D)
-            n_entries = tf.shape(entries)[1]
+            n_entries = entries.shape[1]  # static when T is
+            n_entries = tf.shape(entries)[1] if n_entries is None else n_entries
             topk = None
             if self.indexer is not None:
-                topk = self.indexer(hidden_states, q_residual, positions)  # (B, T, k)
+                topk = self.indexer(hidden_states, q_residual, positions,
+                                    return_scores=return_indexer_loss)  # (B, T, k)
+                if return_indexer_loss:
+                    topk, index_scores = topk  # (B, T, k), float32 (B, T, N)
             block = compressed_block_mask(positions, n_entries, self.compress_rate, batch,
                                           topk)  # (B, T, N)
             kv = tf.concat([kv, tf.cast(entries, kv.dtype)], axis=1)  # (B, T + N, D)
             mask = tf.concat([tf.broadcast_to(mask, [batch, seq, seq]), block],
                              axis=-1)  # (B, T, T + N)
-        return self._attend_and_project(q, kv, mask, cos, sin, training)  # (B, T, C)
+        if not return_indexer_loss:
+            return self._attend_and_project(q, kv, mask, cos, sin, training)  # (B, T, C)
+        if index_scores is None:  # no indexer in this layer
+            out = self._attend_and_project(q, kv, mask, cos, sin, training)  # (B, T, C)
+            return out, tf.constant(0.0, tf.float32)
+        out, probs = self._attend_and_project(q, kv, mask, cos, sin, training,
+                                              return_probs=True)  # (B,T,C), (B,H,T,T+N)
+        mass = tf.reduce_sum(probs[..., seq:], axis=1)  # (B, T, N): over heads, entries only
+        return out, indexer_kl_loss(mass, index_scores, block)
 
     def _queries_and_kv(self, hidden_states, cos, sin):
         """(q_residual (B, T, q_lora_rank), q (B, T, H, D), kv (B, T, D)), RoPE'd by cos/sin
@@ -241,23 +297,27 @@ class DeepSeekV4Attention(keras.layers.Layer):
         kv = apply_rope(kv[:, :, None, :], cos, sin)[:, :, 0, :]  # (B, T, 1, D) -> (B, T, D)
         return q_residual, q, kv
 
-    def _attend_and_project(self, q, keys, mask, cos, sin, training):
+    def _attend_and_project(self, q, keys, mask, cos, sin, training, return_probs=False):
         """Sink attention of q (B, T, H, D) over keys (B, S, D) under mask (B|1, T, S), the
         values' rotation undone at the query positions (cos/sin), then the grouped output
-        projection -> (B, T, C)."""
+        projection -> (B, T, C); with `return_probs` also the float32 (B, H, T, S)
+        attention probabilities (before dropout)."""
         c = self.config
         heads, dim, groups = c.num_attention_heads, c.head_dim, c.o_groups
         batch, seq = tf.shape(q)[0], tf.shape(q)[1]
         out = attend_with_sink(q, keys, mask, self.sinks, dim ** -0.5, c.attention_dropout,
-                               training)  # (B, T, H, D)
+                               training, return_probs)  # (B, T, H, D)
+        if return_probs:
+            out, probs = out  # (B, T, H, D), (B, H, T, S)
         out = apply_rope(out, cos, sin, inverse=True)  # undo the values' rotation
 
-        grouped = tf.reshape(out, [batch, seq, groups, heads * dim // groups])  # (B,T,g,HD/g)
-        wo_a = tf.reshape(tf.cast(self.wo_a, grouped.dtype),
-                          [heads * dim // groups, groups, c.o_lora_rank])  # (HD/g, g, R)
-        grouped = tf.einsum("btgi,igr->btgr", grouped, wo_a)  # (B, T, g, R)
+        grouped = tf.reshape(out, [batch * seq, groups, heads * dim // groups])  # (BT,g,HD/g)
+        grouped = tf.transpose(grouped, [1, 0, 2])  # (g, B*T, H*D/g)
+        grouped = self.o_a_proj(grouped)  # (g, B*T, R): group j through kernel[j]
+        grouped = tf.transpose(grouped, [1, 0, 2])  # (B*T, g, R)
         grouped = tf.reshape(grouped, [batch, seq, groups * c.o_lora_rank])  # (B, T, g*R)
-        return self.o_b_proj(grouped)  # (B, T, C)
+        out = self.o_b_proj(grouped)  # (B, T, C)
+        return (out, probs) if return_probs else out
 
     def _call_cached(self, hidden_states, cache, cache_index, training):
         """The cached path (class docstring); returns ((B, T, C), the updated cache dict)."""

@@ -28,10 +28,11 @@ import tensorflow as tf
 from common import memory
 from common.json_file import read_json
 from models.deepseek import fp8, initializers, safetensors_reader
-from models.deepseek.hf_checkpoint import assign_tensor
+from models.deepseek.hf_checkpoint import ASSIGN_BLOCK_BYTES, QUANTIZED_DTYPES, assign_tensor
 from models.deepseek.hf_config import CheckpointError
 from models.deepseek_v4.hf_config import CONFIG_NAME, config_from_hf, config_to_hf
 from models.deepseek_v4.hf_names import (
+    GroupedKernel,
     detect_form,
     expected_hf_shapes,
     hf_weight_map,
@@ -207,10 +208,30 @@ def load_v4_checkpoint(checkpoint_dir: str, dtype: str = "float32"):
                            f"{sorted(set(weight_map) ^ set(checked.shapes))[:10]}")
     infos = {name: checked.files.tensors[checked.stored[name]] for name in weight_map}
     for name in sorted(weight_map, key=lambda n: (infos[n].path, infos[n].offset)):
+        variable, transpose = weight_map[name]
+        if isinstance(variable, GroupedKernel):
+            _assign_grouped(checked, name, variable)
+            continue
         # Unquantized tensors above 64 MiB go in row blocks, in place (as V3's loader).
-        assign_tensor(checked, name, *weight_map[name], stored=checked.stored[name])
+        assign_tensor(checked, name, variable, transpose, stored=checked.stored[name])
     memory.release_free_memory()  # the loader's freed temporaries (common/memory.py)
     return model
+
+
+def _assign_grouped(checked, name: str, view: GroupedKernel) -> None:
+    """`wo_a` [g*R, H*D/g] into the `o_a_proj` kernel (g, H*D/g, R) behind `view`: an
+    unquantized tensor above `ASSIGN_BLOCK_BYTES` one group (R rows) at a time, in place
+    (as `assign_tensor`'s row blocks), anything else read whole (FP8 dequantized)."""
+    stored = checked.stored[name]
+    info = checked.files.info(stored)
+    if info.dtype in QUANTIZED_DTYPES or info.nbytes <= ASSIGN_BLOCK_BYTES:
+        value = checked.read_float(name).astype(np.float32, copy=False)  # (g*R, H*D/g)
+        view.assign(value.T)  # (H*D/g, g*R)
+        return
+    for group in range(view.groups):
+        rows = (group * view.rank, (group + 1) * view.rank)
+        block = checked.files.read(stored, rows).astype(np.float32)  # (R, H*D/g)
+        view.assign_group(group, block.T)  # (H*D/g, R)
 
 
 def _disk_dtype(name: str, variable, dtype: str) -> np.dtype:

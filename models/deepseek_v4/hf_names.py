@@ -28,8 +28,12 @@ with, under layers.N (transformers' module in brackets):
   ffn.gate.tid2eid (int64 (vocab, K), "hash_moe" layers),
   ffn.experts.E.{w1 gate, w3 up, w2 down}.weight, ffn.shared_experts.{w1, w3, w2}.weight.
 
-Linear weights are PyTorch's [out, in]; Keras kernels are [in, out] (transposed both ways);
-`wo_a` [g*o_lora_rank, H*D/g] is the transposed (H*D/g, g*o_lora_rank) `wo_a` kernel.
+Linear weights are PyTorch's [out, in]; Keras kernels are [in, out] (transposed both ways).
+`wo_a` [g*o_lora_rank, H*D/g] (transformers' `DeepseekV4GroupedLinear` weight, viewed as
+(g, o_lora_rank, H*D/g)) is the attention's `o_a_proj` ExpertProjection kernel
+(g, H*D/g, o_lora_rank): rows j*R .. (j+1)*R - 1 of the tensor are group j's kernel
+transposed; the map gives a `GroupedKernel` view of it, (H*D/g, g*o_lora_rank), the
+tensor's transpose.
 Routed experts map to `ExpertSlice`s of the stacked kernels (models/deepseek/hf_names.py).
 Release files also hold the MTP module (`mtp.*`), which is not built here.
 """
@@ -38,8 +42,10 @@ from __future__ import annotations
 
 import re
 
+import tensorflow as tf
+
 from models.deepseek.hf_names import DequantizedKernel, ExpertSlice
-from models.deepseek.quantization import is_quantized
+from models.deepseek.quantization import float_kernel, is_quantized, kernel_variable
 from models.deepseek_v4.config import CSA, SLIDING, DeepSeekV4Config
 
 FORMS = ("transformers", "release")
@@ -53,6 +59,49 @@ _TOP_LEVEL_RELEASE = {
 _TOP_LEVEL_TRANSFORMERS = {v: k for k, v in _TOP_LEVEL_RELEASE.items()}
 _KV_NORM_TRANSFORMERS = re.compile(r"^(layers\.\d+\.attn)\.norm\.weight$")
 _KV_NORM_RELEASE = re.compile(r"^(layers\.\d+\.attn)\.kv_norm\.weight$")
+
+
+class GroupedKernel:
+    """The (H*D/g, g*R) transpose of a checkpoint's `wo_a` [g*R, H*D/g], as a view of the
+    attention's grouped `o_a_proj` ExpertProjection kernel (g, H*D/g, R) (R = o_lora_rank):
+
+        view[i, j*R + r] = kernel[j, i, r]        (= wo_a[j*R + r, i])
+
+    `shape` and `dtype` as a variable's (float32 when int8); `tf.convert_to_tensor` reads
+    the float kernel (W, + A B with LoRA, Q / s when int8); `assign(value)` writes a float
+    (H*D/g, g*R) value into the kernel, `assign_group(j, value)` group j's (H*D/g, R)
+    block in place (a streaming load writes one group at a time)."""
+
+    def __init__(self, projection):
+        self.projection = projection
+        variable = kernel_variable(projection)
+        groups, width, rank = variable.shape  # (g, H*D/g, R)
+        self.groups, self.rank = groups, rank
+        self.shape = (width, groups * rank)
+        self.dtype = tf.float32 if is_quantized(projection) else variable.dtype
+
+    def __tf_tensor__(self, dtype=None, name=None):
+        kernel = float_kernel(self.projection, tf.float32 if dtype is None else dtype)
+        value = tf.transpose(kernel, [1, 0, 2])  # (g, H*D/g, R) -> (H*D/g, g, R)
+        return tf.reshape(value, self.shape)  # (H*D/g, g*R)
+
+    def _variable(self):
+        if is_quantized(self.projection):
+            raise ValueError(f"{self.projection.path} is int8: assign float kernels, then "
+                             "quantize")
+        return kernel_variable(self.projection)
+
+    def assign(self, value) -> None:
+        """Raises ValueError for an int8 kernel (quantize after assigning)."""
+        variable = self._variable()
+        value = tf.reshape(tf.cast(value, variable.dtype),
+                           [self.shape[0], self.groups, self.rank])  # (H*D/g, g, R)
+        variable.assign(tf.transpose(value, [1, 0, 2]))  # (g, H*D/g, R)
+
+    def assign_group(self, group: int, value) -> None:
+        """Group `group`'s (H*D/g, R) kernel, written in place."""
+        variable = self._variable()
+        variable.value[group].assign(tf.cast(value, variable.dtype))
 
 
 def to_release_name(name: str) -> str:
@@ -102,8 +151,9 @@ def hf_weight_map(model, form: str = "transformers") -> dict[str, tuple[object, 
 
     Returns:
       A dict over every weight; `transpose` is True for Dense kernels and `wo_a`. A
-      routed expert's entry is an `ExpertSlice` of its stacked kernel; an int8 Dense's a
-      read-only `DequantizedKernel`. `tid2eid` is an int32 variable (int64 on disk).
+      routed expert's entry is an `ExpertSlice` of its stacked kernel; `wo_a` a
+      `GroupedKernel` view of `o_a_proj`; an int8 Dense's a read-only
+      `DequantizedKernel`. `tid2eid` is an int32 variable (int64 on disk).
 
     Raises:
       ValueError: unknown form.
@@ -138,7 +188,7 @@ def hf_weight_map(model, form: str = "transformers") -> dict[str, tuple[object, 
         dense(f"{p}.attn.wq_b.weight", a.q_b_proj)
         dense(f"{p}.attn.wkv.weight", a.kv_proj)
         names[f"{p}.attn.norm.weight"] = (a.kv_norm.weight, False)
-        names[f"{p}.attn.wo_a.weight"] = (a.wo_a, True)
+        names[f"{p}.attn.wo_a.weight"] = (GroupedKernel(a.o_a_proj), True)
         dense(f"{p}.attn.wo_b.weight", a.o_b_proj)
         names[f"{p}.attn.attn_sink"] = (a.sinks, False)
         if a.compressor is not None:

@@ -12,6 +12,13 @@ as the CSA compressor) giving keys K^I (B, N, c^I), and scores every query t aga
 Entries not yet complete at t (s >= (t + 1) // m) score -inf; the top min(index_topk, N)
 entries are kept, and picks that are not complete (queries with fewer than index_topk
 usable entries) become -1.
+
+The indexer reads `hidden_states` and `q_residual` through `tf.stop_gradient` (DeepSeek-V3.2
+-Exp report §2.1.1: "we detach the indexer input from the computational graph for separate
+optimization"): its picks are integers, so the LM loss never reaches it, and its own loss
+(`DeepSeekV4Attention(..., return_indexer_loss=True)`, from `return_scores=True` here)
+trains its weights only, never the main model's. The forward values are unchanged.
+With a static T, k = min(index_topk, N) is a Python int (`tf.math.top_k` under XLA).
 """
 
 from __future__ import annotations
@@ -43,9 +50,12 @@ class LightningIndexer(keras.layers.Layer):
       positions: int32 (T,) or (B, T) absolute positions of the queries (default 0 .. T-1).
       compressed_keys: optional (B, N, index_head_dim) keys (a cache's); default: computed
         from `hidden_states` by the compressor.
+      return_scores: also return the index scores.
 
     Returns:
-      int32 (B, T, min(index_topk, N)): entry indices, -1 where no usable entry was left.
+      int32 (B, T, min(index_topk, N)): entry indices, -1 where no usable entry was left;
+      with `return_scores`, (that, float32 (B, T, N) scores I, -inf for entries not
+      complete at the query).
     """
 
     def __init__(self, config, **kwargs):
@@ -71,14 +81,18 @@ class LightningIndexer(keras.layers.Layer):
         self.q_b_proj.build((None, None, c.q_lora_rank))
         self.weights_proj.build((None, None, c.hidden_size))
 
-    def call(self, hidden_states, q_residual, positions=None, compressed_keys=None):
+    def call(self, hidden_states, q_residual, positions=None, compressed_keys=None,
+             return_scores=False):
         c = self.config
+        hidden_states = tf.stop_gradient(hidden_states)  # (module docstring)
+        q_residual = tf.stop_gradient(q_residual)
         batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
         if positions is None:
             positions = tf.range(seq)  # (T,)
         if compressed_keys is None:
             compressed_keys = self.compressor(hidden_states)  # (B, N, c^I)
-        n_entries = tf.shape(compressed_keys)[1]
+        n_entries = compressed_keys.shape[1]  # static when T is (XLA's top_k needs k so)
+        n_entries = tf.shape(compressed_keys)[1] if n_entries is None else n_entries
 
         cos, sin = rope_cos_sin(positions, self.compressor.inv_freq)  # (T|B,T, rope/2)
         q = self.q_b_proj(q_residual)  # (B, T, n^I * c^I)
@@ -96,9 +110,13 @@ class LightningIndexer(keras.layers.Layer):
         visible = tf.broadcast_to(visible, [batch, seq])[..., None]  # (B, T, 1)
         future = tf.range(n_entries)[None, None, :] >= visible  # (B, T, N)
         index_scores = tf.where(future, float("-inf"), index_scores)
-        top_k = tf.minimum(c.index_topk, n_entries)
+        if isinstance(n_entries, int):
+            top_k = min(c.index_topk, n_entries)
+        else:
+            top_k = tf.minimum(c.index_topk, n_entries)
         indices = tf.math.top_k(index_scores, k=top_k).indices  # (B, T, k)
-        return tf.where(indices >= visible, -1, indices)  # (B, T, k), -1 = not usable
+        indices = tf.where(indices >= visible, -1, indices)  # (B, T, k), -1 = not usable
+        return (indices, index_scores) if return_scores else indices
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

@@ -107,8 +107,9 @@ def test_compute_loss_includes_mtp_and_call_skips_it(tiny_config):
     inputs, labels = ids[:, :-1], ids[:, 1:]
     losses = model.compute_loss(inputs, labels)
     assert set(losses) == {"loss", "lm_loss", "mtp_loss", "balance_loss", "distill_loss",
-                           "expert_load", "moe_dropped"}
+                           "indexer_loss", "expert_load", "moe_dropped"}
     assert losses["distill_loss"].numpy() == 0.0  # no teacher
+    assert losses["indexer_loss"].numpy() == 0.0  # no lightning indexer (V3)
     for name in ("loss", "lm_loss", "mtp_loss", "balance_loss"):
         assert losses[name].dtype == tf.float32 and losses[name].shape == ()
     assert losses["mtp_loss"].numpy() > 0

@@ -258,24 +258,25 @@ def test_generate_with_sparse_attention_rows_of_different_lengths():
                                   cached[1, 4:10])  # row 1 alone: greedy over its own tokens
 
 
-def test_indexer_is_not_trained_and_not_quantized():
-    """No gradient reaches the indexer (transformers runs it under no_grad): its weights
-    are not trainable; int8 quantization leaves it float; its output is a bool mask."""
+def test_indexer_is_trained_by_its_kl_only_and_not_quantized():
+    """The LM loss reaches no indexer weight (top-k has no gradient, its inputs are
+    detached); `indexer_loss` reaches every one; int8 quantization leaves it float."""
     from models.deepseek.causal_lm import DeepSeekCausalLM
     from models.deepseek.quantization import quantize_int8
 
     keras.utils.set_random_seed(7)
     model = DeepSeekCausalLM(TINY)
-    indexer_vars = {id(v) for b in model.decoder_layers for v in b.self_attn.indexer.weights}
-    assert indexer_vars and not indexer_vars & {id(v) for v in model.trainable_variables}
+    indexer = [v for b in model.decoder_layers for v in b.self_attn.indexer.weights]
+    assert indexer and {id(v) for v in indexer} <= {id(v) for v in model.trainable_variables}
     ids = tf.constant(np.random.default_rng(8).integers(0, 64, (2, 9)), tf.int32)
-    with tf.GradientTape() as tape:
-        loss = model.compute_loss(ids, ids)["loss"]
-    grads = tape.gradient(loss, model.trainable_variables)
-    assert all(g is not None for g in grads)
+    with tf.GradientTape(persistent=True) as tape:
+        out = model.compute_loss(ids, ids)
+    assert all(g is None for g in tape.gradient(out["lm_loss"], indexer))
+    assert all(g is not None for g in tape.gradient(out["indexer_loss"], indexer))
+    assert all(g is not None for g in tape.gradient(out["loss"], model.trainable_variables))
     assert quantize_int8(model) > 0
-    indexer = model.decoder_layers[0].self_attn.indexer
-    assert indexer.wq_b.kernel.dtype == "float32" and indexer.wq_b.quantization_mode is None
+    layer = model.decoder_layers[0].self_attn.indexer
+    assert layer.wq_b.kernel.dtype == "float32" and layer.wq_b.quantization_mode is None
     assert np.isfinite(model(ids).numpy()).all()
 
 
@@ -427,8 +428,8 @@ def test_planner_counts_the_indexer():
     assert flops.total_params(MICRO) - flops.total_params(DENSE_MICRO) == 2 * per_layer
     assert sum(t.size for t in mp.weight_tensors(MICRO)) == flops.total_params(MICRO)
     full, dense = mp.parameter_counts(MICRO, "full"), mp.parameter_counts(DENSE_MICRO, "full")
-    assert full.trained == dense.trained  # the indexer is frozen
-    assert full.frozen - dense.frozen == 2 * per_layer
+    assert full.trained - dense.trained == 2 * per_layer  # the indexer trains by its KL
+    assert full.frozen == dense.frozen
     # Inference: per token and layer R + Dr + Di = 2 + 2 + 2 numbers (bf16), 2 seqs x 3 tokens.
     p = mp.plan(mp.PlanInput(MICRO, mode="inference", batch_per_device=2, seq_len=3))
     assert p.kv_cache == 2 * 6 * 2 * 2 * 3
