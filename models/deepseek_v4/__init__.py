@@ -15,6 +15,7 @@ _EXPORTS = {
     "DeepSeekV4Config": "config",
     "DeepSeekV4CausalLM": "causal_lm",
     "DeepSeekV4DecoderBlock": "decoder_block",
+    "DeepSeekV4MTPLayer": "mtp",
     "DeepSeekV4Attention": "attention",
     "KVCompressor": "compressor",
     "LightningIndexer": "lightning_indexer",

@@ -6,8 +6,10 @@ transformers 5.24 `DeepseekV4Model` / `DeepseekV4ForCausalLM`:
     X_l = Block_l(X_{l-1}, ids)                              l = 1..L
     logits = head(RMSNorm(HyperHead(X_L)))                   (B, T, V), float32
 
-The multi-token-prediction modules of the release (`mtp.*`) are not built (transformers
-does not run them either). `call` is the stateless forward over positions 0 .. T-1;
+plus `num_nextn_predict_layers` multi-token-prediction depths on V4 blocks
+(`models.deepseek_v4.mtp`, DeepSeek-V3 §2.2 as DeepSeek's V4 release builds them), run by
+`forward_train` only (transformers builds none; a release checkpoint imports with none,
+`hf_config.config_from_hf`). `call` is the stateless forward over positions 0 .. T-1;
 `init_cache` / `call_with_cache` decode with V4's caches (`models.deepseek_v4.kv_cache`)
 under the contract of `DeepSeekCausalLM`'s, so `models.deepseek.generation.generate` and
 the serving code run a V4 model unchanged.
@@ -26,6 +28,7 @@ from models.deepseek_v4 import kv_cache
 from models.deepseek_v4.config import DeepSeekV4Config
 from models.deepseek_v4.decoder_block import DeepSeekV4DecoderBlock
 from models.deepseek_v4.hyper_head import HyperHead
+from models.deepseek_v4.mtp import DeepSeekV4MTPLayer
 
 
 @keras.saving.register_keras_serializable(package="deepseek_v4")
@@ -47,7 +50,10 @@ class DeepSeekV4CausalLM(keras.Model):
       hc_head: HyperHead [`hc_head_*`].
       norm: final RMSNorm, float32 [`norm`].
       lm_head: Dense C -> vocab_size [`head`]; None when tie_word_embeddings.
-      moe_layers: the MoE layers in block order (rows of `expert_load`).
+      mtp_layers: num_nextn_predict_layers DeepSeekV4MTPLayer [release `mtp.{d}`], each
+        with a `block` (a DeepSeekV4DecoderBlock at layer num_hidden_layers + d).
+      moe_layers: the MoE layers, decoder blocks then MTP blocks (rows of `expert_load`).
+      num_moe_layers: len(moe_layers) (every V4 block is a MoE block, `is_moe`).
 
     Example:
       model = DeepSeekV4CausalLM(DeepSeekV4Config())
@@ -76,6 +82,11 @@ class DeepSeekV4CausalLM(keras.Model):
             self.lm_head = keras.layers.Dense(
                 c.vocab_size, use_bias=False, name="lm_head", dtype=self.dtype_policy,
                 kernel_initializer=initializers.normal(c.initializer_range))
+        self.mtp_layers = [
+            DeepSeekV4MTPLayer(c, c.num_hidden_layers + d, name=f"mtp.{d}",
+                               dtype=self.dtype_policy)
+            for d in range(c.num_nextn_predict_layers)
+        ]
         self.build((None, None))
 
     def build(self, input_shape=None):
@@ -87,11 +98,19 @@ class DeepSeekV4CausalLM(keras.Model):
         self.norm.build((None, None, c.hidden_size))
         if self.lm_head is not None:
             self.lm_head.build((None, None, c.hidden_size))
+        for mtp in self.mtp_layers:
+            mtp.build()
 
     @property
     def moe_layers(self):
-        """Every block's DeepSeekV4MoE, in block order."""
-        return [block.mlp for block in self.decoder_layers]
+        """Every block's DeepSeekV4MoE in `expert_load` row order: the decoder blocks,
+        then the MTP blocks."""
+        blocks = list(self.decoder_layers) + [mtp.block for mtp in self.mtp_layers]
+        return [block.mlp for block in blocks if block.is_moe]
+
+    @property
+    def num_moe_layers(self) -> int:
+        return len(self.moe_layers)
 
     # ------------------------------------------------------------------ forward passes
 
@@ -131,41 +150,112 @@ class DeepSeekV4CausalLM(keras.Model):
         hidden, _ = self._run(input_ids, training=training)
         return self.logits_from_hidden(hidden)
 
-    def forward_train(self, input_ids, training=True, moe_capacity_factor=None):
-        """Logits plus MoE statistics, as `DeepSeekCausalLM.forward_train` (no MTP).
+    def forward_train(self, input_ids, training=True, recompute_blocks=False,
+                      moe_capacity_factor=None):
+        """Main and MTP logits plus the MoE and indexer statistics, for the training loss
+        (the contract of `DeepSeekCausalLM.forward_train`, plus `indexer_loss`).
+
+        Args:
+          input_ids: int tensor (B, T), positions 0 .. T-1.
+          training: passed to every layer.
+          recompute_blocks: activation recomputation (gradient checkpointing): each
+            decoder block and MTP depth keeps only its inputs for the backward pass and
+            recomputes its activations there (`tf.recompute_grad`, as V3); same values
+            and gradients, less memory, about one more forward pass of compute.
+          moe_capacity_factor: None for the dropless MoE dispatch, or a float > 0: every
+            MoE layer (MTP blocks included) uses the static-capacity dispatch.
 
         Returns:
-          dict: `logits` float32 (B, T, V); `mtp_logits` [] (MTP not built);
-          `balance_loss` float32 scalar (sum over the top-k MoE layers); `expert_load`
-          float32 (L, E); `moe_dropped` float32 (L,); `moe_pairs` float32 (L,).
+          dict:
+            `logits`: float32 (B, T, V), as `call`;
+            `mtp_logits`: list of num_nextn_predict_layers float32 tensors; entry d
+              (depth k = d + 1) has shape (B, max(T - k, 0), V) and its position t
+              predicts the token at position t + 1 + k, i.e. labels[t + k]
+              (`losses.causal_lm_loss`);
+            `balance_loss`: float32 scalar, the sum over the score-routed MoE layers
+              (MTP blocks included) of aux_loss_alpha * L_Bal (hash layers add 0);
+            `expert_load`: float32 (num_moe_layers, n_routed_experts), rows as
+              `moe_layers`;
+            `moe_dropped`: float32 (num_moe_layers,), pairs the capacity dropped;
+            `moe_pairs`: float32 (num_moe_layers,), the (token, expert) pairs routed;
+            `indexer_loss`: float32 scalar, the sum over the blocks (MTP blocks
+              included) of their attention's lightning-indexer loss
+              (`DeepSeekV4Attention.call(..., return_indexer_loss=True)`, 0.0 for
+              blocks without an indexer).
         """
-        hidden, stats = self._run(input_ids, training=training,
-                                  moe_capacity_factor=moe_capacity_factor)
-        loads, balance_losses, dropped = (list(t) for t in zip(*stats, strict=True))
-        expert_load = tf.stack(loads)  # (L, E)
+        input_ids = tf.convert_to_tensor(input_ids)
+        c = self.config
+        block_kwargs = dict(training=training, moe_capacity_factor=moe_capacity_factor,
+                            return_indexer_loss=True)
+        embeddings = self.embed_tokens(input_ids)  # (B, T, C)
+        streams = tf.repeat(embeddings[:, :, None, :], c.hc_mult, axis=2)  # (B, T, n, C)
+        moe_stats, indexer_losses = [], []  # (expert_load, balance_loss, dropped) per layer
+        for block in self.decoder_layers:
+            def block_fn(x, block=block):
+                x, moe_aux, indexer_loss = block(x, input_ids=input_ids,
+                                                 **block_kwargs)  # (B, T, n, C)
+                return (x, indexer_loss, *moe_aux)
+
+            outs = tf.recompute_grad(block_fn)(streams) if recompute_blocks else block_fn(
+                streams)
+            streams = outs[0]  # (B, T, n, C)
+            indexer_losses.append(outs[1])
+            moe_stats.append(outs[2:])
+        logits = self.logits_from_hidden(self.norm(self.hc_head(streams)))  # (B, T, V)
+
+        # MTP (DeepSeek-V3 §2.2 on V4 blocks, `mtp.py`): depth k combines X^{k-1}_i with
+        # Emb(t_{i+k}) and predicts t_{i+1+k}.
+        mtp_logits = []
+        for k, mtp in enumerate(self.mtp_layers, start=1):
+            next_embeddings = embeddings[:, k:]  # (B, T-k, C)  Emb(t_{i+k})
+            next_ids = input_ids[:, k:]  # (B, T-k)
+            streams = streams[:, : tf.shape(next_embeddings)[1]]  # (B, T-k, n, C)
+
+            def mtp_fn(x, e, mtp=mtp, next_ids=next_ids):
+                x, normed, moe_aux, indexer_loss = mtp(x, e, next_ids, **block_kwargs)
+                return (x, normed, indexer_loss, *moe_aux)  # (B,T-k,n,C), (B,T-k,C), ...
+
+            outs = (tf.recompute_grad(mtp_fn)(streams, next_embeddings) if recompute_blocks
+                    else mtp_fn(streams, next_embeddings))
+            streams = outs[0]  # (B, T-k, n, C)
+            mtp_logits.append(self.logits_from_hidden(outs[1]))  # (B, T-k, V)
+            indexer_losses.append(outs[2])
+            moe_stats.append(outs[3:])
+
+        loads, balance_losses, dropped = (list(t) for t in zip(*moe_stats, strict=True))
+        expert_load = tf.stack(loads)  # (M, E)
         return {
-            "logits": self.logits_from_hidden(hidden),
-            "mtp_logits": [],
+            "logits": logits,
+            "mtp_logits": mtp_logits,
             "balance_loss": tf.add_n(balance_losses),
             "expert_load": expert_load,
-            "moe_dropped": tf.stack(dropped),  # (L,)
-            "moe_pairs": tf.reduce_sum(expert_load, axis=-1),  # (L,)
+            "moe_dropped": tf.stack(dropped),  # (M,)
+            "moe_pairs": tf.reduce_sum(expert_load, axis=-1),  # (M,) N*K per layer
+            "indexer_loss": tf.add_n([tf.cast(x, tf.float32) for x in indexer_losses]),
         }
 
-    def compute_loss(self, input_ids, labels, training=True, moe_capacity_factor=None):
-        """lm_loss + balance_loss (`losses.causal_lm_loss`); labels (B, T) already shifted,
-        negative labels ignored. Returns its dict of float32 tensors."""
+    def compute_loss(self, input_ids, labels, training=True, recompute_blocks=False,
+                     moe_capacity_factor=None):
+        """The training loss of `forward_train`'s outputs (`losses.causal_lm_loss`: lm_loss
+        + mtp_loss_weight * mtp_loss + balance_loss, and the indexer loss once that
+        function adds it); labels (B, T) already shifted (labels[t] = the token after
+        input_ids[t]), negative labels ignored. Returns its dict of float32 tensors."""
         outputs = self.forward_train(input_ids, training=training,
+                                     recompute_blocks=recompute_blocks,
                                      moe_capacity_factor=moe_capacity_factor)
         return causal_lm_loss(outputs, labels, self.config.mtp_loss_weight)
 
     def update_router_biases(self, expert_load, update_speed=None):
-        """Auxiliary-loss-free bias update of every top-k MoE layer (hash layers: none).
+        """Auxiliary-loss-free bias update (DeepSeek-V3 §2.1.2) of every score-routed MoE
+        layer, MTP blocks included; hash layers have no bias and are left unchanged.
 
         Args:
-          expert_load: float (L, E), e.g. `compute_loss(...)["expert_load"]`.
+          expert_load: float (num_moe_layers, E), e.g. `compute_loss(...)["expert_load"]`
+            (summed over replicas if distributed).
           update_speed: gamma; defaults to config.router_bias_update_speed.
         """
+        if update_speed is None:
+            update_speed = self.config.router_bias_update_speed
         for i, moe in enumerate(self.moe_layers):
             moe.update_bias(expert_load[i], update_speed)
 

@@ -22,7 +22,13 @@ Differences from `DeepSeekConfig` (DeepSeek-V4 paper §2):
     compressors / indexer) RoPE at `compress_rope_theta` with `rope_scaling`
     (YaRN, cos/sin NOT multiplied by YaRN's mscale: `attention_factor` 1.0);
   * the residual is `hc_mult` streams mixed by manifold-constrained
-    hyper-connections (mHC, §2.2).
+    hyper-connections (mHC, §2.2);
+  * multi-token prediction (`mtp.py`, DeepSeek-V3 §2.2 as DeepSeek's V4 release builds
+    it) runs `num_nextn_predict_layers` extra V4 blocks at layer indices
+    num_hidden_layers, num_hidden_layers + 1, ...: sliding-window attention (the
+    release's `compress_ratios` gives its MTP block 0, i.e. sliding) and a score-routed
+    MoE ("moe": the release hash-routes only layers below `num_hash_layers`); see
+    `mtp_block_config`.
 
 This module imports neither TensorFlow nor Keras.
 """
@@ -44,6 +50,10 @@ MLP_LAYER_TYPES = ("hash_moe", "moe")
 SCORING_FUNCS = ("sqrtsoftplus", "sigmoid")
 DEFAULT_COMPRESS_RATES = {CSA: 4, HCA: 128}
 DEFAULT_NUM_HASH_LAYERS = 3  # transformers `default_num_hash_layers`
+# The blocks of the MTP depths (DeepSeek's V4 release: `compress_ratios` ends with 0 for its
+# MTP block, and its gate hashes only layer ids below `n_hash_layers`).
+MTP_LAYER_TYPE = SLIDING
+MTP_MLP_LAYER_TYPE = "moe"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +101,9 @@ class DeepSeekV4Config:
       o_lora_rank: per-group intermediate width d_g of the grouped output projection.
       index_n_heads, index_head_dim, index_topk: lightning indexer heads, head
         width and kept compressed entries per query (CSA layers).
-      num_nextn_predict_layers: MTP depth in the released checkpoint (not built here).
+      num_nextn_predict_layers: MTP depths D that DeepSeekV4CausalLM builds and trains
+        (`mtp.py`); `hf_config.config_from_hf` imports 0 (transformers builds no MTP
+        module and the importer reads no `mtp.*` tensor).
       rms_norm_eps: epsilon of every RMSNorm (weighted and unweighted).
       tie_word_embeddings: share the embedding matrix with the output head.
       initializer_range: stddev of the normal weight initializer.
@@ -260,8 +272,28 @@ class DeepSeekV4Config:
         return tuple(self.compress_rate(i) for i in range(self.num_hidden_layers))
 
     def is_hash_layer(self, layer_idx: int) -> bool:
-        """True if block `layer_idx` routes by the frozen `tid2eid` table."""
+        """True if block `layer_idx` routes by the frozen `tid2eid` table (never an MTP
+        block, layer_idx >= num_hidden_layers)."""
+        if layer_idx >= self.num_hidden_layers:
+            return MTP_MLP_LAYER_TYPE == "hash_moe"
         return self.mlp_layer_types[layer_idx] == "hash_moe"
+
+    def mtp_block_config(self) -> DeepSeekV4Config:
+        """The config the MTP depths' decoder blocks are built with (`mtp.py`).
+
+        The same model with `layer_types` / `mlp_layer_types` extended by one entry per
+        MTP depth, so that the block of depth k (k = 1..D) is a normal V4 block at layer
+        index num_hidden_layers + k - 1: MTP_LAYER_TYPE (sliding-window attention, as the
+        release's `compress_ratios` entry 0 for its MTP block) and MTP_MLP_LAYER_TYPE
+        (score-routed top-k MoE with a selection bias; never hash routing). Its
+        num_hidden_layers counts those blocks too and its num_nextn_predict_layers is 0.
+        """
+        depth = self.num_nextn_predict_layers
+        return self.replace(
+            num_hidden_layers=self.num_hidden_layers + depth,
+            layer_types=tuple(self.layer_types) + (MTP_LAYER_TYPE,) * depth,
+            mlp_layer_types=tuple(self.mlp_layer_types) + (MTP_MLP_LAYER_TYPE,) * depth,
+            num_nextn_predict_layers=0)
 
     # ------------------------------------------------------------------ (de)serialization
 

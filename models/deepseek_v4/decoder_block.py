@@ -52,6 +52,9 @@ class DeepSeekV4DecoderBlock(keras.layers.Layer):
       config: a DeepSeekV4Config (or its `to_dict()`).
       layer_idx: block index.
 
+    Every V4 block is a MoE block (`is_moe` True, the attribute V3's trainer code reads:
+    `mlp` is a DeepSeekV4MoE with `experts`, `shared_experts` and `gate`).
+
     Call args:
       streams: float (B, T, hc_mult, C).
       input_ids: int (B, T), for hash routing.
@@ -59,11 +62,20 @@ class DeepSeekV4DecoderBlock(keras.layers.Layer):
       moe_capacity_factor: `capacity_factor` of DeepSeekV4MoE.
       cache, cache_index: None, or this layer's cache dict and the rows' first new
         positions (see `DeepSeekV4Attention`); mHC, the norms and the MoE are per token.
+      return_indexer_loss: also return the attention's lightning-indexer loss
+        (`DeepSeekV4Attention.call(..., return_indexer_loss=True)`, a float32 scalar,
+        0.0 without an indexer); stateless path only.
 
     Returns:
       (streams (B, T, hc_mult, C), moe_aux = (expert_load (E,), balance_loss, dropped)),
-      plus the updated cache dict as a third item when a cache is given.
+      plus the updated cache dict as a third item when a cache is given, or the
+      indexer loss (float32 scalar) as a third item when `return_indexer_loss`.
+
+    Raises:
+      ValueError: `return_indexer_loss` together with a cache.
     """
+
+    is_moe = True  # every V4 block's feed-forward is a DeepSeekV4MoE (no dense layers)
 
     def __init__(self, config, layer_idx: int, **kwargs):
         super().__init__(**kwargs)
@@ -95,11 +107,18 @@ class DeepSeekV4DecoderBlock(keras.layers.Layer):
         self.mlp.build(shape)
 
     def call(self, streams, input_ids=None, training=False, moe_capacity_factor=None,
-             cache=None, cache_index=None):
+             cache=None, cache_index=None, return_indexer_loss=False):
+        if return_indexer_loss and cache is not None:
+            raise ValueError(f"{self.name}: return_indexer_loss=True is for the stateless "
+                             "forward (no cache)")
         dtype = self.compute_dtype
         post, comb, x = self.attn_hc(streams)  # (B,T,n), (B,T,n,n), (B,T,C)
         attn_input = tf.cast(self.input_layernorm(x), dtype)  # (B, T, C)
-        if cache is None:
+        indexer_loss = None
+        if return_indexer_loss:
+            attn, indexer_loss = self.self_attn(attn_input, training=training,
+                                                return_indexer_loss=True)  # (B, T, C), ()
+        elif cache is None:
             attn = self.self_attn(attn_input, training=training)  # (B, T, C)
         else:
             attn, cache = self.self_attn(attn_input, training=training, cache=cache,
@@ -112,6 +131,8 @@ class DeepSeekV4DecoderBlock(keras.layers.Layer):
             training=training, capacity_factor=moe_capacity_factor)  # (B, T, C)
         streams = mix_streams(post, comb, h, streams)  # (B, T, n, C)
         moe_aux = (expert_load, balance_loss, dropped)
+        if indexer_loss is not None:
+            return streams, moe_aux, tf.cast(indexer_loss, tf.float32)
         if cache is None:
             return streams, moe_aux
         return streams, moe_aux, cache

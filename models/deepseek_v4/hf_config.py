@@ -13,6 +13,13 @@ compress branch's YaRN keys, `rope_theta` the main base, `compress_rope_theta` t
 compress base). Writes the 5.24 save_pretrained form (nested rope, `qk_rope_head_dim`
 too). DeepSeek-V4.1 (Engram tables, CSA2, vision encoder) is refused: transformers has
 no reference for it. Only `read_config_json` touches files.
+
+MTP: a config.json's `num_nextn_predict_layers` (1 in DeepSeek's releases) is read as 0:
+transformers does not build MTP either (it drops the `mtp.*` tensors on load) and the
+importer (`hf_checkpoint`, `hf_names`) maps no `mtp.*` tensor, so the imported model has
+no MTP depth and loads from a checkpoint with or without MTP weights. `config_to_hf`
+writes 0 likewise: the exported files hold no `mtp.*` tensor (a model trained with MTP
+depths exports its main model only).
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ _SHARED_FIELDS = (
     "num_experts_per_tok", "scoring_func", "norm_topk_prob", "routed_scaling_factor",
     "max_position_embeddings", "compress_rope_theta", "hc_mult", "hc_sinkhorn_iters", "hc_eps",
     "swiglu_limit", "sliding_window", "o_groups", "o_lora_rank", "index_n_heads",
-    "index_head_dim", "index_topk", "num_nextn_predict_layers", "rms_norm_eps",
+    "index_head_dim", "index_topk", "rms_norm_eps",
     "tie_word_embeddings", "initializer_range", "attention_dropout",
     # Training rules transformers does not have; written as extra keys so they round-trip.
     "router_bias_update_speed", "aux_loss_alpha", "mtp_loss_weight",
@@ -57,7 +64,7 @@ _OTHER_KEYS = {
     "output_hidden_states", "output_attentions", "quantization_config", "expert_dtype",
     "rope_theta", "rope_parameters", "rope_scaling", "partial_rotary_factor", "layer_types",
     "mlp_layer_types", "compress_rates", "compress_ratios", "compress_rate_csa",
-    "compress_rate_hca", "num_hash_layers", "qk_rope_head_dim",
+    "compress_rate_hca", "num_hash_layers", "qk_rope_head_dim", "num_nextn_predict_layers",
 }
 # transformers `_COMPRESS_RATIO_TO_LAYER_TYPE` (legacy per-layer `compress_ratios`).
 _RATIO_TO_LAYER_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
@@ -81,7 +88,8 @@ def _check_not_v41(hf: dict) -> None:
 
 
 def config_from_hf(hf: dict) -> DeepSeekV4Config:
-    """A DeepSeekV4Config from a config.json dict (model_type "deepseek_v4").
+    """A DeepSeekV4Config from a config.json dict (model_type "deepseek_v4"), with
+    num_nextn_predict_layers 0 (module docstring: no MTP module is imported).
 
     Raises:
       CheckpointError: another model_type; DeepSeek-V4.1 keys; a key whose value this
@@ -100,6 +108,10 @@ def config_from_hf(hf: dict) -> DeepSeekV4Config:
             raise CheckpointError(f"config.json {key}={hf[key]!r}: only {expected!r} is supported")
     kwargs = {name: hf[name] for name in _SHARED_FIELDS if name in hf and hf[name] is not None}
     n_layers = hf.get("num_hidden_layers", DeepSeekV4Config.num_hidden_layers)
+    if hf.get("num_nextn_predict_layers"):
+        log.info("config.json num_nextn_predict_layers=%s: imported as 0 (transformers builds "
+                 "no MTP module; the mtp.* tensors are not read)", hf["num_nextn_predict_layers"])
+    kwargs["num_nextn_predict_layers"] = 0
 
     rates = dict(hf.get("compress_rates") or {CSA: 4, HCA: 128})
     if hf.get("compress_rate_csa") is not None:
@@ -178,7 +190,8 @@ def _rope_kwargs(hf: dict, rope_dim: int, head_dim: int) -> dict:
 
 
 def config_to_hf(config: DeepSeekV4Config) -> dict:
-    """The transformers 5.24 config.json dict (save_pretrained form) of a DeepSeekV4Config."""
+    """The transformers 5.24 config.json dict (save_pretrained form) of a DeepSeekV4Config
+    (num_nextn_predict_layers 0: the exported files hold no MTP module)."""
     c = config
     factor = c.partial_rotary_factor
     compress = {"rope_type": "default"}
@@ -194,6 +207,7 @@ def config_to_hf(config: DeepSeekV4Config) -> dict:
         "num_key_value_heads": 1,
         "dtype": "float32",
         **{name: getattr(c, name) for name in _SHARED_FIELDS},
+        "num_nextn_predict_layers": 0,
         "layer_types": list(c.layer_types),
         "mlp_layer_types": list(c.mlp_layer_types),
         "compress_rates": dict(c.compress_rates),

@@ -21,7 +21,12 @@ Sinkhorn-Knopp, exactly as transformers (hc_sinkhorn_iters = t_max):
 
 (colsum = sum over axis -2, rowsum = over axis -1), so the result is column-normalized
 and close to doubly stochastic. Everything runs in float32 (transformers keeps these
-modules in float32).
+modules in float32), whatever the model's dtype policy: the layer's own policy is
+"float32", so its weights are float32 variables under "mixed_bfloat16" and "bfloat16"
+alike, Keras casts the streams to float32 on the way in, and an enclosing layer's bf16
+autocast scope does not reach it (Keras resets the scope to the layer's compute dtype).
+Gradients reach `fn`, `base` and `scale` through the Sinkhorn-Knopp iterations (plain
+differentiable ops, unrolled).
 """
 
 from __future__ import annotations
@@ -71,8 +76,8 @@ class HyperConnection(keras.layers.Layer):
       streams: float tensor (B, T, n, C).
 
     Returns:
-      (post float32 (B, T, n), comb float32 (B, T, n, n), collapsed (B, T, C) in the
-      dtype of `streams`).
+      (post float32 (B, T, n), comb float32 (B, T, n, n), collapsed float32 (B, T, C);
+      called through Keras, bf16 streams arrive as float32).
     """
 
     def __init__(self, hc_mult: int, hidden_size: int, hc_sinkhorn_iters: int, hc_eps: float,
