@@ -55,13 +55,11 @@ def keras_policy(weight_dtype: str) -> str:
 
 def weight_dtype_of(model) -> str:
     """The precision of a model's weights: "int8" when the projections of a
-    DeepSeekCausalLM are quantized (`quantization.is_quantized_model`), else its policy's
-    variable dtype ("mixed_bfloat16" keeps float32 variables). A DeepSeek-V4 model has no
-    int8 form yet."""
-    from models.checkpoints import is_v4
+    DeepSeekCausalLM or DeepSeekV4CausalLM are quantized (`quantization.is_quantized_model`),
+    else its policy's variable dtype ("mixed_bfloat16" keeps float32 variables)."""
     from models.deepseek.quantization import is_quantized_model
 
-    if not is_v4(model.config) and is_quantized_model(model):
+    if is_quantized_model(model):
         return INT8
     return model.dtype_policy.variable_dtype
 

@@ -21,6 +21,20 @@ with it a tied head), every RMSNorm, and the router (`gate.weight`, the bias): t
 router picks experts by comparing scores, and an int8 rounding there moves tokens
 between experts.
 
+DeepSeek-V4 (`models.deepseek_v4`, recognized by its attention's `kv_proj`, without
+importing that package): q_a_proj, q_b_proj, kv_proj, the grouped output projection's
+`o_a_proj` when it is a Dense or an `ExpertProjection` (one (in, out) block per group,
+scales (g, out)), o_b_proj, the CSA / HCA compressor's `kv_proj` and `gate_proj` (their
+outputs are pooled by a softmax over a window, a continuous function of them, as the
+attention's kv is), the experts, the shared expert, MTP projections (`eh_proj`, or
+`e_proj` / `h_proj`) and the head. Kept in float besides: the mHC weights (`fn`, base,
+scale: float32 by design, paper §2.2), the attention sinks, the compressors' position
+biases, `tid2eid`, and the CSA lightning indexer whole (its compressor, `q_b_proj`,
+`weights_proj`): like the router, the indexer chooses (the top index_topk entries) by
+comparing scores, and an int8 rounding there swaps which entries a query attends to;
+it is also small (index_n_heads * index_head_dim wide). `unquantized_projections`
+lists those Dense layers.
+
 Two places read a projection's weights instead of calling it; they use
 `float_kernel` (Q / s, plus A B with LoRA):
   - MLA's absorbed decoding (`mla_attention.py`): W_UK and W_UV are dequantized
@@ -44,7 +58,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from models.deepseek.expert_projection import ExpertProjection
+
 INT8 = "int8"
+# DeepSeek-V4 attention projections besides q_a_proj / q_b_proj (module docstring).
+V4_ATTENTION_PROJECTIONS = ("kv_proj", "o_a_proj", "o_b_proj")
+COMPRESSOR_PROJECTIONS = ("kv_proj", "gate_proj")
+MTP_PROJECTIONS = ("eh_proj", "e_proj", "h_proj")
+INDEXER_PROJECTIONS = ("q_b_proj", "wq_b", "wk", "weights_proj")  # V4 / V3.2 names
 
 
 def is_quantized(layer) -> bool:
@@ -52,32 +73,68 @@ def is_quantized(layer) -> bool:
     return layer.quantization_mode == INT8
 
 
+def _is_projection(layer) -> bool:
+    return isinstance(layer, (keras.layers.Dense, ExpertProjection))
+
+
+def _projections(owner, names) -> list:
+    """owner.<name> for each name it has that is a Dense / ExpertProjection, in order."""
+    return [p for p in (getattr(owner, n, None) for n in names) if _is_projection(p)]
+
+
+def _blocks(model) -> list:
+    """(block, its MTP module or None): decoder blocks, then the MTP modules' blocks."""
+    return ([(b, None) for b in model.decoder_layers]
+            + [(m.block, m) for m in getattr(model, "mtp_layers", [])])
+
+
 def quantized_layers(model, head: bool = True) -> list:
     """The projections `quantize_int8` quantizes, in a fixed order: per decoder
     block then per MTP module, the attention projections then the MLP's (dense MLP,
     or the routed experts' three stacked `ExpertProjection`s then the shared
-    experts), `eh_proj` of MTP modules, and (when `head` and the head is not tied to
-    the embedding) `lm_head`. All but the `ExpertProjection`s are Keras Dense layers.
+    experts), the MTP module's projections, and (when `head` and the head is not tied
+    to the embedding) `lm_head`. For a DeepSeek-V4 block the attention part is
+    q_a_proj, q_b_proj, kv_proj, o_a_proj (if a projection), o_b_proj, then the
+    compressor's kv_proj and gate_proj (module docstring). All but the
+    `ExpertProjection`s are Keras Dense layers.
 
     Args:
-      model: a DeepSeekCausalLM.
+      model: a DeepSeekCausalLM or a DeepSeekV4CausalLM.
       head: include an untied `lm_head`.
     """
     from models.deepseek.memory_plan import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
 
     layers = []
-    blocks = [(b, None) for b in model.decoder_layers] + [(m.block, m) for m in model.mtp_layers]
-    for block, mtp in blocks:
+    for block, mtp in _blocks(model):
         attn = block.self_attn
-        layers += [getattr(attn, n) for n in ATTENTION_PROJECTIONS if hasattr(attn, n)]
+        layers += _projections(attn, ATTENTION_PROJECTIONS)
+        if hasattr(attn, "kv_proj"):  # DeepSeek-V4
+            layers += _projections(attn, V4_ATTENTION_PROJECTIONS)
+            if attn.compressor is not None:
+                layers += _projections(attn.compressor, COMPRESSOR_PROJECTIONS)
         mlp = block.mlp
-        swiglus = ([mlp] if not block.is_moe else
-                   [mlp.experts] + ([mlp.shared_experts] if mlp.shared_experts else []))
+        swiglus = ([mlp.experts] + ([mlp.shared_experts] if mlp.shared_experts else [])
+                   if hasattr(mlp, "experts") else [mlp])
         layers += [getattr(s, n) for s in swiglus for n in MLP_PROJECTIONS]
         if mtp is not None:
-            layers.append(mtp.eh_proj)
+            layers += _projections(mtp, MTP_PROJECTIONS)
     if head and model.lm_head is not None:
         layers.append(model.lm_head)
+    return layers
+
+
+def unquantized_projections(model) -> list:
+    """The Dense projections `quantized_layers` leaves in float: each CSA layer's
+    lightning indexer (its compressor's kv_proj / gate_proj, q_b_proj, weights_proj;
+    DeepSeek-V4 and V3.2), in block order."""
+    layers = []
+    for block, _ in _blocks(model):
+        indexer = getattr(block.self_attn, "indexer", None)
+        if indexer is not None:
+            compressor = getattr(indexer, "compressor", None)
+            if compressor is not None:
+                layers += _projections(compressor, COMPRESSOR_PROJECTIONS)
+            layers += _projections(indexer, INDEXER_PROJECTIONS)
     return layers
 
 
