@@ -69,11 +69,11 @@ Numbers are stored in the compute dtype except the compressor state (float32, as
 inference keeps it). `kv_cache_bytes_per_token` is the growth per token of context (the
 compressed entries): the sliding window and the compressor state are fixed per sequence.
 
-FLOPs: as `models/deepseek/flops.py` (2 FLOPs per multiply-add, x3 for training), with the
-attention term counted over the keys a query attends: min(T, sliding_window) window keys plus
-min(T/m, index_topk) CSA entries (the indexer's top-k) or T/m' HCA entries, score and value
-widths D each, plus the indexer's scores over all T/m compressed keys (nI DI each). Like the
-V3 planner, training counts the keys of the last position for every token (full, not causal).
+FLOPs (`flops_per_token`, `decode_flops_per_token`): `models/deepseek_v4/flops.py` (the
+formula and its sources there), without MTP: 6 N_active plus 3 x the attention over the keys a
+query attends (min(T, sliding_window) window keys plus min(T/m, index_topk) CSA entries or
+T/m' HCA entries, score and value widths D each), the indexer's scores over all T/m
+compressed keys, the mHC mixes and the compressors' pooling.
 
 Memory plan (`plan`): the V3 planner's method (`models/deepseek/memory_plan.py`) with V4's
 tensors, activations (`block_activation_items`) and caches; the model as transformers builds
@@ -365,59 +365,145 @@ def kv_cache_bytes_per_token(config: DeepSeekV4Config, bytes_per_number: int = 2
     return per * bytes_per_number
 
 
+def allocated_cache_items(config: DeepSeekV4Config, max_length: int,
+                          bytes_per_number: int = 4) -> dict[str, int]:
+    """Bytes of the buffers this implementation's `DeepSeekV4CausalLM.init_cache(1, S)`
+    allocates for one sequence of capacity S = max_length, by item, all in the compute dtype
+    (`models/deepseek_v4/kv_cache.py` for the buffers and why they are position-indexed):
+
+      sliding window   every block "kv": S x D (all positions, not only the last W)
+      CSA compressed   each CSA block "entries": (S // m + 1) x D (one slot for the open window)
+      indexer keys     each CSA block "index_entries": (S // m + 1) x DI
+      HCA compressed   each HCA block "entries": (S // m' + 1) x D
+      compressor state "comp_kv" + "comp_gate": 2 x S x coff D per CSA / HCA block, plus
+                       "index_kv" + "index_gate": 2 x S x 2 DI per CSA block
+
+    Against `kv_cache_items` (a deployment's bounded cache): the compressed entries are the
+    same up to the extra slot; the window and the compressor state grow with S here.
+
+    Raises:
+      ValueError: if max_length < 1 or bytes_per_number < 1.
+    """
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length={max_length!r} must be an integer >= 1")
+    if bytes_per_number < 1:
+        raise ValueError(f"bytes_per_number={bytes_per_number!r} must be >= 1")
+    c, b, S = config, bytes_per_number, max_length
+    D, DI = c.head_dim, c.index_head_dim
+    items = dict.fromkeys(("sliding window", "CSA compressed", "indexer keys",
+                           "HCA compressed", "compressor state"), 0)
+    for layer_type in c.layer_types:
+        items["sliding window"] += S * D * b
+        if layer_type == SLIDING:
+            continue
+        slots = S // c.compress_rates[layer_type] + 1
+        if layer_type == CSA:
+            items["CSA compressed"] += slots * D * b
+            items["indexer keys"] += slots * DI * b
+            items["compressor state"] += 2 * S * (2 * D + 2 * DI) * b
+        else:
+            items["HCA compressed"] += slots * D * b
+            items["compressor state"] += 2 * S * D * b
+    return items
+
+
 # ----------------------------------------------------------------------------- FLOPs
 
 
-def attended_keys(config: DeepSeekV4Config, layer_type: str, context_len: int) -> int:
-    """Keys one query attends at position `context_len`: the sliding window's
-    min(T, sliding_window), plus min(T // m, index_topk) CSA entries (the indexer's
-    top-k) or T // m' HCA entries (all of them)."""
+COUNTED = ("attended", "computed")
+
+
+def attended_keys(config: DeepSeekV4Config, layer_type: str, context_len: int,
+                  counted: str = "attended") -> int:
+    """Keys (tokens and compressed entries) one query at position T = `context_len` attends.
+
+    "attended" (the model's): the sliding window's min(T, sliding_window), plus
+    min(T // m, index_topk) CSA entries (the indexer's top-k) or T // m' HCA entries (all
+    of them); "computed" (this implementation's stateless path, `attention.py`: a dense
+    score matrix under masks): T, plus T // m in CSA / HCA layers.
+
+    Raises:
+      ValueError: unknown `counted` or `layer_type`.
+    """
     c = config
-    keys = min(context_len, c.sliding_window)
+    if counted not in COUNTED:
+        raise ValueError(f"counted={counted!r} must be one of {COUNTED}")
+    if layer_type not in (SLIDING, CSA, HCA):
+        raise ValueError(f"layer_type={layer_type!r} is not a V4 attention type")
     entries = _compressed_entries(c, layer_type, context_len)
+    if counted == "computed":
+        return context_len + entries
+    keys = min(context_len, c.sliding_window)
     return keys + (min(entries, c.index_topk) if layer_type == CSA else entries)
 
 
-def _attention_forward_flops(c: DeepSeekV4Config, context_len: int) -> int:
-    """Forward FLOPs per token of every block's attention over its keys: scores and
-    values 2 H D each per key, plus the indexer's scores 2 nI DI per compressed key."""
+def _flop_layer_types(c: DeepSeekV4Config, include_mtp: bool) -> list[str]:
+    return list(c.layer_types) + ([MTP_LAYER_TYPE] * c.num_nextn_predict_layers
+                                  if include_mtp else [])
+
+
+def attention_forward_flops(config: DeepSeekV4Config, seq_len: int, counted: str = "attended",
+                            include_mtp: bool = False) -> int:
+    """A(T) + I(T) of `models/deepseek_v4/flops.py`: forward FLOPs per token of every
+    block's attention scores and values, 4 H D per `attended_keys` key, plus each CSA
+    indexer's scores, 2 nI (DI + 1) per compressed key (all T // m of them)."""
+    c = config
     flops = 0
-    for layer_type in c.layer_types:
-        flops += 4 * c.num_attention_heads * c.head_dim * attended_keys(c, layer_type,
-                                                                        context_len)
+    for layer_type in _flop_layer_types(c, include_mtp):
+        flops += 4 * c.num_attention_heads * c.head_dim * attended_keys(c, layer_type, seq_len,
+                                                                        counted)
         if layer_type == CSA:
-            flops += (2 * c.index_n_heads * c.index_head_dim
-                      * _compressed_entries(c, CSA, context_len))
+            flops += (2 * c.index_n_heads * (c.index_head_dim + 1)
+                      * _compressed_entries(c, CSA, seq_len))
+    return flops
+
+
+def mix_forward_flops(config: DeepSeekV4Config, include_mtp: bool = False) -> int:
+    """M + P of `models/deepseek_v4/flops.py`: forward FLOPs per token of the mHC mixes,
+    2 n (n + 2) C + 4 n^2 t_max per sub-block (two per block) and 2 n C per hc_head, and of
+    the compressors' pooling, 2 coff w per compressor (CSA: 2 x 2D + 2 x 2DI, HCA: 2D)."""
+    c = config
+    n, C = c.hc_mult, c.hidden_size
+    sub_block = 2 * n * (n + 2) * C + 4 * n * n * c.hc_sinkhorn_iters
+    head = 2 * n * C
+    types = _flop_layer_types(c, include_mtp)
+    flops = 2 * len(types) * sub_block + head
+    if include_mtp:
+        flops += c.num_nextn_predict_layers * head
+    for layer_type in types:
+        if layer_type == CSA:
+            flops += 2 * 2 * c.head_dim + 2 * 2 * c.index_head_dim
+        elif layer_type == HCA:
+            flops += 2 * c.head_dim
     return flops
 
 
 def flops_per_token(config: DeepSeekV4Config, seq_len: int) -> int:
-    """Training FLOPs per token: 6 N_active + 3 x the attention's forward FLOPs at T.
-
-    N_active = `parameter_summary(config).activated` (the embedding, a lookup, is not
-    in it). No MTP. Attention as `_attention_forward_flops`
-    at T = seq_len for every token (like the V3 planner's full, not causal, count).
+    """Training FLOPs per token of the model without MTP (as transformers builds it):
+    6 N_active + 3 (`attention_forward_flops` + `mix_forward_flops`), N_active =
+    `parameter_summary(config).activated`. The formula and its sources:
+    `models/deepseek_v4/flops.py` (whose `flops_per_token(..., include_mtp=False)` equals it).
 
     Raises:
       ValueError: if seq_len < 1.
     """
-    if seq_len < 1:
-        raise ValueError(f"seq_len={seq_len} must be >= 1")
-    n_active = parameter_summary(config).activated
-    return 6 * n_active + 3 * _attention_forward_flops(config, seq_len)
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len={seq_len!r} must be an integer >= 1")
+    return (6 * parameter_summary(config).activated
+            + 3 * (attention_forward_flops(config, seq_len) + mix_forward_flops(config)))
 
 
 def decode_flops_per_token(config: DeepSeekV4Config, context_len: int) -> int:
-    """Forward FLOPs to generate one token at context length S: 2 N_active plus the
-    attention over `attended_keys` per block and the indexer's scores over S // m keys.
+    """Forward FLOPs to generate one token at context length S (no MTP): 2 N_active +
+    `attention_forward_flops` at S + `mix_forward_flops`.
 
     Raises:
       ValueError: if context_len < 1.
     """
-    if context_len < 1:
-        raise ValueError(f"context_len={context_len} must be >= 1")
-    n_active = parameter_summary(config).activated
-    return 2 * n_active + _attention_forward_flops(config, context_len)
+    if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
+        raise ValueError(f"context_len={context_len!r} must be an integer >= 1")
+    return (2 * parameter_summary(config).activated
+            + attention_forward_flops(config, context_len) + mix_forward_flops(config))
 
 
 # ----------------------------------------------------------------------------- training

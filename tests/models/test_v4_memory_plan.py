@@ -111,10 +111,11 @@ def test_tiny_caches_and_flops_by_hand():
     # Growth per token: (D + DI) / m = 3 + D / m' = 1 -> 4 numbers, 8 bytes.
     assert mp.kv_cache_bytes_per_token(TINY) == 8
     # Keys at 9: sliding 4; CSA 4 + min(4, index_topk 2) = 6; HCA 4 + 2 = 6. Attention
-    # 4 H D = 32 FLOPs per key: 32 x 16 = 512; indexer 2 nI DI x 4 = 16.
+    # 4 H D = 32 FLOPs per key: 32 x 16 = 512; indexer 2 nI (DI + 1) x 4 = 24; mHC mixes
+    # and pooling 2352 (by hand in tests/models/test_v4_flops.py).
     assert [mp.attended_keys(TINY, t, 9) for t in TINY.layer_types] == [4, 6, 6]
-    assert mp.decode_flops_per_token(TINY, 9) == 2 * ACTIVATED + 512 + 16
-    assert mp.flops_per_token(TINY, 9) == 6 * ACTIVATED + 3 * (512 + 16)
+    assert mp.decode_flops_per_token(TINY, 9) == 2 * ACTIVATED + 512 + 24 + 2352
+    assert mp.flops_per_token(TINY, 9) == 6 * ACTIVATED + 3 * (512 + 24 + 2352)
     for bad in (0, True):
         with pytest.raises(ValueError, match="context_len"):
             mp.kv_cache_items(TINY, bad)
@@ -161,7 +162,7 @@ def test_presets_follow_the_published_config_json():
     assert (pro.hidden_size, pro.num_attention_heads, pro.o_groups, pro.n_routed_experts,
             pro.moe_intermediate_size, pro.q_lora_rank, pro.index_topk) == (
         7168, 128, 16, 384, 3072, 1536, 1024)
-    assert set(DEEPSEEK_V4_PRESETS) == set(PUBLISHED_SIZES)
+    assert set(PUBLISHED_SIZES) <= set(DEEPSEEK_V4_PRESETS)  # + the pipeline's *_v4 models
     with pytest.raises(ValueError, match="deepseek_v4_flash"):
         deepseek_v4_preset("deepseek_v4_huge")
 
@@ -222,13 +223,55 @@ def test_cli_plan_prints_the_v4_figures(capsys):
 @pytest.mark.slow  # imports TensorFlow (~9 s) and builds the Keras V4 model
 def test_counts_equal_the_built_model():
     """The project's `DeepSeekV4CausalLM`: trainable weights = transformers' parameters,
-    plus the routers' biases and the tid2eid table as non-trainable weights."""
+    plus the routers' biases and the tid2eid table as non-trainable weights; with its MTP
+    depth (`mtp.py`), the MTP module counted by `weight_tensors(include_mtp=True)`."""
     from models.deepseek_v4 import causal_lm
-    model = causal_lm.DeepSeekV4CausalLM(TINY)
 
     def size(variables):
         return sum(int(v.numpy().size) for v in variables)
 
+    model = causal_lm.DeepSeekV4CausalLM(TINY.replace(num_nextn_predict_layers=0))
     assert size(model.trainable_weights) == HF_PARAMETERS == mp.parameter_counts(TINY).trained
     assert size(v for v in model.weights if "tid2eid" not in v.path) == TOTAL
     assert size(v for v in model.weights if "tid2eid" in v.path) == 10
+    with_mtp = causal_lm.DeepSeekV4CausalLM(TINY)  # its MTP block: a learned router, 1 bias
+    assert size(with_mtp.trainable_weights) == HF_PARAMETERS + MTP - 2
+    assert size(v for v in with_mtp.weights if "tid2eid" not in v.path) == TOTAL + MTP
+
+
+def test_allocated_cache_against_the_deployment_cache():
+    """`allocated_cache_items` (this implementation's position-indexed buffers) against
+    `kv_cache_items` (a deployment's bounded cache), T = 9, float32: the compressed entries
+    differ by the one slot of the open window, the window holds all 9 positions, and the
+    compressor state keeps every position's projections."""
+    alloc, bounded = mp.allocated_cache_items(TINY, 9), mp.kv_cache_items(TINY, 9, 4)
+    assert alloc["sliding window"] == 3 * 9 * 4 * 4  # 3 blocks x S x D x 4 bytes
+    assert alloc["CSA compressed"] - bounded["CSA compressed"] == 4 * 4  # + one slot of D
+    assert alloc["indexer keys"] - bounded["indexer keys"] == 2 * 4  # + one slot of DI
+    assert alloc["HCA compressed"] - bounded["HCA compressed"] == 4 * 4
+    # CSA: 2 x 9 x (2D + 2DI) = 216 numbers; HCA: 2 x 9 x D = 72; x 4 bytes.
+    assert alloc["compressor state"] == (216 + 72) * 4
+    short = TINY.replace(max_position_embeddings=16)
+    assert mp.allocated_cache_items(short, 4)["sliding window"] == mp.kv_cache_items(
+        short, 4, 4)["sliding window"]  # T <= W: the same window
+    with pytest.raises(ValueError, match="max_length"):
+        mp.allocated_cache_items(TINY, 0)
+
+
+@pytest.mark.slow  # imports TensorFlow (~10 s) and builds the Keras V4 model
+def test_allocated_cache_equals_init_cache_buffers():
+    """`allocated_cache_items` = the bytes of `DeepSeekV4CausalLM.init_cache(1, S)`'s buffers,
+    item by item, for several capacities S."""
+    from models.deepseek_v4 import causal_lm
+    model = causal_lm.DeepSeekV4CausalLM(TINY.replace(num_nextn_predict_layers=0))
+    item_of = {"kv": "sliding window", "index_entries": "indexer keys",
+               "comp_kv": "compressor state", "comp_gate": "compressor state",
+               "index_kv": "compressor state", "index_gate": "compressor state"}
+    for length in (1, 3, 4, 9, 16):
+        measured = dict.fromkeys(mp.allocated_cache_items(TINY, length), 0)
+        for layer_type, layer in zip(TINY.layer_types, model.init_cache(1, length), strict=True):
+            for key, buffer in layer.items():
+                item = item_of.get(key) or ("CSA compressed" if layer_type == CSA
+                                            else "HCA compressed")
+                measured[item] += int(buffer.numpy().nbytes)
+        assert measured == mp.allocated_cache_items(TINY, length, 4), length
