@@ -81,7 +81,7 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
     int: an int, an integral float, or a string of one; float: a finite number or a
     string of one; bool: true/false (any case), 1/0; str: a string, or the JSON text of
     a number or bool given for it (`--set x=123`); `X | None`: None/"none"/"null" or
-    an X; dict: a JSON object; tuple: a list; either may be given as its JSON text.
+    an X; dict: a JSON object (or its text); tuple: a list (or its JSON text).
 
     Raises:
       ValueError: naming the key, the value and the type expected.
@@ -137,10 +137,9 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
         if isinstance(value, dict):
             return value
     elif typing.get_origin(hint) is tuple:
-        value = _json_text(value)
-        if isinstance(value, (list, tuple)):
-            return tuple(value)
-        expected = "a JSON list"
+        parsed = _json_text(value)
+        # a list (or its JSON text); any other text is the section's to parse or refuse
+        return tuple(parsed) if isinstance(parsed, (list, tuple)) else value
     else:
         return value  # a type without a rule here: the section validates it
     raise ValueError(f"{key}={value!r}: expected {expected}")

@@ -109,15 +109,15 @@ class Progress:
         """The log line of a logging window's `record` (`metrics.MetricWindow.record`).
 
         `timed` is False for the window of the first step (it includes tracing:
-        no tokens/s or MFU). The distillation loss, the dropped MoE fraction and
+        no tokens/s or MFU). The distillation and indexer losses, the dropped MoE fraction and
         the skipped steps appear only when not 0; the token share of each source
         (the record's "token_share") only with 2+ sources; DPO's and GRPO's figures
         (the record's "figures") when there are any.
         """
         speed = (f"  {record['tokens_per_second']:.0f} tok/s  MFU {100 * record['mfu']:.1f}%"
                  if timed else "  (first step: tracing)")
-        distill = (f"  distill_loss {record['distill_loss']:.4f}" if record["distill_loss"]
-                   else "")
+        distill = "".join(f"  {name} {record[name]:.4f}" for name in
+                          ("distill_loss", "indexer_loss") if record.get(name))
         dropped = (f"  MoE dropped {100 * record['moe_dropped_fraction']:.2f}%"
                    if record["moe_dropped_fraction"] else "")
         skipped = f"  skipped {record['skipped_steps']}" if record["skipped_steps"] else ""

@@ -82,7 +82,9 @@ def prune_trained_model(model, eval_ds, config: PipelineConfig):
     `train.prune_keep_experts` is 0.
 
     Args:
-      model: the trained DeepSeekCausalLM (the plain copy `run_fn` exports).
+      model: the trained DeepSeekCausalLM or DeepSeekV4CausalLM (the plain copy `run_fn`
+        exports); a V4 model's hash layers keep valid `tid2eid` rows
+        (`models/deepseek_v4/expert_pruning.py`).
       eval_ds: the Trainer's eval dataset (batches with "input_ids" int32 (B, T)).
       config: the run's config.
 
@@ -94,7 +96,12 @@ def prune_trained_model(model, eval_ds, config: PipelineConfig):
     if not keep:
         return model, None
     from components.trainer.train_loop import evaluate
-    from models.deepseek.expert_pruning import expert_load, prune_experts, select_experts
+    from models import checkpoints
+
+    if checkpoints.is_v4(model.config):  # hash layers keep a valid tid2eid
+        from models.deepseek_v4.expert_pruning import expert_load, prune_experts, select_experts
+    else:
+        from models.deepseek.expert_pruning import expert_load, prune_experts, select_experts
 
     batches = [batch["input_ids"] for batch in eval_ds.take(config.train.eval_batches)]
     if not batches:

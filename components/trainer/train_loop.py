@@ -63,7 +63,7 @@ import logging
 import keras
 import tensorflow as tf
 
-from components.trainer import data, metrics, mixture, preference_objectives, trainable
+from components.trainer import data, hash_tables, metrics, mixture, preference_objectives, trainable
 from components.trainer import precision as precision_lib
 from components.trainer import strategy as strategy_lib
 from components.trainer.checkpointer import Checkpointer
@@ -126,6 +126,8 @@ class TrainResult:
     source_weights: dict = dataclasses.field(default_factory=dict)
     source_tokens: dict = dataclasses.field(default_factory=dict)
     source_token_shares: dict = dataclasses.field(default_factory=dict)
+    # V4 from scratch: how the hash layers' tid2eid were built (`hash_tables.build_tid2eid`).
+    tid2eid: dict = dataclasses.field(default_factory=dict)
     source_sequences: dict = dataclasses.field(default_factory=dict)
     stopped_early: str = ""
 
@@ -170,7 +172,7 @@ def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
             model = build_model(config, dtype=precision)
         selection = trainable.prepare(model, tc)
         if config.data.task in PREFERENCE_TASKS:
-            selection = trainable.without_mtp(model, selection)
+            selection = trainable.without_indexers(model, trainable.without_mtp(model, selection))
         optimizer = make_optimizer(tc, selection.variables, loss_scale=precision == "mixed_float16")
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
@@ -351,6 +353,9 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
         {"source_tokens": state.source_tokens, "source_sequences": state.source_sequences})
     if checkpoints.latest:
         log.info("resumed from %s (step %d)", checkpoints.latest, resumed_from)
+    tid2eid = {}
+    if checkpoints.latest is None and not base_model:  # from scratch: V4's hash tables
+        tid2eid = hash_tables.build_tid2eid(state.model, dataset_fn, tc.seed) or {}
     plan.log(tc.seq_len)
     consumed = step + int(state.skipped.numpy())
     train_step, figure_names = _make_step(config, plan, strategy, state, len(names),
@@ -430,7 +435,8 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
     return dataclasses.replace(
         result, source_weights=weights if set(weights) == set(names) else {},
         source_tokens=sources.token_counts(), source_token_shares=sources.shares(),
-        source_sequences=sources.sequence_counts(), stopped_early=stopped_early)
+        source_sequences=sources.sequence_counts(), stopped_early=stopped_early,
+        tid2eid=tid2eid)
 
 
 def _save_and_stop(step: int, saved: int, guard: FiniteGuard, checkpoints: Checkpointer,

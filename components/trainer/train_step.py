@@ -46,7 +46,7 @@ from components.trainer.data import IGNORE_LABEL
 from components.trainer.mixture import SOURCE_KEY
 from models.deepseek import losses
 
-LOSS_TERMS = ("loss", "lm_loss", "mtp_loss", "balance_loss", "distill_loss")
+LOSS_TERMS = ("loss", "lm_loss", "mtp_loss", "balance_loss", "distill_loss", "indexer_loss")
 
 
 def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int,
@@ -116,7 +116,7 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
     num_figures = len(objective.figure_names)
 
     def micro_step(batch, targets):
-        """Loss terms (5,), figures (F,), expert load (M, E), dropped (M,) and gradients of
+        """Loss terms (6,), figures (F,), expert load (M, E), dropped (M,) and gradients of
         one micro-batch (`batch`: this micro-batch's rows of every key)."""
         scale = 1.0 / (micro_batches * tf.distribute.get_replica_context().num_replicas_in_sync)
         aux = objective.prepare(batch)  # no gradient: a teacher's logits, a reference's log-probs
@@ -124,7 +124,7 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
             out = objective.loss(batch, aux, targets, scale)
             scaled = optimizer.scale_loss(out["loss"]) if loss_scaling else out["loss"]
         grads = [tf.convert_to_tensor(g) for g in tape.gradient(scaled, variables)]
-        terms = tf.stack([out[name] for name in LOSS_TERMS])  # (5,)
+        terms = tf.stack([out.get(name, tf.constant(0.0)) for name in LOSS_TERMS])  # (6,)
         figures = out.get("figures", tf.zeros([num_figures]))  # (F,) scaled: sums are means
         dropped = out.get("moe_dropped")
         dropped = tf.zeros([n_moe]) if dropped is None else tf.cast(dropped, tf.float32)  # (M,)

@@ -35,6 +35,10 @@ from config import TrainConfig
 from models.deepseek.memory_plan import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
 from models.deepseek.quantization import is_quantized, is_quantized_model, requantized
 
+# DeepSeek-V4's attention projections (transformers' names): wq_a, wq_b, wkv, the grouped
+# output projection wo_a (an `ExpertProjection`: one adapter pair per group) and wo_b.
+V4_ATTENTION_PROJECTIONS = ("q_a_proj", "q_b_proj", "kv_proj", "o_a_proj", "o_b_proj")
+
 
 def weight_path(variable) -> str:
     """A weight's path without the model's own (instance-numbered) name:
@@ -49,13 +53,16 @@ def _blocks(model) -> list:
 
 def lora_layers(model, targets: str) -> list[keras.layers.Layer]:
     """The projections that `targets` ("attention", "mlp", comma-separated) name: Dense
-    layers, and each MoE layer's three stacked `ExpertProjection`s (per-expert adapters)."""
+    layers, and each MoE layer's three stacked `ExpertProjection`s (per-expert adapters);
+    on a V4 model also the grouped output projection `o_a_proj` (per-group adapters). The
+    compressors, the lightning indexer, mHC and the routers are never adapted."""
     wanted = {t.strip() for t in targets.split(",") if t.strip()}
     layers = []
     for block in _blocks(model):
         if "attention" in wanted:
             attn = block.self_attn
-            layers += [getattr(attn, n) for n in ATTENTION_PROJECTIONS if hasattr(attn, n)]
+            names = V4_ATTENTION_PROJECTIONS if hasattr(attn, "o_a_proj") else ATTENTION_PROJECTIONS
+            layers += [getattr(attn, n) for n in names if hasattr(attn, n)]
         if "mlp" in wanted:
             mlp = block.mlp
             swiglus = ([mlp] if not block.is_moe else
@@ -65,12 +72,14 @@ def lora_layers(model, targets: str) -> list[keras.layers.Layer]:
 
 
 def _top_prefixes(model, n: int) -> tuple[str, ...]:
-    """Path prefixes of `top:N`: the last N decoder blocks, final norm, head, MTP."""
+    """Path prefixes of `top:N`: the last N decoder blocks, (V4) the hyper head, final norm,
+    head, MTP."""
     num = len(model.decoder_layers)
     if n > num:
         raise ValueError(f"train.trainable=top:{n}, but the model has {num} decoder blocks")
     head = "lm_head/" if model.lm_head is not None else "embed_tokens/"
-    return (*(f"layers.{i}/" for i in range(num - n, num)), "norm/", head, "mtp.")
+    # hc_head/: a V4 model's hyper head, which collapses the streams before the final norm
+    return (*(f"layers.{i}/" for i in range(num - n, num)), "hc_head/", "norm/", head, "mtp.")
 
 
 def _picked(path: str, spec: str, model) -> bool:
@@ -205,6 +214,17 @@ def assign_streaming(target, sources: dict) -> None:
                              f"{value.shape} in the source")
         v.assign(tf.cast(value, v.dtype))
         del value
+
+
+def without_indexers(model, selection: Selection) -> Selection:
+    """`selection` without the lightning indexers' weights (V3.2, V4): their only training
+    signal is the KL towards the main attention in the language-model loss
+    (`losses.causal_lm_loss`); DPO's and GRPO's objectives have none, so the indexers stay
+    as they are (no optimizer slot, no weight decay)."""
+    indexers = {id(v) for v in model.weights if "/indexer/" in v.path}
+    kept = [v for v in selection.variables if id(v) not in indexers]
+    return dataclasses.replace(selection, variables=kept,
+                               trainable_params=int(sum(np.prod(v.shape) for v in kept)))
 
 
 def without_mtp(model, selection: Selection) -> Selection:

@@ -26,7 +26,7 @@ def guard(weights=(1.0, 2.0), max_consecutive=2):
 
 
 def bad_out(loss=NAN, grad_norm=NAN):
-    return {"terms": tf.constant([loss, 1.0, 1.0, 0.0, 0.0]), "grad_norm": tf.constant(grad_norm)}
+    return {"terms": tf.constant([loss, 1.0, 1.0, 0.0, 0.0, 0.0]), "grad_norm": tf.constant(grad_norm)}
 
 
 def test_skips_are_counted_and_an_applied_step_ends_a_run_of_them():

@@ -34,7 +34,7 @@ def clock(monkeypatch):
 
 def step_out(loss, grad_norm, load, dropped):
     """A step's outputs as `train_step` gives them (M = 2 MoE layers, E = 4 experts)."""
-    terms = [loss, loss - 0.25, loss - 0.5, 0.0078125, 0.0]  # exact in float32
+    terms = [loss, loss - 0.25, loss - 0.5, 0.0078125, 0.0, 0.0]  # exact in float32
     assert len(terms) == len(LOSS_TERMS)
     return {"terms": tf.constant(terms, tf.float32), "grad_norm": tf.constant(grad_norm),
             "expert_load": tf.constant(load, tf.float32),
@@ -60,7 +60,7 @@ def test_a_window_sums_the_load_and_keeps_the_last_step(clock):
         "step": 6,
         # the loss terms and grad norm of the window's last step, not a mean
         "loss": 1.75, "lm_loss": 1.5, "mtp_loss": 1.25, "balance_loss": 0.0078125,
-        "distill_loss": 0.0, "grad_norm": 0.75,
+        "distill_loss": 0.0, "indexer_loss": 0.0, "grad_norm": 0.75,
         "learning_rate": schedule(5),  # the rate of step 6 = schedule(6 - 1)
         # 2 steps x 256 tokens / (12 - 10) s = 256 tokens/s
         "tokens_per_second": 256.0,

@@ -21,7 +21,7 @@ class Tty(io.StringIO):
 def record(**changes):
     """A window's record (`metrics.MetricWindow.close`) at step 6 of 10."""
     return {"step": 6, "loss": 1.75, "lm_loss": 1.5, "mtp_loss": 1.25, "balance_loss": 0.01,
-            "distill_loss": 0.0, "grad_norm": 0.75, "learning_rate": 5e-4,
+            "distill_loss": 0.0, "indexer_loss": 0.0, "grad_norm": 0.75, "learning_rate": 5e-4,
             "tokens_per_second": 256.0, "mfu": 0.256, "moe_dropped_fraction": 0.0,
             "skipped_steps": 0, **changes}
 

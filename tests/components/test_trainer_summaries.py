@@ -21,7 +21,7 @@ def model():
 
 def record(step, **changes):
     return {"step": step, "loss": 1.75, "lm_loss": 1.5, "mtp_loss": 1.25,
-            "balance_loss": 0.0078125, "distill_loss": 0.0, "grad_norm": 0.75,
+            "balance_loss": 0.0078125, "distill_loss": 0.0, "indexer_loss": 0.0, "grad_norm": 0.75,
             "learning_rate": 0.001, "tokens_per_second": 256.0, "mfu": 0.25,
             "moe_dropped_fraction": 0.125, "skipped_steps": 1, **changes}
 

@@ -293,7 +293,7 @@ def test_training_summaries_of_a_v2_model_have_load_but_no_router_bias(tiny_conf
 
     model = DeepSeekCausalLM(tiny_config.replace(**V2_ROUTING))
     record = {"step": 1, "loss": 1.0, "lm_loss": 1.0, "mtp_loss": 0.0, "balance_loss": 0.01,
-              "distill_loss": 0.0, "grad_norm": 0.5, "learning_rate": 0.001,
+              "distill_loss": 0.0, "indexer_loss": 0.0, "grad_norm": 0.5, "learning_rate": 0.001,
               "tokens_per_second": 1.0, "mfu": 0.1, "moe_dropped_fraction": 0.0,
               "skipped_steps": 0}
     summaries = TrainSummaries(str(tmp_path), model)
