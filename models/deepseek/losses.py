@@ -96,7 +96,9 @@ def causal_lm_loss(outputs, labels, mtp_loss_weight, targets=None, teacher_logit
       outputs: dict from `forward_train`: `logits` (B, T, V), `mtp_logits`
         (list; entry d has shape (B, T-d-1, V) and its position t predicts
         labels[t+d+1]), `balance_loss` (scalar), `expert_load` (M, E), and
-        optionally `moe_dropped` (M,) (zeros when absent).
+        optionally `moe_dropped` (M,) (zeros when absent) and `indexer_loss` (scalar,
+        the lightning indexers' KL training signal, a mean over this batch's queries
+        summed over layers; V3.2 and V4 models, 0.0 when absent).
       labels: int tensor (B, T), labels[t] = the token after input_ids[t];
         negative labels are ignored.
       mtp_loss_weight: lambda.
@@ -106,16 +108,20 @@ def causal_lm_loss(outputs, labels, mtp_loss_weight, targets=None, teacher_logit
       teacher_logits: float tensor (B, T, V), or None for no distillation.
       distill_alpha, distill_temperature: a and tau of the distillation loss
         (module docstring); used only with `teacher_logits`.
-      balance_weight: multiplies the balance loss (a training step averaging it
-        over k micro-batches and R replicas gives 1 / (k R)).
+      balance_weight: multiplies the balance and indexer losses, means over this batch
+        (a training step averaging them over k micro-batches and R replicas gives
+        1 / (k R)).
 
     Returns:
-      dict of float32 tensors: `loss` = main + lambda * mtp_loss + balance_loss,
+      dict of float32 tensors: `loss` = main + lambda * mtp_loss + balance_loss +
+      indexer_loss (the indexer's KL reaches only the indexers' weights: its target and
+      inputs are stop-gradient, and the LM loss does not reach the indexers, whose
+      top-k selection has no gradient; DeepSeek-V3.2 report §2.1),
       where main = lm_loss, or with a teacher a * lm_loss + (1 - a) * distill_loss;
       `lm_loss` (cross-entropy); `mtp_loss` (mean over depths, 0.0 without MTP,
       not multiplied by lambda); `balance_loss`; `distill_loss` (tau^2 KL per
       target token, 0.0 without a teacher); `expert_load` (M, E); `moe_dropped`
-      (M,), dropped (token, expert) pairs per MoE layer, passed through.
+      (M,), dropped (token, expert) pairs per MoE layer, passed through; `indexer_loss`.
     """
     mtp = outputs["mtp_logits"]
     if targets is None:
@@ -138,13 +144,15 @@ def causal_lm_loss(outputs, labels, mtp_loss_weight, targets=None, teacher_logit
         distill_loss = distillation_kl_sum(outputs["logits"], teacher_logits, labels,
                                            distill_temperature) / denominators[0]
         main = distill_alpha * lm_loss + (1.0 - distill_alpha) * distill_loss
-    loss = main + mtp_loss_weight * mtp_loss + balance_loss
+    indexer_loss = tf.cast(outputs.get("indexer_loss", 0.0), tf.float32) * balance_weight
+    loss = main + mtp_loss_weight * mtp_loss + balance_loss + indexer_loss
     return {
         "loss": loss,
         "lm_loss": lm_loss,
         "mtp_loss": mtp_loss,
         "balance_loss": balance_loss,
         "distill_loss": distill_loss,
+        "indexer_loss": indexer_loss,
         "expert_load": outputs["expert_load"],
         "moe_dropped": outputs.get("moe_dropped",
                                    tf.zeros(tf.shape(outputs["expert_load"])[:1])),
