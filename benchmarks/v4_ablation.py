@@ -31,7 +31,9 @@ peak lr 2e-3 to 2e-4, warmup min(50, steps / 4), AdamW with weight decay 0.1 and
 beta_2 0.95, global-norm clip 1.0) through the project's optimizer and schedule
 (`components/trainer/schedule.make_optimizer`, a keras.optimizers.AdamW); one
 `tf.function` step calls `model.compute_loss(x, y)`, clips and applies the gradients, and
-updates the routers' biases (`model.update_router_biases(out["expert_load"])`).
+updates the routers' biases (`model.update_router_biases(out["expert_load"])`). The V4
+variants' hash layers get the Trainer's balanced `tid2eid` of the training tokens' counts
+(`models/deepseek_v4/hash_routing.py`).
 
 Reported per variant:
   params              total parameters of the built model (tid2eid tables excluded)
@@ -211,6 +213,16 @@ def run_variant(variant: str, data_dir: str, steps: int, quick: bool, peak: floa
         from models.deepseek_v4.causal_lm import DeepSeekV4CausalLM
         config = v4_config(variant, quick, T)
         model = DeepSeekV4CausalLM(config)
+    train_ids = np.load(os.path.join(data_dir, "train.npy"))
+    if variant != "v3":  # the hash layers' tables, as the Trainer builds them from scratch
+        from models.deepseek_v4 import hash_routing
+
+        counts = hash_routing.count_tokens([train_ids], config.vocab_size)  # (V,)
+        tables = [hash_routing.balanced_tid2eid(counts, config.n_routed_experts,
+                                                config.num_experts_per_tok, seed + i)
+                  for i in range(len(hash_routing.hash_routers(model)))]
+        if tables:
+            hash_routing.assign_tid2eid(model, np.stack(tables))
     params = sum(int(np.prod(v.shape)) for v in model.weights if "tid2eid" not in v.path)
     variables = model.trainable_variables
     train_config = TrainConfig(**{k: v for k, v in settings.items()})
@@ -230,7 +242,6 @@ def run_variant(variant: str, data_dir: str, steps: int, quick: bool, peak: floa
             model.update_router_biases(out["expert_load"])
         return out["lm_loss"], norm
 
-    train_ids = np.load(os.path.join(data_dir, "train.npy"))
     rng = np.random.default_rng(seed)  # the same batches for every variant
     times, losses = [], []
     for _ in range(steps):

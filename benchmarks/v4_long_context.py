@@ -157,16 +157,22 @@ def exponent(points: dict) -> float | None:
 
 def run(args) -> dict:
     import keras
+    import numpy as np
     import tensorflow as tf
 
     from models.deepseek.causal_lm import DeepSeekCausalLM
-    from models.deepseek_v4 import memory_plan
+    from models.deepseek_v4 import hash_routing, memory_plan
     from models.deepseek_v4.causal_lm import DeepSeekV4CausalLM
 
     max_len = max(args.lengths + args.train_lengths)
     v3_config, v4_config = configs(args.quick, max_len)
     keras.utils.set_random_seed(0)
     models = {"v3": DeepSeekCausalLM(v3_config), "v4": DeepSeekV4CausalLM(v4_config)}
+    # The hash layers route by a balanced table (uniform counts), not the zeros the
+    # constructor leaves, which would send every token to expert 0.
+    hash_routing.assign_tid2eid(models["v4"], hash_routing.balanced_tid2eid(
+        np.ones(v4_config.vocab_size), v4_config.n_routed_experts,
+        v4_config.num_experts_per_tok))
     cfgs = {"v3": v3_config, "v4": v4_config}
     limit = args.memory_gb * GIB
     result = {"configs": {"v3": v3_config.to_dict(), "v4": v4_config.to_dict()},
