@@ -77,8 +77,11 @@ HEAVIEST_FIRST = (
     "tests/e2e/test_trainer_distributed_e2e.py",
     "tests/e2e/test_runners_e2e.py",
     "tests/e2e/test_notebook.py",
+    "tests/e2e/test_v4_e2e.py",
+    "tests/components/test_trainer_v4_distributed.py",
     "tests/e2e/test_bad_input_e2e.py",
     "tests/components/test_trainer_distributed.py",
+    "tests/components/test_trainer_v4.py",
 )
 # Modules that run in a child pytest process (tests/child_process.py): what they leave
 # behind in a process, measured with `--durations` and per-test RSS on 2 cores:
