@@ -6,7 +6,9 @@ the router's own load on calibration tokens (Lu et al. 2024, "Not All Experts ar
 arXiv 2402.14800, the frequency baseline):
 
   expert_load(model, token_batches)   float64 (M, E): (token, expert) routings per MoE
-                                      layer, counted by the model's own routers
+                                      layer, counted by the model's own routers (V3's
+                                      `models/deepseek/expert_pruning.expert_load`: the
+                                      same measurement; hash layers count their tid2eid)
   select_experts(config, keep, load)  the kept expert indices of each MoE layer
   pruned_config(config, keep)         config.n_routed_experts = keep
   prune_experts(model, keep, load)    a new, smaller DeepSeekV4CausalLM
@@ -39,13 +41,13 @@ merge quantized again, `quantization.requantized`), as V3's pruning does.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from models.deepseek import initializers
+from models.deepseek.expert_pruning import expert_load  # noqa: F401  (V4's measurement too)
 from models.deepseek.quantization import (
     is_quantized,
     quantize_like,
@@ -73,37 +75,6 @@ def check_keep_experts(config: DeepSeekV4Config, keep, name: str = "keep") -> in
                          f"n_routed_experts={n_experts}]: every token routes to {k} "
                          "distinct experts")
     return keep
-
-
-def expert_load(model, token_batches: Iterable) -> np.ndarray:
-    """Counts the (token, expert) routings of every MoE layer on `token_batches`.
-
-    The model's own routers through `forward_train(training=False)` (dropless dispatch),
-    summed over the batches; hash layers count their `tid2eid` routings.
-
-    Args:
-      model: a DeepSeekV4CausalLM.
-      token_batches: an iterable of int token ids, each (B, T), ids in [0, vocab_size).
-
-    Returns:
-      float64 (len(model.moe_layers), n_routed_experts), rows in `model.moe_layers`
-      order; each row of a main block sums to B*T*num_experts_per_tok over the batches.
-
-    Raises:
-      ValueError: `token_batches` is empty or a batch is not 2-D.
-    """
-    total = np.zeros((len(model.moe_layers), model.config.n_routed_experts), np.float64)
-    seen = 0
-    for batch in token_batches:
-        ids = tf.convert_to_tensor(batch, tf.int32)  # (B, T)
-        if ids.shape.rank != 2:
-            raise ValueError(f"a token batch must be (B, T), got shape {ids.shape}")
-        load = model.forward_train(ids, training=False)["expert_load"]  # (M, E) float32
-        total += load.numpy().astype(np.float64)  # counts < 2**24 per batch: exact
-        seen += 1
-    if not seen:
-        raise ValueError("token_batches is empty: no tokens to measure the expert load on")
-    return total
 
 
 def _checked_load(config: DeepSeekV4Config, load) -> np.ndarray:
