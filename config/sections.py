@@ -99,8 +99,8 @@ class PipelineConfig:
       ValueError: on construction, when the model's vocabulary differs from a learned
         tokenizer's, `train.seq_len` exceeds `model.max_position_embeddings`, or
         `train.prune_keep_experts` is set for a model without MoE layers or is not a
-        valid number of experts to keep (`DeepSeekConfig.check_keep_experts`; V4: between
-        `num_experts_per_tok` and `n_routed_experts`), or a V4 model's `index_topk` exceeds
+        valid number of experts to keep (`check_keep_experts` of the model's config), or a
+        V4 model's `index_topk` exceeds
         the compressed entries a `train.seq_len` sequence has in a CSA layer.
     """
 
@@ -148,13 +148,7 @@ class PipelineConfig:
         """Refuses `train.prune_keep_experts` that `expert_pruning` would refuse after
         training, before anything runs."""
         keep, m = self.train.prune_keep_experts, self.model
-        if isinstance(m, DeepSeekV4Config):  # every V4 block is MoE
-            if not m.num_experts_per_tok <= keep <= m.n_routed_experts:
-                raise ValueError(
-                    f"train.prune_keep_experts={keep} must be between model.num_experts_per_tok"
-                    f"={m.num_experts_per_tok} and model.n_routed_experts={m.n_routed_experts}")
-            return
-        if not m.num_moe_layers:
+        if not isinstance(m, DeepSeekV4Config) and not m.num_moe_layers:  # V4: all are MoE
             raise ValueError(
                 f"train.prune_keep_experts={keep}: the model has no MoE layer to prune "
                 f"(first_k_dense_replace={m.first_k_dense_replace} = num_hidden_layers="

@@ -280,14 +280,8 @@ class DeepSeekConfig:
             multiple of n_group, or fewer than num_experts_per_tok experts left in a
             token's topk_group groups.
         """
-        if isinstance(keep, bool) or not isinstance(keep, numbers.Integral):  # numpy ints too
-            raise ValueError(f"{name}={keep!r} must be an integer")
-        keep = int(keep)
-        k, n_experts = self.num_experts_per_tok, self.n_routed_experts
-        if not k <= keep <= n_experts:
-            raise ValueError(f"{name}={keep} must be in [num_experts_per_tok={k}, "
-                             f"n_routed_experts={n_experts}]: every token routes to {k} "
-                             "distinct experts")
+        keep = check_keep_range(keep, self.num_experts_per_tok, self.n_routed_experts, name)
+        k = self.num_experts_per_tok
         if self.topk_method != "greedy" and self.n_group > 1:
             if keep % self.n_group:
                 raise ValueError(
@@ -323,6 +317,26 @@ class DeepSeekConfig:
     def replace(self, **changes: Any) -> DeepSeekConfig:
         """A copy with `changes` applied and validated (dataclasses.replace)."""
         return dataclasses.replace(self, **changes)
+
+
+def check_keep_range(keep: Any, num_experts_per_tok: int, n_routed_experts: int,
+                     name: str = "keep") -> int:
+    """`keep` as an int if it is a number of routed experts a MoE layer can be pruned to:
+    an integer in [num_experts_per_tok, n_routed_experts] (every token routes to
+    num_experts_per_tok distinct experts). V2/V3 and V4 configs share this rule.
+
+    Raises:
+      ValueError: naming `name` and the value.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, numbers.Integral):  # numpy ints too
+        raise ValueError(f"{name}={keep!r} must be an integer")
+    keep = int(keep)
+    k, n_experts = num_experts_per_tok, n_routed_experts
+    if not k <= keep <= n_experts:
+        raise ValueError(f"{name}={keep} must be in [num_experts_per_tok={k}, "
+                         f"n_routed_experts={n_experts}]: every token routes to {k} "
+                         "distinct experts")
+    return keep
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from models.deepseek.config import _check_float, _check_int
+from models.deepseek.config import _check_float, _check_int, check_keep_range
 from models.deepseek.rope_scaling import normalize_rope_scaling
 
 SLIDING = "sliding_attention"
@@ -294,6 +294,17 @@ class DeepSeekV4Config:
             layer_types=tuple(self.layer_types) + (MTP_LAYER_TYPE,) * depth,
             mlp_layer_types=tuple(self.mlp_layer_types) + (MTP_MLP_LAYER_TYPE,) * depth,
             num_nextn_predict_layers=0)
+
+    def check_keep_experts(self, keep: Any, name: str = "keep") -> int:
+        """`keep` as an int if pruning every MoE layer (all are) to `keep` routed experts
+        leaves valid routers: an integer in [num_experts_per_tok, n_routed_experts]
+        (`models/deepseek/config.check_keep_range`; hash layers' tables are rewritten to the
+        kept experts, `expert_pruning.prune_tid2eid`).
+
+        Raises:
+          ValueError: naming `name` and the value.
+        """
+        return check_keep_range(keep, self.num_experts_per_tok, self.n_routed_experts, name)
 
     # ------------------------------------------------------------------ (de)serialization
 

@@ -40,8 +40,6 @@ merge quantized again, `quantization.requantized`), as V3's pruning does.
 
 from __future__ import annotations
 
-import numbers
-
 import keras
 import numpy as np
 import tensorflow as tf
@@ -56,25 +54,6 @@ from models.deepseek.quantization import (
     unquantized_projections,
 )
 from models.deepseek_v4.config import DeepSeekV4Config
-
-
-def check_keep_experts(config: DeepSeekV4Config, keep, name: str = "keep") -> int:
-    """`keep` as an int if every MoE layer can be pruned to `keep` routed experts.
-
-    Raises:
-      ValueError: naming `name` and the value: not an integer in
-        [num_experts_per_tok, n_routed_experts] (every token routes to
-        num_experts_per_tok distinct experts).
-    """
-    if isinstance(keep, bool) or not isinstance(keep, numbers.Integral):  # numpy ints too
-        raise ValueError(f"{name}={keep!r} must be an integer")
-    keep = int(keep)
-    k, n_experts = config.num_experts_per_tok, config.n_routed_experts
-    if not k <= keep <= n_experts:
-        raise ValueError(f"{name}={keep} must be in [num_experts_per_tok={k}, "
-                         f"n_routed_experts={n_experts}]: every token routes to {k} "
-                         "distinct experts")
-    return keep
 
 
 def _checked_load(config: DeepSeekV4Config, load) -> np.ndarray:
@@ -97,7 +76,7 @@ def select_experts(config: DeepSeekV4Config, keep: int, load) -> list[np.ndarray
 
     Args:
       config: the unpruned model's DeepSeekV4Config.
-      keep: routed experts to keep per layer (`check_keep_experts`).
+      keep: routed experts to keep per layer (`DeepSeekV4Config.check_keep_experts`).
       load: float (num_moe_layers, n_routed_experts), e.g. `expert_load(...)`.
 
     Returns:
@@ -109,14 +88,14 @@ def select_experts(config: DeepSeekV4Config, keep: int, load) -> list[np.ndarray
         n_routed_experts] or not an integer; `load` not (M, n_routed_experts), not
         finite, or negative.
     """
-    keep = check_keep_experts(config, keep)
+    keep = config.check_keep_experts(keep)
     load = _checked_load(config, load)
     return [np.sort(_ranked(row)[:keep]).astype(np.int64) for row in load]
 
 
 def pruned_config(config: DeepSeekV4Config, keep: int) -> DeepSeekV4Config:
     """`config` with n_routed_experts = keep (validated; V4 routers have no groups)."""
-    return config.replace(n_routed_experts=check_keep_experts(config, keep))
+    return config.replace(n_routed_experts=config.check_keep_experts(keep))
 
 
 def prune_tid2eid(table, kept: np.ndarray, load_row) -> np.ndarray:
