@@ -3,7 +3,10 @@ for the tests of elastic training (`components/trainer/launcher.py`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import threading
 import time
 
 from components.trainer import heartbeat
@@ -22,3 +25,28 @@ def inject(log_dir, faults, sent: list[float]) -> None:
                 sent.append(time.time())
                 break
             time.sleep(0.01)
+
+
+def run_cluster_job(config, num_workers: int, train_file: str, workdir, faults=()) -> dict:
+    """Trains `config` (a PipelineConfig) on `num_workers` loopback workers
+    (`launcher.run_workers`); each of `faults` = (worker, signal, after step) is sent to that
+    worker once its heartbeat reaches the step (`inject`). The result JSON, with "restarts"
+    (`launcher.Restart` dicts) and "faults" (unix time of each signal)."""
+    from components.trainer import job as job_lib
+    from components.trainer import launcher
+
+    job = job_lib.TrainingJob(
+        pipeline_config=config.to_json(), train_files=[train_file],
+        checkpoint_dir=str(workdir / "ckpt"), log_dir=str(workdir / "logs"),
+        result_path=str(workdir / "result.json"),
+        peak_flops_per_device=1e11, peak_flops_source="fixed for the test")
+    sent: list[float] = []
+    injector = threading.Thread(target=inject, args=(workdir / "logs", faults, sent), daemon=True)
+    injector.start()
+    restarts = launcher.run_workers(job, num_workers, job_dir=str(workdir / "logs"),
+                                    timeout_s=900)
+    injector.join(timeout=1)
+    assert len(sent) == len(faults), f"only {len(sent)} of the faults {faults} were sent"
+    with open(job.result_path) as f:
+        return {**json.load(f), "restarts": [dataclasses.asdict(r) for r in restarts],
+                "faults": sent}

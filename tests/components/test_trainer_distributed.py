@@ -14,18 +14,16 @@ global batch, so only the order of floating-point sums differs.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 
 import numpy as np
 import pytest
-from fault_injection import inject
+from fault_injection import run_cluster_job
 
 from components.trainer import job as job_lib
 from components.trainer import launcher
@@ -49,21 +47,7 @@ def run_cluster(num_workers: int, train_file: str, workdir, faults=(), **train) 
     config = get_config("tiny", {"train.train_steps": STEPS, "train.log_every": 1,
                                  "train.checkpoint_every": 25,
                                  **{f"train.{k}": v for k, v in train.items()}})
-    job = job_lib.TrainingJob(
-        pipeline_config=config.to_json(), train_files=[train_file],
-        checkpoint_dir=str(workdir / "ckpt"), log_dir=str(workdir / "logs"),
-        result_path=str(workdir / "result.json"),
-        peak_flops_per_device=1e11, peak_flops_source="fixed for the test")
-    sent: list[float] = []
-    injector = threading.Thread(target=inject, args=(workdir / "logs", faults, sent), daemon=True)
-    injector.start()
-    restarts = launcher.run_workers(job, num_workers, job_dir=str(workdir / "logs"),
-                                    timeout_s=900)
-    injector.join(timeout=1)
-    assert len(sent) == len(faults), f"only {len(sent)} of the faults {faults} were sent"
-    with open(job.result_path) as f:
-        return {**json.load(f), "restarts": [dataclasses.asdict(r) for r in restarts],
-                "faults": sent}
+    return run_cluster_job(config, num_workers, train_file, workdir, faults)
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,13 @@ restarted worker routes as before.
 
 from __future__ import annotations
 
-import json
 import signal
-import threading
 
 import numpy as np
 import pytest
-from fault_injection import inject
+from fault_injection import run_cluster_job
 from numerics import assert_float32_close
 
-from components.trainer import job as job_lib
-from components.trainer import launcher
 from config import get_config
 
 pytestmark = pytest.mark.slow  # worker processes: TensorFlow imports, a loopback cluster
@@ -42,20 +38,7 @@ def poem_file(chinese_poems, tmp_path_factory):
 def run_cluster(num_workers: int, train_file: str, workdir, faults=()) -> dict:
     config = get_config("tiny_v4", {"train.train_steps": STEPS, "train.log_every": 1,
                                     "train.checkpoint_every": 10})
-    job = job_lib.TrainingJob(
-        pipeline_config=config.to_json(), train_files=[train_file],
-        checkpoint_dir=str(workdir / "ckpt"), log_dir=str(workdir / "logs"),
-        result_path=str(workdir / "result.json"),
-        peak_flops_per_device=1e11, peak_flops_source="fixed for the test")
-    sent: list[float] = []
-    injector = threading.Thread(target=inject, args=(workdir / "logs", faults, sent), daemon=True)
-    injector.start()
-    restarts = launcher.run_workers(job, num_workers, job_dir=str(workdir / "logs"),
-                                    timeout_s=900)
-    injector.join(timeout=1)
-    assert len(sent) == len(faults)
-    with open(job.result_path) as f:
-        return {**json.load(f), "restarts": restarts}
+    return run_cluster_job(config, num_workers, train_file, workdir, faults)
 
 
 def test_two_workers_follow_one_and_a_killed_worker_resumes_to_the_same_loss(poem_file,
@@ -74,7 +57,7 @@ def test_two_workers_follow_one_and_a_killed_worker_resumes_to_the_same_loss(poe
     assert loss_1[-3:].mean() < loss_1[:3].mean()  # it trains
     assert one["tid2eid"]["tokens_counted"] == two["tid2eid"]["tokens_counted"] > 0
     (lost,) = killed["restarts"]
-    assert lost.cause == "lost" and lost.resumed_from_step == 10, lost
+    assert lost["cause"] == "lost" and lost["resumed_from_step"] == 10, lost
     assert killed["history"][-1]["step"] == STEPS
     assert_float32_close(killed["final_loss"], two["final_loss"], ulps=RESTART_ULPS,
                          err_msg="final loss after kill -9 and resume")
