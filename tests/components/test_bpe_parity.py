@@ -107,6 +107,7 @@ def learned_pair(learned):
     return _pair(learned)
 
 
+@pytest.mark.slow
 def test_deepseek_tokenizer_multilingual(deepseek_pair, deepseek):
     assert deepseek.vocab_size == 129_280 and len(deepseek.merges) == 127_741
     assert deepseek.eos_id == 1 and deepseek.pad_id == 1
@@ -116,6 +117,7 @@ def test_deepseek_tokenizer_multilingual(deepseek_pair, deepseek):
     _check(deepseek_pair, [t for t in MULTILINGUAL if "<｜" not in t])
 
 
+@pytest.mark.slow
 def test_learned_tokenizer_multilingual(learned_pair, learned):
     """Trained on Shakespeare alone, it still encodes every script exactly and losslessly."""
     assert learned.vocab_size == 2000 and learned.eos_id == tokenizer.EOS_ID
@@ -153,6 +155,7 @@ def test_random_text_learned(learned_pair, texts):
     _check(learned_pair, texts, round_trip="<｜" not in "".join(texts))
 
 
+@pytest.mark.slow
 def test_unicode_classes_match_the_installed_tokenizers():
     """The generated class tables are still what `tokenizers` and RE2 disagree on."""
     assert unicode_classes.reference_extras() == unicode_classes.ONIGURUMA_EXTRAS

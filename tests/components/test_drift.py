@@ -67,6 +67,7 @@ def _unsliced_statistics(texts, path):
     return tfdv.load_stats_binary(path)
 
 
+@pytest.mark.slow
 def test_shakespeare_does_not_drift_from_itself_but_code_does(shakespeare, tmp_path):
     from components.drift_validator.executor import compare
 
@@ -106,6 +107,7 @@ def test_schema_needs_every_profile_feature():
         profile.drift_schema(stats, THRESHOLDS)
 
 
+@pytest.mark.slow
 def test_chinese_profile_uses_characters_and_detects_drift(chinese_poems, shakespeare,
                                                            tmp_path):
     from components.drift_validator.executor import compare

@@ -4,6 +4,7 @@ the completion's tokens are targets, its EOS included) and the resumable samplin
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from components.trainer import grpo
@@ -86,6 +87,7 @@ def _batches(n: int):
                "answer_length": tf.constant([[1, 1]])}
 
 
+@pytest.mark.slow
 def test_mu_updates_share_a_rollout_and_a_resumed_run_samples_it_again():
     step, seen = _grpo_step(consumed=0)
     batches = _batches(3)

@@ -46,6 +46,7 @@ def _step(config, model, reference):
                                       micro_batches=1, grad_clip_norm=1.0, objective=objective)
 
 
+@pytest.mark.slow
 def test_the_dpo_step_loss_is_dpo_loss_of_policy_and_reference():
     config, model, reference = _models()
     batch = _batch(config.model.vocab_size)
@@ -63,6 +64,7 @@ def test_the_dpo_step_loss_is_dpo_loss_of_policy_and_reference():
     assert not bool(out["skipped"])
 
 
+@pytest.mark.slow
 def test_a_nan_reference_skips_the_step_and_changes_nothing():
     config, model, reference = _models()
     kernel = reference.trainable_variables[0]

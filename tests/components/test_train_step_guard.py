@@ -87,6 +87,7 @@ def poison(model):
 
 
 @pytest.mark.parametrize("micro", [1, 2])
+@pytest.mark.slow
 def test_a_non_finite_step_changes_nothing_and_is_counted(micro):
     config = tiny(grad_accum_steps=micro)
     state = train_loop.setup(config, tf.distribute.get_strategy(), "float32", warm_start=False)
@@ -108,6 +109,7 @@ def test_a_non_finite_step_changes_nothing_and_is_counted(micro):
     assert int(state.optimizer.iterations.numpy()) == before["iterations"] + 1
 
 
+@pytest.mark.slow
 def test_the_loop_counts_skips_and_stops_after_max_skipped_steps(tmp_path, monkeypatch):
     config = tiny(train_steps=6, max_skipped_steps=3, checkpoint_every=2, log_every=1)
     setup = train_loop.setup
@@ -129,6 +131,7 @@ def test_the_loop_counts_skips_and_stops_after_max_skipped_steps(tmp_path, monke
     assert tf.train.latest_checkpoint(str(tmp_path / "ckpt2")).endswith("ckpt-2")
 
 
+@pytest.mark.slow
 def test_mixed_float16_overflow_skip_follows_the_same_rule():
     """Under mixed_float16 the LossScaleOptimizer skips the step and halves its scale;
     the router biases and the step counter follow: nothing else changes."""

@@ -197,6 +197,7 @@ def pretrain_batches():
 
 
 @pytest.mark.parametrize("rule", ["top:1", r"self_attn/(q_b_proj|o_proj)"])
+@pytest.mark.slow
 def test_frozen_weights_are_bit_identical_and_get_no_slots(rule, pretrain_batches, tmp_path):
     config = tiny(trainable=rule)
     start = initial_weights(config)

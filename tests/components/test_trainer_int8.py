@@ -71,6 +71,7 @@ def int8_base(tmp_path_factory):
     return saved, stored, held_out_loss(model, tiny())
 
 
+@pytest.mark.slow
 def test_lora_on_an_int8_base_keeps_it_bit_identical_and_learns(int8_base, tmp_path):
     saved, stored, loss_before = int8_base
     config = tiny()

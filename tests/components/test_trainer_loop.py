@@ -110,6 +110,7 @@ def test_resume_after_a_crash_continues_the_same_run(reference, train_file, tmp_
     assert again.resumed_from_step == STEPS and again.steps_run == 0
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(train_file, tmp_path):
     # lr 1e25 from step 2 on: the weights blow up, turn Inf/NaN, and so does the loss.
     # Whichever is seen first (a NaN loss, or a NaN weight before saving) stops the run.
@@ -173,6 +174,7 @@ def test_mixed_bfloat16_keeps_router_norm_statistics_and_loss_in_float32():
     assert weights.dtype == tf.float32 and scores.dtype == tf.float32
 
 
+@pytest.mark.slow
 def test_mixed_float16_trains_with_dynamic_loss_scaling(train_file, tmp_path):
     config = tiny_config(train_steps=3, checkpoint_every=3, recompute_activations=True)
     result = run(config, train_file, tmp_path, precision="mixed_float16")

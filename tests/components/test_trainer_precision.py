@@ -48,6 +48,7 @@ def bf16_base(tmp_path_factory):
     return directory, stored
 
 
+@pytest.mark.slow
 def test_lora_on_a_bf16_base_keeps_the_base_bf16_and_trains_float32_adapters(bf16_base,
                                                                               tmp_path):
     base_dir, base_weights = bf16_base
@@ -89,6 +90,7 @@ def test_lora_adapters_and_their_optimizer_slots_are_float32(bf16_base):
     assert layer.compute_dtype == "bfloat16"  # the adapted layer still computes in bf16
 
 
+@pytest.mark.slow
 def test_full_fine_tuning_of_a_bf16_base_trains_float32_master_weights(bf16_base, tmp_path):
     base_dir, base_weights = bf16_base
     config = tiny()

@@ -196,6 +196,7 @@ def test_saved_model_round_trip(tiny_model, tmp_path):
     assert loaded.logits(_ids(1, 3)).shape == (1, 3, 64)
 
 
+@pytest.mark.slow
 def test_tiny_overfit_trains_attention_moe_and_mtp(tiny_config):
     keras.utils.set_random_seed(7)
     model = DeepSeekCausalLM(tiny_config.replace(aux_loss_alpha=0.001))

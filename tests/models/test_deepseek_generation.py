@@ -30,6 +30,7 @@ def test_greedy_is_deterministic_and_cached_equals_uncached(tiny_model):
                                   tokens[:, 4:])
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible(tiny_model):
     prompt = _prompt(seed=1)
     a, _ = generate(tiny_model, prompt, 8, temperature=1.0, seed=42)

@@ -94,6 +94,7 @@ def test_bad_cache_and_overflow_are_named(small_model):
 # ----------------------------------------------------------------------------- equality
 
 
+@pytest.mark.slow
 def test_token_by_token_decode_equals_the_full_forward(small_model):
     ids = _ids(2, 30, seed=1)
     full = small_model(tf.constant(ids)).numpy()
@@ -128,6 +129,7 @@ def test_right_padded_batch_decodes_each_row_as_if_alone(small_model):
         assert _max_diff(np.concatenate(batched[b]), expected) < TOLERANCE, f"row {b}"
 
 
+@pytest.mark.slow
 def test_rewind_to_an_earlier_index_overwrites_correctly(small_model):
     ids = _ids(1, 28, seed=5)
     _, cache = _run_chunks(small_model, ids, [20] + [1] * 8)
@@ -140,6 +142,7 @@ def test_rewind_to_an_earlier_index_overwrites_correctly(small_model):
     assert _max_diff(got, expected) < TOLERANCE
 
 
+@pytest.mark.slow
 def test_generate_greedy_equals_repeated_full_forwards(small_model):
     prompt = _ids(1, 13, seed=7)
     tokens, lengths = generation.generate(small_model, tf.constant(prompt), 8,
@@ -152,6 +155,7 @@ def test_generate_greedy_equals_repeated_full_forwards(small_model):
     np.testing.assert_array_equal(tokens.numpy(), expected)
 
 
+@pytest.mark.slow
 def test_generate_batched_prompts_of_different_lengths(small_model):
     prompts = _ids(2, 12, seed=8)
     tokens, _ = generation.generate(small_model, tf.constant(prompts), 5, temperature=0.0,
@@ -217,6 +221,7 @@ def _compiled_step(model):
         tf.TensorSpec([None, None], tf.int32), cache_spec, tf.TensorSpec([], tf.int32)])
 
 
+@pytest.mark.slow
 def test_fixture_prefill_200_then_decode_to_300_matches_full_and_transformers(fixture_model):
     ids = np.load(FIXTURE / "input_ids.npy")  # (2, 300)
     full = fixture_model(tf.constant(ids)).numpy()
@@ -231,6 +236,7 @@ def test_fixture_prefill_200_then_decode_to_300_matches_full_and_transformers(fi
     assert _max_diff(chunked, full) < TOLERANCE
 
 
+@pytest.mark.slow
 def test_fixture_generate_matches_transformers_greedy_generation():
     """`generate` (prefill, then one cached token per step) reproduces transformers'
     `generate(do_sample=False)` on the `generation/` fixture (CSA, HCA rate 32)."""

@@ -189,6 +189,7 @@ def test_forward_train_reports_dropped_pairs(tiny_model):
                              err_msg=f"recompute {v.path}")
 
 
+@pytest.mark.slow
 def test_forward_train_with_capacity_compiles_with_xla(tiny_model):
     ids = tf.constant(np.random.default_rng(9).integers(0, 64, size=(2, 8)), tf.int32)
     variables = tiny_model.trainable_variables

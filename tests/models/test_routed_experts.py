@@ -113,6 +113,7 @@ def test_dropless_gradients_equal_the_reference_gradients(tiny_config):
         assert_float32_close(ours, ref, ulps=8, err_msg=name)
 
 
+@pytest.mark.slow
 def test_int8_experts_equal_keras_int8_dense_per_expert(tiny_config):
     """Per expert, the stacked int8 call is Keras 3.6's int8 Dense on that expert's kernel:
     the same per-channel weight scales and per-token input scales."""

@@ -10,6 +10,7 @@ that silently lack most of the model.
 """
 
 import keras
+import pytest
 import tensorflow as tf
 
 from models.deepseek._tracking import with_layer_lists
@@ -124,6 +125,7 @@ def test_checkpoint_keys_are_the_saved_models(tmp_path):
                 if name.startswith("model/blocks/")], FIXED
 
 
+@pytest.mark.slow
 def test_the_keras_internals_of_expert_projection_are_as_pinned():
     """`ExpertProjection` (stacked experts) adds LoRA weights after build by unlocking the
     layer's `_tracker`, as Keras' Dense.enable_lora does, and marks itself quantized with

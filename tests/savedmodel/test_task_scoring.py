@@ -19,6 +19,9 @@ from savedmodel.tasks import (
     Task,
 )
 
+# Slow tier: the module's fixture exports a tiny text SavedModel (about 11 s on 2 cores).
+pytestmark = pytest.mark.slow
+
 UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 5, " over": 7,
          "Question": 8, "Answer": 8, ":": 9, "\n": 30, "床前": 6, "明月": 4, "。": 10, "，": 20}
 VOCAB, CONTEXT = 300, 48

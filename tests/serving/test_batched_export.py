@@ -8,6 +8,9 @@ import dataclasses
 import pytest
 import tensorflow as tf
 
+# Slow tier: a child pytest process (tests/conftest.py) that exports batched SavedModels.
+pytestmark = pytest.mark.slow
+
 UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 5, " over": 7,
          " lazy": 4, " dog": 8, "你好": 6, "世界": 5, "。": 10, ",": 20, " 12": 7, "345": 3,
          "\r\n": 15, "\n\n": 10, "😀": 4}

@@ -95,6 +95,7 @@ def _generate(module, prompt, max_new_tokens, temperature, top_k, top_p, seed):
 @pytest.mark.parametrize("knobs", [dict(temperature=0.0, top_k=0, top_p=1.0, seed=0),
                                    dict(temperature=1.0, top_k=20, top_p=0.95, seed=7)],
                          ids=["greedy", "sampled"])
+@pytest.mark.slow
 def test_a_first_reply_equals_the_generate_signature(kind, knobs, subject):
     session = _session(subject, kind, max_new_tokens=12, **knobs)
     for prompt in PROMPTS:
@@ -258,6 +259,7 @@ def test_a_logits_only_model_is_refused_in_one_line(saved):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_the_cli_chats_from_a_saved_model(subject, saved, monkeypatch, capsys):
     """`chat` reads the model, tokenizer, template and defaults of the directory
     (`ChatSession.from_dir`); the same from a pipe: tests/e2e/test_chat_e2e.py."""

@@ -25,6 +25,9 @@ import pytest
 import tensorflow as tf
 from tiny_text_model import save_tiny_text_model
 
+# Slow tier: the module's fixture exports a tiny chat SavedModel (about 30 s on 2 cores).
+pytestmark = pytest.mark.slow
+
 UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 5, " over": 7,
          "ROMEO": 6, ":": 9, "\n": 30, "你好": 6, "世界": 5, "。": 10, "，": 20, "明月": 4}
 VOCAB, CONTEXT, NEW = 300, 64, 8  # tokenizer size = vocab_size; max_position_embeddings

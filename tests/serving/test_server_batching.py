@@ -31,6 +31,9 @@ from serving.http_app import make_app, serving_in_thread
 from serving.load_test import post_json
 from serving.server import ModelServer
 
+# Slow tier: the module's fixture exports a tiny text SavedModel (about 25 s on 2 cores).
+pytestmark = pytest.mark.slow
+
 UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 5, " over": 7,
          "\n\n": 10}
 PROMPTS = ["the", "the quick", "", "fox", " brown fox", "the the the", "quick", "\n\nthe"]
