@@ -27,10 +27,12 @@ def inject(log_dir, faults, sent: list[float]) -> None:
             time.sleep(0.01)
 
 
-def run_cluster_job(config, num_workers: int, train_file: str, workdir, faults=()) -> dict:
+def run_cluster_job(config, num_workers: int, train_file: str, workdir, faults=(),
+                    **job_fields) -> dict:
     """Trains `config` (a PipelineConfig) on `num_workers` loopback workers
     (`launcher.run_workers`); each of `faults` = (worker, signal, after step) is sent to that
-    worker once its heartbeat reaches the step (`inject`). The result JSON, with "restarts"
+    worker once its heartbeat reaches the step (`inject`). `job_fields`: further
+    `TrainingJob` fields (e.g. base_model, tokenizer_dir). The result JSON, with "restarts"
     (`launcher.Restart` dicts) and "faults" (unix time of each signal)."""
     from components.trainer import job as job_lib
     from components.trainer import launcher
@@ -39,7 +41,7 @@ def run_cluster_job(config, num_workers: int, train_file: str, workdir, faults=(
         pipeline_config=config.to_json(), train_files=[train_file],
         checkpoint_dir=str(workdir / "ckpt"), log_dir=str(workdir / "logs"),
         result_path=str(workdir / "result.json"),
-        peak_flops_per_device=1e11, peak_flops_source="fixed for the test")
+        peak_flops_per_device=1e11, peak_flops_source="fixed for the test", **job_fields)
     sent: list[float] = []
     injector = threading.Thread(target=inject, args=(workdir / "logs", faults, sent), daemon=True)
     injector.start()

@@ -12,17 +12,13 @@ gradient.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import signal
-import threading
 
 import numpy as np
 import pytest
-from fault_injection import inject
+from fault_injection import run_cluster_job
 
-from components.trainer import data, launcher, model_io
-from components.trainer import job as job_lib
+from components.trainer import data, model_io
 from config import get_config
 from config.sections import GenerationConfig
 from corpus import addition
@@ -79,24 +75,11 @@ def base_config(reward_file: str, **train):
 
 def run_grpo(num_workers: int, files, workdir, faults=()) -> dict:
     """GRPO for STEPS steps on `num_workers` loopback workers, with `faults` (worker,
-    signal, after step) sent as the heartbeats pass the step; the result JSON plus
-    "restarts"."""
+    signal, after step) sent as the heartbeats pass the step (`run_cluster_job`); the
+    result JSON plus "restarts"."""
     train_file, base, tokenizer_dir, reward = files
-    job = job_lib.TrainingJob(
-        pipeline_config=base_config(reward).to_json(), train_files=[train_file],
-        checkpoint_dir=str(workdir / "ckpt"), log_dir=str(workdir / "logs"),
-        result_path=str(workdir / "result.json"), peak_flops_per_device=1e11,
-        peak_flops_source="fixed for the test", base_model=base, tokenizer_dir=tokenizer_dir)
-    sent: list[float] = []
-    injector = threading.Thread(target=inject, args=(workdir / "logs", faults, sent),
-                                daemon=True)
-    injector.start()
-    restarts = launcher.run_workers(job, num_workers, job_dir=str(workdir / "logs"),
-                                    timeout_s=900)
-    injector.join(timeout=1)
-    assert len(sent) == len(faults), f"only {len(sent)} of the faults {faults} were sent"
-    with open(job.result_path) as f:
-        return {**json.load(f), "restarts": [dataclasses.asdict(r) for r in restarts]}
+    return run_cluster_job(base_config(reward), num_workers, train_file, workdir, faults,
+                           base_model=base, tokenizer_dir=tokenizer_dir)
 
 
 def _by_step(run: dict, key: str) -> dict[int, float]:
