@@ -31,8 +31,8 @@ from __future__ import annotations
 import re
 
 import tensorflow as tf
-import tensorflow_text as tf_text
 
+from tokenization import ragged_ops
 from tokenization.byte_level_bpe import ID_BITS, AddedToken, ByteLevelBpe
 from tokenization.pre_tokenizer import PreTokenizer, nul_safe
 
@@ -104,9 +104,9 @@ class BytePairEncoder(tf.Module):
         for pattern in self._added_patterns:
             flat = parts.flat_values
             is_added = self._added_table.lookup(flat) >= 0  # (P,) already an added token
-            split = nul_safe(lambda t, p=pattern: tf_text.regex_split(t, p, p), flat)  # (P, (pieces))
+            split = nul_safe(lambda t, p=pattern: ragged_ops.regex_split(t, p), flat)  # (P, (pieces))
             split = _keep_whole(flat, split, is_added)  # found by an earlier group: stays
-            parts = parts.with_flat_values(split).merge_dims(1, 2)  # (N, (parts))
+            parts = ragged_ops.merge_inner(parts, split)  # (N, (parts))
         flat = parts.flat_values  # (P,)
         added_id = self._added_table.lookup(flat)  # (P,) -1 for plain text
         is_added = added_id >= 0
@@ -120,14 +120,14 @@ class BytePairEncoder(tf.Module):
         order = tf.math.invert_permutation(
             tf.cast(tf.concat([plain_positions, added_positions], 0), tf.int32))  # (P,)
         part_ids = tf.gather(stacked, order)  # (P, (ids))
-        return parts.with_flat_values(part_ids).merge_dims(1, 2)  # (N, (ids))
+        return ragged_ops.merge_inner(parts, part_ids)  # (N, (ids))
 
     def _encode_plain(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """Text without added tokens -> ids, tf.int64 ragged [N, (tokens)]."""
         pieces = self.pre_tokenizer(texts)  # (N, (pieces))
         distinct, index = tf.unique(pieces.flat_values)  # (U,), (P,)
         ids = self._merge(distinct)  # (U, (ids))
-        return pieces.with_flat_values(tf.gather(ids, index)).merge_dims(1, 2)  # (N, (ids))
+        return ragged_ops.merge_inner(pieces, tf.gather(ids, index))  # (N, (ids))
 
     def _merge(self, words: tf.Tensor) -> tf.RaggedTensor:
         """BPE over each word's bytes: tf.string [U] -> tf.int64 ragged [U, (ids)]."""
@@ -152,8 +152,8 @@ class BytePairEncoder(tf.Module):
             (symbols.flat_values, symbols.value_rowids(), empty, empty),
             shape_invariants=(tf.TensorShape([None]),) * 4)
         order = tf.argsort(done_word, stable=True)  # words in order, symbols in order
-        return tf.RaggedTensor.from_value_rowids(tf.gather(done_flat, order),
-                                                 tf.gather(done_word, order), nrows=num_words)
+        return ragged_ops.from_value_rowids(tf.gather(done_flat, order),
+                                            tf.gather(done_word, order), num_words)
 
     # -- decoding ---------------------------------------------------------------
     def decode(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:

@@ -39,9 +39,8 @@ import dataclasses
 from typing import Any
 
 import tensorflow as tf
-import tensorflow_text as tf_text
 
-from tokenization import unicode_classes
+from tokenization import ragged_ops, unicode_classes
 
 
 class UnsupportedTokenizerError(ValueError):
@@ -234,11 +233,11 @@ class PreTokenizer:
             flat = pieces.flat_values  # (P,)
             if step.whitespace_lookahead:
                 cut = cut_before(flat, WHITESPACE_CUT)  # (P, (sub-pieces))
-                split = tf_text.regex_split(cut.flat_values, pattern, pattern)
-                split = cut.with_flat_values(split).merge_dims(1, 2)  # (P, (parts))
+                split = ragged_ops.regex_split(cut.flat_values, pattern)  # (Q, (parts))
+                split = ragged_ops.merge_inner(cut, split)  # (P, (parts))
             else:
-                split = tf_text.regex_split(flat, pattern, pattern)  # (P, (parts))
-            pieces = pieces.with_flat_values(split).merge_dims(1, 2)  # (N, (parts))
+                split = ragged_ops.regex_split(flat, pattern)  # (P, (parts))
+            pieces = ragged_ops.merge_inner(pieces, split)  # (N, (parts))
         return pieces
 
 
@@ -288,7 +287,7 @@ def cut_before(pieces: tf.Tensor, pattern: str) -> tf.RaggedTensor:
     Returns:
       tf.string ragged [P, (sub-pieces)]; joining a row gives the piece back.
     """
-    parts = tf_text.regex_split(pieces, pattern, pattern)  # (P, (parts))
+    parts = ragged_ops.regex_split(pieces, pattern)  # (P, (parts))
     flat = parts.flat_values  # (Q,)
     # A part matching the pattern whole is a match (a stretch between matches
     # cannot be one: the scan would have matched it).
@@ -302,4 +301,4 @@ def cut_before(pieces: tf.Tensor, pattern: str) -> tf.RaggedTensor:
     num_groups = tf.reduce_sum(tf.cast(starts, tf.int64))
     joined = tf.strings.unsorted_segment_join(flat, group, num_groups)  # (G,)
     groups_per_row = tf.reduce_sum(parts.with_flat_values(tf.cast(starts, tf.int64)), axis=1)
-    return tf.RaggedTensor.from_row_lengths(joined, groups_per_row)
+    return ragged_ops.from_row_lengths(joined, groups_per_row)  # (P, (sub-pieces))

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping
 import tensorflow as tf
 
 from common.json_file import read_json
+from tokenization import ragged_ops
 from tokenization.byte_level_bpe import (
     BOS_TOKEN,
     EOS_TOKEN,
@@ -70,7 +71,7 @@ def units(texts: tf.Tensor, pre_tokenizer: PreTokenizer) -> tf.RaggedTensor:
     """
     pieces = pre_tokenizer.split_all_but_last(texts)  # (N, (pieces))
     cut = cut_before(pieces.flat_values, _UNIT_START)  # (P, (units))
-    return pieces.with_flat_values(cut).merge_dims(1, 2)
+    return ragged_ops.merge_inner(pieces, cut)  # (N, (units))
 
 
 def learn(unit_counts: Mapping[str | bytes, int], vocab_size: int,
