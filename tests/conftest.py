@@ -73,22 +73,24 @@ SHARED_RUN_GROUP = "e2e_shared_run"
 HEAVIEST_FIRST = (
     SHARED_RUN_GROUP,
     "tests/e2e/test_preference_e2e.py",
-    "tests/e2e/test_warm_start_e2e.py",
-    "tests/e2e/test_trainer_distributed_e2e.py",
-    "tests/e2e/test_runners_e2e.py",
-    "tests/e2e/test_notebook.py",
-    "tests/e2e/test_v4_e2e.py",
-    "tests/components/test_trainer_v4_distributed.py",
-    "tests/e2e/test_bad_input_e2e.py",
     "tests/components/test_trainer_distributed.py",
+    "tests/e2e/test_trainer_distributed_e2e.py",
     "tests/components/test_trainer_v4.py",
+    "tests/components/test_trainer_v4_distributed.py",
+    "tests/e2e/test_v4_e2e.py",
+    "tests/e2e/test_runners_e2e.py",
+    "tests/e2e/test_bad_input_e2e.py",
+    "tests/e2e/test_notebook.py",
+    "tests/serving/test_v4_text.py",
 )
 # Modules that run in a child pytest process (tests/child_process.py): what they leave
 # behind in a process, measured with `--durations` and per-test RSS on 2 cores:
 # DeepSeek's 129K-id tokenizer in SavedModel exports (+3.4 GB), two tokenizers' tables
-# (+1.9 GB), in-process pipeline runs (+1.5 GB), batched generate exports (+1.2 GB).
+# (+1.9 GB), in-process pipeline runs (+1.5 GB), batched generate exports (+1.2 GB),
+# V4 imports with DeepSeek-V4's tokenizer and their SavedModels (+2.0 GB).
 CHILD_PROCESS_MODULES = (
     "tests/serving/test_hf_tokenizer.py",
+    "tests/serving/test_v4_text.py",
     "tests/components/test_scoring.py",
     "tests/e2e/test_bad_input_e2e.py",
     "tests/serving/test_batched_export.py",
