@@ -140,10 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     quiet = console.QUIET_COMMANDS.get(args.command)
     if quiet is None:  # libraries log on the console, TensorFlow's C++ INFO and WARNING muted
         logging.basicConfig(level=logging.INFO, format=console.LOG_FORMAT)
-        for noisy in ("absl", "apache_beam", "tensorflow"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        return args.fn(args)
+        with console.library_loggers_at(logging.WARNING):
+            return args.fn(args)
     if hasattr(args, "preset") and hasattr(args, "set"):
         config_from_args(args, check_tokenizer=False)  # a bad value: one line, no log opened
     command_line = shlex.join(["deepseek-tfx"] + list(sys.argv[1:] if argv is None else argv))

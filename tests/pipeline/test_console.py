@@ -112,6 +112,19 @@ def test_in_process_sessions_restore_everything(tmp_path, capsys):
     assert console.stderr() is sys.stderr
 
 
+def test_a_command_that_is_not_quiet_leaves_the_library_loggers_as_they_were(capsys):
+    """`plan` (not quiet) mutes absl, Beam and TensorFlow below WARNING while it runs;
+    afterwards a later `run` in this process must still log Beam's INFO lines (the
+    runners e2e test reads them from its log)."""
+    loggers = [logging.getLogger(name) for name in console.NOISY_LOGGERS]
+    before = [logger.level for logger in loggers]
+    assert cli.main(["plan"]) == 0
+    assert [logger.level for logger in loggers] == before
+    with console.library_loggers_at(logging.ERROR):
+        assert all(logger.level == logging.ERROR for logger in loggers)
+    assert [logger.level for logger in loggers] == before
+
+
 def test_an_error_is_reported_with_its_causes_and_logged(tmp_path, capsys):
     log = tmp_path / "e.log"
     with pytest.raises(RuntimeError) as info:
