@@ -10,7 +10,8 @@ counts, splits gathered from valid splits), so its graph leaves the checks out.
 
 Measured (2-core AMD EPYC, DeepSeek-V3's pre-tokenizer, `tokenizer.units` and
 `PreTokenizer.__call__` in one tf.function): 3,868 graph nodes and 1,801 function
-nodes with the checks, 964 and 393 without; tracing 2.3-3.1 s -> 0.5-1.1 s.
+nodes with the checks, 821 and 330 without; tracing 2.3-3.1 s -> 0.4-0.9 s
+(`benchmarks/ragged_checks.py` compares the whole encoder both ways).
 tf.Transform traces `preprocessing_fn` about ten times per Transform run, and every
 SavedModel that holds the tokenizer (the pushed model's `tokenize`, `generate`,
 `serving_default`) builds and loads that graph.
