@@ -97,7 +97,6 @@ def library_loggers_at(level: int):
             logger.setLevel(before)
 
 
-
 def default_log_dir() -> str:
     """`$DEEPSEEK_TFX_LOG_DIR` when set, else `$XDG_CACHE_HOME/deepseek-tfx/logs`, by
     default `~/.cache/deepseek-tfx/logs`."""
