@@ -54,7 +54,20 @@ import os
 import shlex
 import sys
 
-from cli import compare, console, harness, hf, kubeflow, metadata, plan, prune, run, serve, text
+from cli import (
+    compare,
+    console,
+    harness,
+    hf,
+    kubeflow,
+    library_logs,
+    metadata,
+    plan,
+    prune,
+    run,
+    serve,
+    text,
+)
 from cli.console import failure_message
 from cli.data import DEFAULT_CORPUS_NAME, DEFAULT_CORPUS_URL, default_corpus, split_data_path
 from cli.model_dir import resolve_model_dir
@@ -141,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if quiet is None:  # libraries log on the console, TensorFlow's C++ INFO and WARNING muted
         logging.basicConfig(level=logging.INFO, format=console.LOG_FORMAT)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        with console.library_loggers_at(logging.WARNING):
+        with library_logs.library_loggers_at(logging.WARNING):
             return args.fn(args)
     if hasattr(args, "preset") and hasattr(args, "set"):
         config_from_args(args, check_tokenizer=False)  # a bad value: one line, no log opened

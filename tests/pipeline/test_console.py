@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import cli
-from cli import console
+from cli import console, library_logs
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,11 +116,11 @@ def test_a_command_that_is_not_quiet_leaves_the_library_loggers_as_they_were(cap
     """`plan` (not quiet) mutes absl, Beam and TensorFlow below WARNING while it runs;
     afterwards a later `run` in this process must still log Beam's INFO lines (the
     runners e2e test reads them from its log)."""
-    loggers = [logging.getLogger(name) for name in console.NOISY_LOGGERS]
+    loggers = [logging.getLogger(name) for name in library_logs.NOISY_LOGGERS]
     before = [logger.level for logger in loggers]
     assert cli.main(["plan"]) == 0
     assert [logger.level for logger in loggers] == before
-    with console.library_loggers_at(logging.ERROR):
+    with library_logs.library_loggers_at(logging.ERROR):
         assert all(logger.level == logging.ERROR for logger in loggers)
     assert [logger.level for logger in loggers] == before
 
