@@ -27,10 +27,14 @@ seed makes a row's results reproducible whatever else is in the batch.
 import tensorflow as tf
 
 _INT32_MAX = 2**31 - 1
+# Prompt tokens per cached prefill call: a longer prompt runs through the cache in chunks
+# of this many, so a call's attention scores are (chunk, keys), never (P, P).
+PREFILL_CHUNK = 1024
 
 
 def generate(model, input_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
-             seed=None, stop_token_id=None, use_cache=True, prompt_lengths=None, absorb=True):
+             seed=None, stop_token_id=None, use_cache=True, prompt_lengths=None, absorb=True,
+             prefill_chunk=PREFILL_CHUNK):
     """Extends each prompt by up to its `max_new_tokens` tokens.
 
     Every knob may be a scalar (all rows) or a (B,) vector (one value per row).
@@ -54,6 +58,9 @@ def generate(model, input_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1
       prompt_lengths: int32 (B,), each in [1, P]; None = every row is P long.
       absorb: cached decoding attends in MLA's latent space (see
         `MultiHeadLatentAttention`); False re-expands the cache every step.
+      prefill_chunk: with the cache, prompts longer than this run through it in chunks
+        of this many tokens (`tf.while_loop`; the last chunk padded), so no call holds
+        (P, P) attention scores; a prompt of at most this many runs in one call.
 
     Returns:
       (tokens, lengths):
@@ -88,9 +95,8 @@ def generate(model, input_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1
 
     if use_cache:
         cache_len = tf.reduce_max(tf.concat([ends, [1]], axis=0))  # 1 if B = 0
-        cache = model.init_cache(batch, cache_len)  # (L, B, S, config.cache_width)
-        logits, cache = model.call_with_cache(input_ids, cache, 0, absorb=absorb)  # (B, P', V)
-        logits = tf.gather(logits, prompt_lengths - 1, batch_dims=1)  # (B, V)
+        logits, cache = _prefill(model, input_ids, prompt_lengths, cache_len, prefill_chunk,
+                                 absorb)  # (B, V), the prompts in the cache
     else:
         cache = tf.zeros([0])  # unused loop variable
         logits = _window_logits(model, tokens, prompt_lengths, max_positions)  # (B, V)
@@ -157,6 +163,41 @@ def _prompts(input_ids, prompt_lengths):
     input_ids = input_ids[:, : tf.reduce_max(prompt_lengths)]  # (B, P')
     padding = tf.range(tf.shape(input_ids)[1])[None, :] >= prompt_lengths[:, None]  # (B, P')
     return tf.where(padding, 0, input_ids), prompt_lengths  # any padding id is fine
+
+
+def _prefill(model, input_ids, prompt_lengths, cache_len, chunk: int, absorb):
+    """The prompts through a new cache: (logits after each prompt float32 (B, V), cache).
+
+    One `call_with_cache` when P' <= chunk is known statically; else chunks of `chunk`
+    tokens at positions 0, chunk, 2*chunk, ... (input_ids padded to a whole chunk; the
+    padding is written past each prompt and never attended before it is overwritten).
+    The cache holds max(cache_len, the padded length) positions.
+    """
+    batch, width = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
+    static_width = input_ids.shape[1]
+    if static_width is not None and static_width <= chunk:
+        cache = model.init_cache(batch, cache_len)
+        logits, cache = model.call_with_cache(input_ids, cache, 0, absorb=absorb)  # (B,P',V)
+        return tf.gather(logits, prompt_lengths - 1, batch_dims=1), cache  # (B, V)
+    n_chunks = (width + chunk - 1) // chunk
+    padded = tf.pad(input_ids, [[0, 0], [0, n_chunks * chunk - width]])  # (B, n*chunk)
+    cache = model.init_cache(batch, tf.maximum(cache_len, n_chunks * chunk))
+    last = prompt_lengths - 1  # (B,) the position whose logits start the decoding
+
+    def body(i, cache, logits):
+        start = i * chunk
+        ids = tf.slice(padded, [0, start], [batch, chunk])  # (B, chunk)
+        chunk_logits, cache = model.call_with_cache(ids, cache, start,
+                                                    absorb=absorb)  # (B, chunk, V)
+        inside = (last >= start) & (last < start + chunk)  # (B,)
+        here = tf.gather(chunk_logits, tf.clip_by_value(last - start, 0, chunk - 1),
+                         batch_dims=1)  # (B, V)
+        return i + 1, cache, tf.where(inside[:, None], here, logits)
+
+    logits = tf.zeros([batch, model.config.vocab_size], tf.float32)
+    _, cache, logits = tf.while_loop(lambda i, *_: i < n_chunks, body,
+                                     (tf.constant(0), cache, logits))
+    return logits, cache
 
 
 def _max_new_tokens(max_new_tokens, batch):

@@ -21,6 +21,13 @@ as transformers' `masking_utils`), then the N compressed entries of the layer's
     o = sum_j a_j v_j                                         (B, T, H, D)
 
 (the sink takes probability mass but has no value; logits minus their max, float32).
+
+How it is computed (`config.attn_implementation`): "sparse", the default, attends only
+what each query sees, gathered (`sparse_attention`: the window in blocks of W queries,
+the CSA picks as (B, T, k, D), every HCA entry; O(T * (W + k + T/m')) scores, chunks of
+long sequences recomputed in backward), and the cached path gathers the CSA picks too;
+"dense" builds the whole (B, H, T, T + N) score matrix and masks it (`attend_with_sink`),
+the reference the sparse path is tested against (tests/models/test_v4_sparse_attention.py).
 Because value = key carries RoPE, the output's rope slice is rotated back by -p (cos, -sin
 at the query position). The grouped output projection splits the H*D outputs into
 o_groups groups of H*D/g, maps each by its own (H*D/g, o_lora_rank) matrix (`o_a_proj`, an
@@ -56,7 +63,7 @@ from models.deepseek import initializers
 from models.deepseek.expert_projection import ExpertProjection
 from models.deepseek.lightning_indexer import indexer_kl_loss
 from models.deepseek.rms_norm import RMSNorm
-from models.deepseek_v4 import kv_cache
+from models.deepseek_v4 import kv_cache, sparse_attention
 from models.deepseek_v4.compressor import KVCompressor
 from models.deepseek_v4.config import CSA, SLIDING, DeepSeekV4Config
 from models.deepseek_v4.lightning_indexer import LightningIndexer
@@ -249,6 +256,8 @@ class DeepSeekV4Attention(keras.layers.Layer):
                                  "forward (cache=None) only")
             return self._call_cached(hidden_states, cache, cache_index, training)
         c = self.config
+        if c.attn_implementation == "sparse":
+            return self._call_sparse(hidden_states, training, return_indexer_loss)
         batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
         positions = tf.range(seq)  # (T,)
         cos, sin = rope_cos_sin(positions, self.inv_freq)  # (T, rope/2)
@@ -281,6 +290,34 @@ class DeepSeekV4Attention(keras.layers.Layer):
         mass = tf.reduce_sum(probs[..., seq:], axis=1)  # (B, T, N): over heads, entries only
         return out, indexer_kl_loss(mass, index_scores, block)
 
+    def _call_sparse(self, hidden_states, training, return_indexer_loss):
+        """The stateless forward, gathered (`sparse_attention`; `attn_implementation`
+        "sparse"): the same result as the dense path without its (B, H, T, T + N) scores."""
+        c = self.config
+        seq = tf.shape(hidden_states)[1]
+        positions = tf.range(seq)  # (T,)
+        cos, sin = rope_cos_sin(positions, self.inv_freq)  # (T, rope/2)
+        q_residual, q, kv = self._queries_and_kv(hidden_states, cos, sin)
+        entries = picks = index_scores = None
+        if self.compressor is not None:
+            entries = self.compressor(hidden_states)  # (B, N, D)
+        if self.indexer is not None:
+            picks = self.indexer.select(hidden_states, q_residual,
+                                        return_scores=return_indexer_loss)  # (B, T, k)
+            if return_indexer_loss:
+                picks, index_scores = picks  # (B, T, k), float32 (B, T, k)
+        with_mass = return_indexer_loss and picks is not None
+        out = sparse_attention.attend_sequence(
+            q, kv, self.sinks, c.head_dim ** -0.5, c.sliding_window, entries,
+            self.compress_rate if entries is not None else 0, picks, c.attention_dropout,
+            training, return_entry_mass=with_mass)  # (B, T, H, D)
+        loss = tf.constant(0.0, tf.float32)
+        if with_mass:
+            out, mass = out  # (B, T, H, D), float32 (B, T, k)
+            loss = indexer_kl_loss(mass, index_scores, picks >= 0)
+        out = self._project(out, cos, sin)  # (B, T, C)
+        return (out, loss) if return_indexer_loss else out
+
     def _queries_and_kv(self, hidden_states, cos, sin):
         """(q_residual (B, T, q_lora_rank), q (B, T, H, D), kv (B, T, D)), RoPE'd by cos/sin
         ((T, rope/2) or (B, T, rope/2)); the module docstring's first three lines."""
@@ -298,26 +335,30 @@ class DeepSeekV4Attention(keras.layers.Layer):
         return q_residual, q, kv
 
     def _attend_and_project(self, q, keys, mask, cos, sin, training, return_probs=False):
-        """Sink attention of q (B, T, H, D) over keys (B, S, D) under mask (B|1, T, S), the
-        values' rotation undone at the query positions (cos/sin), then the grouped output
-        projection -> (B, T, C); with `return_probs` also the float32 (B, H, T, S)
+        """Sink attention of q (B, T, H, D) over keys (B, S, D) under mask (B|1, T, S), then
+        `_project` -> (B, T, C); with `return_probs` also the float32 (B, H, T, S)
         attention probabilities (before dropout)."""
         c = self.config
-        heads, dim, groups = c.num_attention_heads, c.head_dim, c.o_groups
-        batch, seq = tf.shape(q)[0], tf.shape(q)[1]
-        out = attend_with_sink(q, keys, mask, self.sinks, dim ** -0.5, c.attention_dropout,
-                               training, return_probs)  # (B, T, H, D)
+        out = attend_with_sink(q, keys, mask, self.sinks, c.head_dim ** -0.5,
+                               c.attention_dropout, training, return_probs)  # (B, T, H, D)
         if return_probs:
             out, probs = out  # (B, T, H, D), (B, H, T, S)
-        out = apply_rope(out, cos, sin, inverse=True)  # undo the values' rotation
+            return self._project(out, cos, sin), probs
+        return self._project(out, cos, sin)
 
+    def _project(self, out, cos, sin):
+        """The values' rotation undone at the query positions (cos/sin), then the grouped
+        output projection: (B, T, H, D) -> (B, T, C)."""
+        c = self.config
+        heads, dim, groups = c.num_attention_heads, c.head_dim, c.o_groups
+        batch, seq = tf.shape(out)[0], tf.shape(out)[1]
+        out = apply_rope(out, cos, sin, inverse=True)  # undo the values' rotation
         grouped = tf.reshape(out, [batch * seq, groups, heads * dim // groups])  # (BT,g,HD/g)
         grouped = tf.transpose(grouped, [1, 0, 2])  # (g, B*T, H*D/g)
         grouped = self.o_a_proj(grouped)  # (g, B*T, R): group j through kernel[j]
         grouped = tf.transpose(grouped, [1, 0, 2])  # (B*T, g, R)
         grouped = tf.reshape(grouped, [batch, seq, groups * c.o_lora_rank])  # (B, T, g*R)
-        out = self.o_b_proj(grouped)  # (B, T, C)
-        return (out, probs) if return_probs else out
+        return self.o_b_proj(grouped)  # (B, T, C)
 
     def _call_cached(self, hidden_states, cache, cache_index, training):
         """The cached path (class docstring); returns ((B, T, C), the updated cache dict)."""
@@ -350,6 +391,11 @@ class DeepSeekV4Attention(keras.layers.Layer):
                                                hidden_states, index))
                 topk = self.indexer(hidden_states, q_residual, positions,
                                     compressed_keys=new_cache["index_entries"])  # (B, T, k)
+                if c.attn_implementation == "sparse":  # the picks gathered, not masked
+                    out = sparse_attention.attend_with_sink_and_picks(
+                        q, keys, mask, entries, topk, self.sinks, c.head_dim ** -0.5,
+                        c.attention_dropout, training)  # (B, T, H, D)
+                    return self._project(out, cos, sin), new_cache
             block = compressed_block_mask(positions, tf.shape(entries)[1], self.compress_rate,
                                           batch, topk)  # (B, T, N)
             keys = tf.concat([keys, tf.cast(entries, keys.dtype)], axis=1)  # (B, W-1+T+N, D)

@@ -48,6 +48,8 @@ LAYER_TYPES = (SLIDING, CSA, HCA)
 MLP_LAYER_TYPES = ("hash_moe", "moe")
 # Router score functions the transformers reference supports through ACT2FN (elementwise).
 SCORING_FUNCS = ("sqrtsoftplus", "sigmoid")
+# `attn_implementation` values: the gathered path, and the masked reference.
+ATTN_IMPLEMENTATIONS = ("sparse", "dense")
 DEFAULT_COMPRESS_RATES = {CSA: 4, HCA: 128}
 DEFAULT_NUM_HASH_LAYERS = 3  # transformers `default_num_hash_layers`
 # The blocks of the MTP depths (DeepSeek's V4 release: `compress_ratios` ends with 0 for its
@@ -108,6 +110,13 @@ class DeepSeekV4Config:
       tie_word_embeddings: share the embedding matrix with the output head.
       initializer_range: stddev of the normal weight initializer.
       attention_dropout: dropout on attention probabilities (training only).
+      attn_implementation: how the stateless forward (training, `logits`, prefill)
+        attends, in the spirit of transformers' `attn_implementation`: "sparse" (the
+        default) gathers each query's window keys, HCA entries and CSA picks
+        (`sparse_attention.py`: O(T*(W + k + T/m')) scores); "dense" builds the whole
+        (B, H, T, T + N) score matrix and masks it (`attention.attend_with_sink`), the
+        reference the sparse path is tested against. Not a config.json key: an import
+        takes the default.
       router_bias_update_speed, aux_loss_alpha, mtp_loss_weight: training rules
         as in `DeepSeekConfig`.
 
@@ -151,6 +160,7 @@ class DeepSeekV4Config:
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
     attention_dropout: float = 0.0
+    attn_implementation: str = "sparse"
     router_bias_update_speed: float = 0.001
     aux_loss_alpha: float = 0.0001
     mtp_loss_weight: float = 0.3
@@ -181,6 +191,9 @@ class DeepSeekV4Config:
             _check_float(name, getattr(self, name), positive=False)
         if not 0.0 <= self.attention_dropout < 1.0:
             raise ValueError(f"attention_dropout={self.attention_dropout} must be in [0, 1)")
+        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise ValueError(f"attn_implementation={self.attn_implementation!r} is not "
+                             f"supported; choose one of {list(ATTN_IMPLEMENTATIONS)}")
         if self.scoring_func not in SCORING_FUNCS:
             raise ValueError(f"scoring_func={self.scoring_func!r} is not supported; choose one "
                              f"of {list(SCORING_FUNCS)}")

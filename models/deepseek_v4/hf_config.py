@@ -65,6 +65,7 @@ _OTHER_KEYS = {
     "rope_theta", "rope_parameters", "rope_scaling", "partial_rotary_factor", "layer_types",
     "mlp_layer_types", "compress_rates", "compress_ratios", "compress_rate_csa",
     "compress_rate_hca", "num_hash_layers", "qk_rope_head_dim", "num_nextn_predict_layers",
+    "attn_implementation",
 }
 # transformers `_COMPRESS_RATIO_TO_LAYER_TYPE` (legacy per-layer `compress_ratios`).
 _RATIO_TO_LAYER_TYPE = {0: SLIDING, 4: CSA, 128: HCA}

@@ -31,6 +31,9 @@ from models.deepseek_v4.compressor import KVCompressor
 from models.deepseek_v4.config import CSA, DeepSeekV4Config
 from models.deepseek_v4.ops import apply_rope, rope_cos_sin, visible_compressed_count
 
+# Queries scored at once by `LightningIndexer.select`.
+INDEX_QUERY_BLOCK = 1024
+
 
 @keras.saving.register_keras_serializable(package="deepseek_v4")
 class LightningIndexer(keras.layers.Layer):
@@ -86,37 +89,129 @@ class LightningIndexer(keras.layers.Layer):
         c = self.config
         hidden_states = tf.stop_gradient(hidden_states)  # (module docstring)
         q_residual = tf.stop_gradient(q_residual)
-        batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
+        seq = tf.shape(hidden_states)[1]
         if positions is None:
             positions = tf.range(seq)  # (T,)
         if compressed_keys is None:
             compressed_keys = self.compressor(hidden_states)  # (B, N, c^I)
         n_entries = compressed_keys.shape[1]  # static when T is (XLA's top_k needs k so)
         n_entries = tf.shape(compressed_keys)[1] if n_entries is None else n_entries
+        q, weights = self._score_inputs(hidden_states, q_residual, positions)
+        index_scores = _index_scores(q, weights, compressed_keys, positions,
+                                     self.compress_rate)  # (B, T, N)
+        indices = _top_k_picks(index_scores, c.index_topk, n_entries, positions,
+                               self.compress_rate)  # (B, T, k)
+        return (indices, index_scores) if return_scores else indices
 
+    def select(self, hidden_states, q_residual, return_scores=False,
+               query_block: int = INDEX_QUERY_BLOCK):
+        """The stateless picks of queries at positions 0 .. T-1, scored in query blocks.
+
+        The same picks as `call` (up to float32 rounding between equal-scored entries)
+        without its (B, T, N) scores: each block of `query_block` queries scores the N
+        entries, (B, block, n^I, N), keeps its top-k and drops them (`tf.map_fn` over
+        the blocks). With `return_scores`, the scores I of the picked entries only are
+        computed again, with gradients to the indexer's weights, for its KL loss.
+
+        Args:
+          hidden_states: float (B, T, C); q_residual: float (B, T, q_lora_rank).
+          return_scores: also return the picks' scores.
+          query_block: queries scored at once.
+
+        Returns:
+          int32 (B, T, k), k = min(index_topk, N): entry indices, -1 where none is left;
+          with `return_scores`, (that, float32 (B, T, k) scores, 0 at the -1 picks).
+        """
+        c = self.config
+        hidden_states = tf.stop_gradient(hidden_states)  # (module docstring)
+        q_residual = tf.stop_gradient(q_residual)
+        positions = tf.range(tf.shape(hidden_states)[1])  # (T,)
+        keys = self.compressor(hidden_states)  # (B, N, c^I)
+        n_entries = keys.shape[1]
+        n_entries = tf.shape(keys)[1] if n_entries is None else n_entries
+        q, weights = self._score_inputs(hidden_states, q_residual, positions)
+        static_seq = hidden_states.shape[1]
+        if static_seq is not None and static_seq <= query_block:
+            picks = _top_k_picks(_index_scores(q, weights, keys, positions, self.compress_rate),
+                                 c.index_topk, n_entries, positions, self.compress_rate)
+        else:
+            picks = self._blocked_picks(tf.stop_gradient(q), tf.stop_gradient(weights),
+                                        tf.stop_gradient(keys), n_entries, query_block)
+        if not return_scores:
+            return picks
+        picked = tf.gather(tf.cast(keys, tf.float32), tf.maximum(picks, 0),
+                           batch_dims=1)  # (B, T, k, c^I)
+        scores = tf.einsum("bthd,btkd->bthk", q, picked)  # (B, T, n^I, k)
+        scores = tf.nn.relu(scores) * c.index_head_dim ** -0.5
+        scores = tf.reduce_sum(scores * weights[..., None], axis=2)  # (B, T, k)
+        return picks, tf.where(picks >= 0, scores, 0.0)
+
+    def _blocked_picks(self, q, weights, keys, n_entries, query_block: int):
+        """`select`'s picks, one block of queries at a time: int32 (B, T, k)."""
+        c = self.config
+        batch, seq = tf.shape(q)[0], tf.shape(q)[1]
+        n_blocks = (seq + query_block - 1) // query_block
+        padded = n_blocks * query_block
+
+        def blocks(x):  # (B, T, ...) -> (nb, B, block, ...)
+            x = tf.pad(x, [[0, 0], [0, padded - seq]] + [[0, 0]] * (len(x.shape) - 2))
+            x = tf.reshape(x, tf.concat([[batch, n_blocks, query_block], tf.shape(x)[2:]], 0))
+            return tf.transpose(x, [1, 0, 2] + list(range(3, len(x.shape))))
+
+        positions = tf.reshape(tf.range(padded), [n_blocks, query_block])  # (nb, block)
+        top_k = min(c.index_topk, n_entries) if isinstance(n_entries, int) else tf.minimum(
+            c.index_topk, n_entries)
+
+        def pick(args):
+            q_b, w_b, pos_b = args  # (B, block, n^I, c^I), (B, block, n^I), (block,)
+            scores = _index_scores(q_b, w_b, keys, pos_b, self.compress_rate)  # (B, block, N)
+            return _top_k_picks(scores, c.index_topk, n_entries, pos_b, self.compress_rate)
+
+        picks = tf.map_fn(pick, (blocks(q), blocks(weights), positions),
+                          fn_output_signature=tf.TensorSpec([None, query_block, None],
+                                                            tf.int32))  # (nb, B, block, k)
+        picks = tf.reshape(tf.transpose(picks, [1, 0, 2, 3]), [batch, padded, top_k])
+        return picks[:, :seq]  # (B, T, k)
+
+    def _score_inputs(self, hidden_states, q_residual, positions):
+        """(q^I float32 (B, T, n^I, c^I) rotated at `positions`, w float32 (B, T, n^I) with
+        n^I^-0.5 folded in): the module docstring's first two lines."""
+        c = self.config
+        batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
         cos, sin = rope_cos_sin(positions, self.compressor.inv_freq)  # (T|B,T, rope/2)
         q = self.q_b_proj(q_residual)  # (B, T, n^I * c^I)
-        q = tf.reshape(q, [batch, seq, c.index_n_heads, c.index_head_dim])  # (B, T, n^I, c^I)
-        q = apply_rope(q, cos, sin)
-
-        scores = tf.einsum("bthd,bsd->bths", tf.cast(q, tf.float32),
-                           tf.cast(compressed_keys, tf.float32))  # (B, T, n^I, N)
-        scores = tf.nn.relu(scores) * c.index_head_dim ** -0.5
+        q = tf.reshape(q, [batch, seq, c.index_n_heads, c.index_head_dim])  # (B,T,n^I,c^I)
+        q = tf.cast(apply_rope(q, cos, sin), tf.float32)
         weights = tf.cast(self.weights_proj(hidden_states), tf.float32)  # (B, T, n^I)
-        weights *= c.index_n_heads ** -0.5
-        index_scores = tf.reduce_sum(scores * weights[..., None], axis=2)  # (B, T, N)
-
-        visible = visible_compressed_count(positions, self.compress_rate)  # (T,) or (B, T)
-        visible = tf.broadcast_to(visible, [batch, seq])[..., None]  # (B, T, 1)
-        future = tf.range(n_entries)[None, None, :] >= visible  # (B, T, N)
-        index_scores = tf.where(future, float("-inf"), index_scores)
-        if isinstance(n_entries, int):
-            top_k = min(c.index_topk, n_entries)
-        else:
-            top_k = tf.minimum(c.index_topk, n_entries)
-        indices = tf.math.top_k(index_scores, k=top_k).indices  # (B, T, k)
-        indices = tf.where(indices >= visible, -1, indices)  # (B, T, k), -1 = not usable
-        return (indices, index_scores) if return_scores else indices
+        return q, weights * c.index_n_heads ** -0.5
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}
+
+
+def _index_scores(q, weights, keys, positions, compress_rate: int):
+    """I (module docstring): float32 (B, T, N), -inf for entries not complete at a query.
+
+    Args: q float32 (B, T, n^I, c^I); weights float32 (B, T, n^I); keys (B, N, c^I);
+    positions int32 (T,) or (B, T).
+    """
+    batch, seq = tf.shape(q)[0], tf.shape(q)[1]
+    scores = tf.einsum("bthd,bsd->bths", q, tf.cast(keys, tf.float32))  # (B, T, n^I, N)
+    scores = tf.nn.relu(scores) * q.shape[-1] ** -0.5
+    index_scores = tf.reduce_sum(scores * weights[..., None], axis=2)  # (B, T, N)
+    visible = visible_compressed_count(positions, compress_rate)  # (T,) or (B, T)
+    visible = tf.broadcast_to(visible, [batch, seq])[..., None]  # (B, T, 1)
+    future = tf.range(tf.shape(keys)[1])[None, None, :] >= visible  # (B, T, N)
+    return tf.where(future, float("-inf"), index_scores)
+
+
+def _top_k_picks(index_scores, index_topk: int, n_entries, positions, compress_rate: int):
+    """int32 (B, T, min(index_topk, N)) best entries of each query, -1 where not complete."""
+    if isinstance(n_entries, int):
+        top_k = min(index_topk, n_entries)
+    else:
+        top_k = tf.minimum(index_topk, n_entries)
+    indices = tf.math.top_k(index_scores, k=top_k).indices  # (B, T, k)
+    visible = visible_compressed_count(positions, compress_rate)  # (T,) or (B, T)
+    visible = tf.broadcast_to(visible, tf.shape(indices)[:2])[..., None]  # (B, T, 1)
+    return tf.where(indices >= visible, -1, indices)  # (B, T, k), -1 = not usable

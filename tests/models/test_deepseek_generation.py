@@ -30,6 +30,22 @@ def test_greedy_is_deterministic_and_cached_equals_uncached(tiny_model):
                                   tokens[:, 4:])
 
 
+def test_a_long_prompt_prefills_in_chunks(tiny_model):
+    """prefill_chunk=3: the prompts (7 and 10 tokens) go through the cache 3 tokens a call,
+    in a tf.function with a dynamic prompt length too; the tokens are the one-call ones."""
+    prompt = _prompt(length=10, seed=3)
+    lengths = tf.constant([7, 10])
+    whole, _ = generate(tiny_model, prompt, 5, temperature=0.0, prompt_lengths=lengths)
+    chunked, _ = generate(tiny_model, prompt, 5, temperature=0.0, prompt_lengths=lengths,
+                          prefill_chunk=3)
+    np.testing.assert_array_equal(chunked, whole)
+    fn = tf.function(lambda p, n: generate(tiny_model, p, 5, temperature=0.0,
+                                           prompt_lengths=n, prefill_chunk=3)[0],
+                     input_signature=[tf.TensorSpec([None, None], tf.int32),
+                                      tf.TensorSpec([None], tf.int32)])
+    np.testing.assert_array_equal(fn(prompt, lengths), whole)
+
+
 @pytest.mark.slow
 def test_seeded_sampling_is_reproducible(tiny_model):
     prompt = _prompt(seed=1)

@@ -166,6 +166,28 @@ def test_generate_batched_prompts_of_different_lengths(small_model):
         np.testing.assert_array_equal(tokens.numpy()[b, :length + 5], alone.numpy()[0])
 
 
+def test_generate_prefills_a_long_prompt_in_chunks(small_model):
+    """`generate(prefill_chunk=5)` runs the prompts through the cache five tokens a call
+    (a while loop; the last chunk padded past each prompt) and decodes as one call."""
+    prompts = tf.constant(_ids(2, 23, seed=9))
+    lengths = tf.constant([17, 23])
+    whole, _ = generation.generate(small_model, prompts, 4, temperature=0.0,
+                                   prompt_lengths=lengths)
+    chunked, _ = generation.generate(small_model, prompts, 4, temperature=0.0,
+                                     prompt_lengths=lengths, prefill_chunk=5)
+    np.testing.assert_array_equal(chunked.numpy(), whole.numpy())
+
+
+def test_cached_csa_attends_gathered_picks_as_the_dense_mask(small_model):
+    """The cached path with attn_implementation "sparse" (the picks gathered) gives the
+    "dense" one's logits (the same picks masked over every entry slot)."""
+    dense = random_v4_model(SMALL.replace(attn_implementation="dense"))
+    ids = _ids(2, 20, seed=10)
+    got, _ = _run_chunks(small_model, ids, [11, 1, 8])
+    want, _ = _run_chunks(dense, ids, [11, 1, 8])
+    assert _max_diff(got, want) < 1e-5
+
+
 # ----------------------------------------------------------------------------- cost
 
 
