@@ -18,6 +18,8 @@ vocabulary size.
                lightning indexer, hash-routed first layers;
                `models/deepseek_v4/presets.py`): each is the V3 preset it is named
                after with the changes in `V4_PRESETS`.
+  cpu_long_v4  cpu_small_v4's model with V4's released long-context attention settings,
+               trained at 4,096-token sequences; accepts 131,072 positions.
 """
 
 from __future__ import annotations
@@ -67,6 +69,13 @@ V4_PRESETS: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
     # V4's step costs ~1.4x cpu_small's on 2 cores (mHC's four streams, the compressors and
     # the indexer): 300 steps keep the main job inside its 10 minutes.
     "cpu_small_v4": ("cpu_small", {"train": dict(train_steps=300, checkpoint_every=100)}),
+    # Long context (`models/deepseek_v4/presets.py` cpu_long_v4: window 128, CSA 4 / top-128,
+    # HCA 128, 131,072 positions): one 4,096-token sequence a step, the sparse attention's
+    # O(T) step; 120 steps keep the whole run inside 15 minutes on 2 cores.
+    "cpu_long_v4": ("cpu_small", {
+        "train": dict(seq_len=4096, batch_size=1, train_steps=120, warmup_steps=12,
+                      checkpoint_every=40, log_every=10, eval_batches=8),
+        "eval": dict(batch_size=1)}),
     "gpu_base_v4": ("gpu_base", {}),
 }
 for _name, (_base, _changes) in V4_PRESETS.items():

@@ -91,6 +91,15 @@ _FLASH: dict[str, Any] = dict(
 # compress_rope_theta 160000, hc_mult 4, hc_sinkhorn_iters 20, hc_eps 1e-6,
 # swiglu_limit 10.0, rms_norm_eps 1e-6, tie_word_embeddings false, initializer_range 0.02.
 
+# The pipeline's `cpu_small_v4` model (below), also the base of `cpu_long_v4`.
+_CPU_SMALL_V4: dict[str, Any] = dict(
+    vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+    head_dim=64, q_lora_rank=128, qk_rope_head_dim=16, moe_intermediate_size=256,
+    max_position_embeddings=256, layer_types=(SLIDING, CSA, HCA, CSA),
+    compress_rates={CSA: 4, HCA: 32}, sliding_window=32, o_groups=2, o_lora_rank=64,
+    index_n_heads=4, index_head_dim=32, index_topk=8,
+    mlp_layer_types=_mlp_layer_types(1, 4), tie_word_embeddings=True)
+
 DEEPSEEK_V4_PRESETS: dict[str, dict[str, Any]] = {
     # The pipeline's V4-style models (`config/presets.py` `tiny_v4`, `cpu_small_v4`,
     # `gpu_base_v4`): the width of the V3 preset of the same size, every V4 piece present
@@ -104,13 +113,14 @@ DEEPSEEK_V4_PRESETS: dict[str, dict[str, Any]] = {
         compress_rates={CSA: 4, HCA: 8}, sliding_window=8, hc_mult=2, o_groups=2,
         o_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=4,
         mlp_layer_types=_mlp_layer_types(1, 3), tie_word_embeddings=True),
-    "cpu_small_v4": dict(
-        vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-        head_dim=64, q_lora_rank=128, qk_rope_head_dim=16, moe_intermediate_size=256,
-        max_position_embeddings=256, layer_types=(SLIDING, CSA, HCA, CSA),
-        compress_rates={CSA: 4, HCA: 32}, sliding_window=32, o_groups=2, o_lora_rank=64,
-        index_n_heads=4, index_head_dim=32, index_topk=8,
-        mlp_layer_types=_mlp_layer_types(1, 4), tie_word_embeddings=True),
+    "cpu_small_v4": _CPU_SMALL_V4,
+    # `cpu_small_v4` with V4's released attention settings at this width (window 128, CSA
+    # rate 4, HCA rate 128) and the release's compress-rope YaRN (x16 from 64K), accepting
+    # 131,072 positions; trained at 4,096-token sequences (`config/presets.py`), where the
+    # indexer keeps 128 of a sequence's 1,024 CSA entries.
+    "cpu_long_v4": dict(
+        _CPU_SMALL_V4, sliding_window=128, compress_rates={CSA: 4, HCA: 128}, index_topk=128,
+        max_position_embeddings=131072, rope_scaling=_ROPE_SCALING),
     "gpu_base_v4": dict(
         vocab_size=32768, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
         head_dim=128, q_lora_rank=384, qk_rope_head_dim=32, moe_intermediate_size=512,

@@ -59,6 +59,8 @@ def test_v4_fields_take_overrides_in_their_declared_types():
     ({"model.mlp_layer_types": json.dumps(["hash_moe", "moe", "dense"])}, "mlp_layer_types"),
     ({"model.model_type": "deepseek_v5"}, "model.model_type='deepseek_v5' is not known"),
     ({"model.kv_lora_rank": 8}, "unknown config key 'model.kv_lora_rank'"),
+    ({"model.attn_implementation": "flash"},
+     "model.attn_implementation='flash' is not supported; choose one of ['sparse', 'dense']"),
     ({"train.prune_keep_experts": 1}, "train.prune_keep_experts=1 must be in "
                                       "[num_experts_per_tok=2, n_routed_experts=8]"),
 ])
@@ -70,3 +72,19 @@ def test_bad_v4_fields_are_refused_by_name(overrides, message):
 def test_a_v3_section_refuses_v4_fields_by_name():
     with pytest.raises(ValueError, match=re.escape("unknown config key 'model.hc_mult'")):
         configs.get_config("tiny", {"model.hc_mult": 2})
+
+
+def test_the_long_context_preset_is_cpu_small_v4_with_the_released_attention():
+    """cpu_long_v4: window 128, CSA 4 (top-128 of a 4,096-token sequence's 1,024 entries),
+    HCA 128, the release's compress-rope YaRN (x16 from 65,536), 131,072 positions."""
+    config, small = configs.get_config("cpu_long_v4"), configs.get_config("cpu_small_v4")
+    m = config.model
+    assert (m.sliding_window, m.compress_rates, m.index_topk) == (128, {CSA: 4, HCA: 128}, 128)
+    assert m.max_position_embeddings == 131072 and m.attn_implementation == "sparse"
+    assert (m.rope_scaling["factor"], m.rope_scaling["original_max_position_embeddings"]) == (
+        16.0, 65536)
+    assert m.index_topk <= config.train.seq_len // 4 // 8
+    assert (config.train.seq_len, config.train.batch_size) == (4096, 1)
+    unchanged = ("sliding_window", "compress_rates", "index_topk", "max_position_embeddings",
+                 "rope_scaling")
+    assert m.replace(**{f: getattr(small.model, f) for f in unchanged}) == small.model
