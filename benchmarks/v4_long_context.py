@@ -1,34 +1,46 @@
-"""Long context: V3-style (MLA) against V4-style (SWA/CSA/HCA) prefill time, KV bytes and a step.
+"""Long context: V3 (MLA), V3.2 (MLA + DSA) and V4 (SWA/CSA/HCA) prefill, decode, KV bytes, a step.
 
-  python benchmarks/v4_long_context.py [--lengths 1024 4096 16384] [--train-lengths 1024 4096]
-      [--chunk 1024] [--repeats 3] [--memory-gb 16] [--json out.json] [--quick]
+  python benchmarks/v4_long_context.py [--lengths 1024 16384 65536 131072]
+      [--train-lengths 1024 4096 16384 32768] [--decode-lengths 1024 65536 131072]
+      [--families v3 v32 v4] [--chunk 1024] [--repeats 3] [--memory-gb 16]
+      [--max-dense-length 65536] [--json out.json] [--quick]
 
-Two models of the same width, random weights (speed does not depend on them), float32, batch 1:
+Three models of the same width, random weights (speed does not depend on them), float32, batch 1:
 
-  V3  `deepseek_preset("cpu_small")` (models/deepseek): hidden 256, 4 layers, 4 heads, MLA
-      with kv_lora_rank 64, qk 32 + 16 (rope), v 32, 8 routed experts top-2 + 1 shared
-      (first layer dense), vocab 8192, no MTP.
-  V4  `deepseek_v4_preset("cpu_small_v4")` (models/deepseek_v4) with the released long-context
-      settings: hidden 256, 4 layers (sliding, CSA, HCA, CSA), 4 heads x head_dim 64, one
-      shared KV head, sliding_window 128, CSA rate 4 with the lightning indexer (4 x 32,
-      index_topk 512), HCA rate 128, hc_mult 4, 8 experts top-2 (layer 0 hash-routed), no MTP.
+  v3   `deepseek_preset("cpu_small")` (models/deepseek): hidden 256, 4 layers, 4 heads, MLA
+       with kv_lora_rank 64, qk 32 + 16 (rope), v 32, 8 routed experts top-2 + 1 shared
+       (first layer dense), vocab 8192, no MTP.
+  v32  v3 with DeepSeek Sparse Attention (DeepSeek-V3.2): q_lora_rank 128 (the indexer reads
+       the query latent), a lightning indexer of 4 x 32 keeping V3.2's released
+       index_topk 2,048 tokens per query.
+  v4   `deepseek_v4_preset("cpu_small_v4")` (models/deepseek_v4) with the released
+       long-context settings: hidden 256, 4 layers (sliding, CSA, HCA, CSA), 4 heads x
+       head_dim 64, one shared KV head, sliding_window 128, CSA rate 4 with the lightning
+       indexer (4 x 32, index_topk 512), HCA rate 128, hc_mult 4, 8 experts top-2 (layer 0
+       hash-routed), no MTP.
+Each model runs with its config's `attn_implementation` (sparse for V3.2 and V4 by
+default); `--set-impl dense` measures the masked reference instead.
 
-For each length T:
-  prefill   `call_with_cache` of T random tokens into a fresh `init_cache(1, T)`, in chunks of
-            `--chunk` tokens (0 = the whole prompt in one call), compiled (tf.function); one
-            untimed warm-up, then the median of `--repeats` timed runs;
-  KV bytes  per token: the bytes of `init_cache(1, T)`'s buffers / T (V3: the latent cache,
-            L x (kv_lora_rank + qk_rope_head_dim) numbers per token; V4: the position-indexed
-            buffers, `memory_plan.allocated_cache_items`), and for V4 also a deployment's
-            bounded cache (`memory_plan.kv_cache_bytes`, float32 entries and state) / T;
+Every measurement runs in a child process of its own (the same script with `--cell`), so
+its peak RSS (`ru_maxrss`) is its own. For each length T:
+  prefill   `call_with_cache` of T random tokens into a fresh `init_cache(1, T + 64)`, in
+            chunks of `--chunk` tokens (0 = the whole prompt in one call), compiled
+            (tf.function); one untimed warm-up, then the median of `--repeats` timed runs;
+  KV bytes  per token: the bytes of `init_cache(1, T)`'s buffers / T (V3 and V3.2: the
+            latent cache, L x (kv_lora_rank + qk_rope_head_dim [+ index_head_dim]) numbers
+            per token; V4: its buffers, `memory_plan.allocated_cache_items`), and for V4
+            also a deployment's bounded cache (`memory_plan.kv_cache_bytes`, float32) / T;
+  decode    at `--decode-lengths`: after one (untimed) prefill of T tokens, 16
+            single-token `call_with_cache` steps (compiled); the median ms per token;
   train     at `--train-lengths`: one compiled forward + backward (`compute_loss` and
             `tape.gradient` over the trainable variables, no optimizer), median as above.
 Then the exponent b of time ~ a T^b (least squares on log-log over the measured lengths).
 
-A run whose largest attention tensors would not fit `--memory-gb` (an estimate: 4 float32
-copies of the score matrix, per layer kept for backward in training) is skipped with the
-reason printed, as is one that raises ResourceExhaustedError. Prints a table and one JSON
-object (also written to `--json`).
+A dense-attention model (v3, or any `--set-impl dense`) is skipped past
+`--max-dense-length` tokens or when its score matrices would not fit `--memory-gb` (an
+estimate: 4 float32 copies, per layer kept for backward in training), with the reason
+printed; so is a child that fails (the reason is its last error line). Prints tables and
+one JSON object (also written to `--json`).
 """
 
 from __future__ import annotations
@@ -37,7 +49,9 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -47,8 +61,12 @@ sys.path.insert(0, PROJECT_ROOT)
 GIB = 2**30
 
 
-def configs(quick: bool, max_len: int):
-    """(V3 DeepSeekConfig, V4 DeepSeekV4Config) of the same width (module docstring)."""
+FAMILIES = ("v3", "v32", "v4")
+DECODE_STEPS = 16
+
+
+def configs(quick: bool, max_len: int, impl: str = "") -> dict:
+    """{family: config} of the same width (module docstring)."""
     from models.deepseek.deepseek_presets import deepseek_preset
     from models.deepseek_v4.config import CSA, HCA
     from models.deepseek_v4.presets import deepseek_v4_preset
@@ -56,28 +74,48 @@ def configs(quick: bool, max_len: int):
     if quick:  # tiny widths for a smoke run
         v3 = deepseek_preset("tiny").replace(max_position_embeddings=max_len,
                                              num_nextn_predict_layers=0)
+        v32 = v3.replace(q_lora_rank=32, index_topk=32, index_n_heads=2, index_head_dim=16)
         v4 = deepseek_v4_preset("tiny_v4").replace(
             max_position_embeddings=max_len, sliding_window=16,
             compress_rates={CSA: 4, HCA: 16}, index_topk=8, num_nextn_predict_layers=0)
-        return v3, v4
-    v3 = deepseek_preset("cpu_small").replace(max_position_embeddings=max_len)
-    v4 = deepseek_v4_preset("cpu_small_v4").replace(
-        max_position_embeddings=max_len, sliding_window=128, compress_rates={CSA: 4, HCA: 128},
-        index_topk=512, num_nextn_predict_layers=0)
-    return v3, v4
+    else:
+        v3 = deepseek_preset("cpu_small").replace(max_position_embeddings=max_len)
+        v32 = v3.replace(q_lora_rank=128, index_topk=2048, index_n_heads=4, index_head_dim=32)
+        v4 = deepseek_v4_preset("cpu_small_v4").replace(
+            max_position_embeddings=max_len, sliding_window=128,
+            compress_rates={CSA: 4, HCA: 128}, index_topk=512, num_nextn_predict_layers=0)
+    out = {"v3": v3, "v32": v32, "v4": v4}
+    if impl:
+        for family in ("v32", "v4"):
+            if "attn_implementation" in {f for f in out[family].to_dict()}:
+                out[family] = out[family].replace(attn_implementation=impl)
+    return out
+
+
+def is_dense(family: str, config) -> bool:
+    return family == "v3" or getattr(config, "attn_implementation", "dense") == "dense"
 
 
 def attention_bytes(family: str, config, queries: int, capacity: int, train: bool) -> int:
     """Estimated peak bytes of the score matrices of one call (module docstring): float32
-    (H, queries, keys) x 4 copies; in training every layer's are kept for backward."""
+    (H, queries, keys) x 4 copies; in training every layer's are kept for backward. The
+    sparse paths count the keys each query scores (and V3.2's indexer, every key)."""
     from models.deepseek_v4.config import CSA, HCA
 
     heads = config.num_attention_heads
-    if family == "v3":
+    if family in ("v3", "v32") and is_dense(family, config):
         keys = [capacity] * config.num_hidden_layers
-    else:
+    elif family == "v32":  # the indexer scores every key; MLA attends the top-k
+        keys = [config.index_topk + config.index_n_heads * capacity // heads
+                ] * config.num_hidden_layers
+    elif is_dense(family, config):
         window = capacity if train else config.sliding_window - 1 + queries
         keys = [window + (capacity // config.compress_rates[t] + 1 if t in (CSA, HCA) else 0)
+                for t in config.layer_types]
+    else:
+        window = 2 * config.sliding_window if train else config.sliding_window - 1 + queries
+        keys = [window + {CSA: config.index_topk + capacity // 4,
+                          HCA: capacity // config.compress_rates[HCA] + 1}.get(t, 0)
                 for t in config.layer_types]
     per_layer = [4 * 4 * heads * queries * k for k in keys]
     return sum(per_layer) if train else max(per_layer)
@@ -99,29 +137,48 @@ def timed(fn, repeats: int) -> list[float]:
     return times
 
 
-def measure_prefill(model, length: int, chunk: int, repeats: int) -> dict:
+def measure_prefill(model, length: int, chunk: int, repeats: int, decode: bool = False) -> dict:
+    """Prefill ms (median) and KV bytes per token; with `decode`, also ms per decoded token
+    after the prefill (median of DECODE_STEPS single-token steps)."""
     import numpy as np
     import tensorflow as tf
 
     vocab = model.config.vocab_size
     tokens = tf.constant(np.random.default_rng(length).integers(0, vocab, (1, length)),
                          tf.int32)
-    cache0 = model.init_cache(1, length)
+    capacity = length + (DECODE_STEPS + 1 if decode else 0)
+    cache0 = model.init_cache(1, capacity)
     spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), cache0)
     step = tf.function(model.call_with_cache, input_signature=[
         tf.TensorSpec([1, None], tf.int32), spec, tf.TensorSpec([], tf.int32)])
     size = chunk or length
+    state = {}
 
     def prefill():
-        cache = model.init_cache(1, length)
+        cache = model.init_cache(1, capacity)
         for start in range(0, length, size):
             logits, cache = step(tokens[:, start:start + size], cache,
                                  tf.constant(start, tf.int32))
         logits.numpy()
+        state["cache"] = cache
 
-    times = timed(prefill, repeats)
-    return {"ms": round(1000 * statistics.median(times), 2),
-            "kv_bytes_per_token": cache_bytes(cache0) / length}
+    if decode:  # one prefill, untimed, then the timed steps
+        prefill()
+        got = {}
+    else:
+        times = timed(prefill, repeats)
+        got = {"ms": round(1000 * statistics.median(times), 2),
+               "kv_bytes_per_token": cache_bytes(model.init_cache(1, length)) / length}
+    if decode:
+        cache, per_token = state["cache"], []
+        token = tokens[:, -1:]
+        for i in range(DECODE_STEPS + 1):  # the first compiles the (1, 1) shape
+            start = time.perf_counter()
+            logits, cache = step(token, cache, tf.constant(length + i, tf.int32))
+            logits.numpy()
+            per_token.append(time.perf_counter() - start)
+        got["decode_ms_per_token"] = round(1000 * statistics.median(per_token[1:]), 3)
+    return got
 
 
 def measure_train(model, length: int, repeats: int) -> dict:
@@ -155,115 +212,161 @@ def exponent(points: dict) -> float | None:
     return round(num / den, 3)
 
 
-def run(args) -> dict:
+def build_model(family: str, config):
     import keras
     import numpy as np
-    import tensorflow as tf
 
     from models.deepseek.causal_lm import DeepSeekCausalLM
-    from models.deepseek_v4 import hash_routing, memory_plan
+    from models.deepseek_v4 import hash_routing
     from models.deepseek_v4.causal_lm import DeepSeekV4CausalLM
 
-    max_len = max(args.lengths + args.train_lengths)
-    v3_config, v4_config = configs(args.quick, max_len)
     keras.utils.set_random_seed(0)
-    models = {"v3": DeepSeekCausalLM(v3_config), "v4": DeepSeekV4CausalLM(v4_config)}
+    if family != "v4":
+        return DeepSeekCausalLM(config)
+    model = DeepSeekV4CausalLM(config)
     # The hash layers route by a balanced table (uniform counts), not the zeros the
     # constructor leaves, which would send every token to expert 0.
-    hash_routing.assign_tid2eid(models["v4"], hash_routing.balanced_tid2eid(
-        np.ones(v4_config.vocab_size), v4_config.n_routed_experts,
-        v4_config.num_experts_per_tok))
-    cfgs = {"v3": v3_config, "v4": v4_config}
+    hash_routing.assign_tid2eid(model, hash_routing.balanced_tid2eid(
+        np.ones(config.vocab_size), config.n_routed_experts, config.num_experts_per_tok))
+    return model
+
+
+def run_cell(args) -> dict:
+    """`--cell family:kind:length` in this process: one measurement and its peak RSS."""
+    family, kind, length = args.cell.split(":")
+    length = int(length)
+    config = configs(args.quick, args.max_len, args.set_impl)[family]
+    model = build_model(family, config)
+    if kind == "train":
+        got = measure_train(model, length, args.repeats)
+    else:
+        got = measure_prefill(model, length, args.chunk, args.repeats, decode=kind == "decode")
+    got["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 3)
+    return got
+
+
+def run(args) -> dict:
+    from models.deepseek_v4 import memory_plan
+
+    cfgs = configs(args.quick, args.max_len, args.set_impl)
     limit = args.memory_gb * GIB
-    result = {"configs": {"v3": v3_config.to_dict(), "v4": v4_config.to_dict()},
-              "chunk": args.chunk, "repeats": args.repeats, "prefill": [], "train": [],
+    result = {"configs": {f: cfgs[f].to_dict() for f in args.families}, "chunk": args.chunk,
+              "repeats": args.repeats, "prefill": [], "decode": [], "train": [],
               "skipped": []}
 
-    def guarded(kind, family, length, estimate, fn):
-        if estimate > limit:
-            reason = (f"{kind} {family} T={length}: skipped, ~{estimate / GIB:.1f} GiB of "
-                      f"attention scores > --memory-gb {args.memory_gb}")
-            print(reason, flush=True)
-            result["skipped"].append(reason)
-            return None
-        try:
-            return fn()
-        except tf.errors.ResourceExhaustedError as e:
-            reason = f"{kind} {family} T={length}: out of memory ({str(e).splitlines()[0]})"
-            print(reason, flush=True)
-            result["skipped"].append(reason)
-            return None
+    def cell(kind, family, length):
+        config = cfgs[family]
+        queries = length if kind == "train" else min(args.chunk or length, length)
+        estimate = attention_bytes(family, config, queries, length, kind == "train")
+        reason = None
+        if is_dense(family, config) and length > args.max_dense_length:
+            reason = f"dense attention past --max-dense-length {args.max_dense_length}"
+        elif estimate > limit:
+            reason = (f"~{estimate / GIB:.1f} GiB of attention scores > --memory-gb "
+                      f"{args.memory_gb}")
+        if reason is None:
+            command = [sys.executable, os.path.abspath(__file__), "--cell",
+                       f"{family}:{kind}:{length}", "--chunk", str(args.chunk), "--repeats",
+                       str(args.repeats), "--max-len", str(args.max_len)]
+            command += ["--quick"] if args.quick else []
+            command += ["--set-impl", args.set_impl] if args.set_impl else []
+            done = subprocess.run(command, capture_output=True, text=True)
+            lines = done.stdout.strip().splitlines()
+            if done.returncode == 0 and lines:
+                got = json.loads(lines[-1])
+                print(f"{kind} {family} T={length}: {got}", flush=True)
+                return got
+            errors = [x for x in done.stderr.splitlines() if "Error" in x] or [
+                f"exit {done.returncode}"]
+            reason = f"failed: {errors[-1][:300]}"
+        reason = f"{kind} {family} T={length}: skipped, {reason}"
+        print(reason, flush=True)
+        result["skipped"].append(reason)
+        return None
 
-    for length in args.lengths:
-        row = {"length": length}
-        for family, model in models.items():
-            queries = min(args.chunk or length, length)
-            got = guarded("prefill", family, length,
-                          attention_bytes(family, cfgs[family], queries, length, False),
-                          lambda m=model, t=length: measure_prefill(m, t, args.chunk, args.repeats))
-            row[f"{family}_ms"] = got and got["ms"]
-            row[f"{family}_kv_bytes_per_token"] = got and got["kv_bytes_per_token"]
-            print(f"prefill {family} T={length}: {got}", flush=True)
-        row["v4_deployment_kv_bytes_per_token"] = round(
-            memory_plan.kv_cache_bytes(v4_config, length, 4) / length, 2)
-        result["prefill"].append(row)
-    for length in args.train_lengths:
-        row = {"length": length}
-        for family, model in models.items():
-            got = guarded("train", family, length,
-                          attention_bytes(family, cfgs[family], length, length, True),
-                          lambda m=model, t=length: measure_train(m, t, args.repeats))
-            row[f"{family}_ms"] = got and got["ms"]
-            print(f"train {family} T={length}: {got}", flush=True)
-        result["train"].append(row)
-    for kind in ("prefill", "train"):
+    for kind, lengths in (("prefill", args.lengths), ("decode", args.decode_lengths),
+                          ("train", args.train_lengths)):
+        for length in lengths:
+            row = {"length": length}
+            for family in args.families:
+                got = cell(kind, family, length) or {}
+                row[f"{family}_ms"] = got.get("decode_ms_per_token" if kind == "decode"
+                                              else "ms")
+                row[f"{family}_peak_rss_gb"] = got.get("peak_rss_gb")
+                if kind == "prefill":
+                    row[f"{family}_kv_bytes_per_token"] = got.get("kv_bytes_per_token")
+            if kind == "prefill" and "v4" in args.families:
+                row["v4_deployment_kv_bytes_per_token"] = round(
+                    memory_plan.kv_cache_bytes(cfgs["v4"], length, 4) / length, 2)
+            result[kind].append(row)
+    for kind in ("prefill", "decode", "train"):
         result[f"{kind}_exponent"] = {
-            f: exponent({r["length"]: r[f"{f}_ms"] for r in result[kind]}) for f in models}
+            f: exponent({r["length"]: r[f"{f}_ms"] for r in result[kind]})
+            for f in args.families}
     return result
 
 
-def print_tables(result: dict) -> None:
+def print_tables(result: dict, families) -> None:
     def fmt(x, spec=",.1f"):
         return "skipped" if x is None else format(x, spec)
 
-    print("\n| length | V3 prefill ms | V4 prefill ms | V3 KV bytes/token | "
-          "V4 KV bytes/token (init_cache) | V4 KV bytes/token (deployment) |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for r in result["prefill"]:
-        print(f"| {r['length']:,} | {fmt(r['v3_ms'])} | {fmt(r['v4_ms'])} | "
-              f"{fmt(r['v3_kv_bytes_per_token'], ',.0f')} | "
-              f"{fmt(r['v4_kv_bytes_per_token'], ',.0f')} | "
-              f"{fmt(r['v4_deployment_kv_bytes_per_token'], ',.1f')} |")
-    e = result["prefill_exponent"]
-    print(f"prefill time ~ T^b: V3 b = {e['v3']}, V4 b = {e['v4']}"
-          f" (chunk {result['chunk'] or 'whole prompt'})")
-    print("\n| length | V3 train step ms | V4 train step ms |")
-    print("|---:|---:|---:|")
-    for r in result["train"]:
-        print(f"| {r['length']:,} | {fmt(r['v3_ms'])} | {fmt(r['v4_ms'])} |")
-    e = result["train_exponent"]
-    print(f"train step time ~ T^b: V3 b = {e['v3']}, V4 b = {e['v4']}")
+    names = {"v3": "V3", "v32": "V3.2", "v4": "V4"}
+    for kind, unit in (("prefill", "prefill ms"), ("decode", "decode ms/token"),
+                       ("train", "train step ms")):
+        extra = ""
+        if kind == "prefill":
+            extra = "".join(f" {names[f]} KV B/token |" for f in families)
+            extra += " V4 KV B/token (bounded) |" if "v4" in families else ""
+        head = "".join(f" {names[f]} {unit} | {names[f]} GB |" for f in families)
+        print(f"\n| length |{head}{extra}")
+        print("|---:|" + "---:|" * (2 * len(families) + extra.count("|")))
+        for r in result[kind]:
+            cells = "".join(f" {fmt(r[f'{f}_ms'], ',.2f' if kind == 'decode' else ',.0f')} |"
+                            f" {fmt(r[f'{f}_peak_rss_gb'], '.2f')} |" for f in families)
+            if kind == "prefill":
+                cells += "".join(f" {fmt(r[f'{f}_kv_bytes_per_token'], ',.0f')} |"
+                                 for f in families)
+                if "v4" in families:
+                    cells += f" {fmt(r['v4_deployment_kv_bytes_per_token'], ',.1f')} |"
+            print(f"| {r['length']:,} |{cells}")
+        e = result[f"{kind}_exponent"]
+        print(f"{kind} time ~ T^b: " + ", ".join(f"{names[f]} b = {e[f]}" for f in families))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
-    ap.add_argument("--train-lengths", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096, 16384, 65536, 131072])
+    ap.add_argument("--decode-lengths", type=int, nargs="*", default=[1024, 65536, 131072])
+    ap.add_argument("--train-lengths", type=int, nargs="*",
+                    default=[1024, 4096, 16384, 32768])
+    ap.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     ap.add_argument("--chunk", type=int, default=1024,
                     help="prefill chunk in tokens (0: the whole prompt in one call)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs (median) after 1 warm-up")
     ap.add_argument("--memory-gb", type=float, default=16.0,
                     help="skip runs whose estimated attention scores exceed this")
+    ap.add_argument("--max-dense-length", type=int, default=65536,
+                    help="skip dense-attention models past this many tokens")
+    ap.add_argument("--set-impl", choices=["sparse", "dense"], default="",
+                    help="attn_implementation of V3.2 and V4 (default: their configs')")
     ap.add_argument("--json", default="", help="also write the JSON result here")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run: tiny models, lengths 64/128/256, train 64/128, 1 repeat")
+                    help="smoke run: tiny models, lengths 64/256, train 64/128, 1 repeat")
+    ap.add_argument("--cell", default="", help=argparse.SUPPRESS)  # family:kind:length
+    ap.add_argument("--max-len", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.quick:
-        args.lengths, args.train_lengths, args.repeats = [64, 128, 256], [64, 128], 1
+    if args.quick and not args.cell:
+        args.lengths, args.decode_lengths = [64, 256], [64, 256]
+        args.train_lengths, args.repeats = [64, 128], 1
         args.chunk = min(args.chunk, 64) if args.chunk else 0
+    args.max_len = args.max_len or max(args.lengths + args.train_lengths + args.decode_lengths
+                                       ) + 2 * DECODE_STEPS
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.cell:
+        print(json.dumps(run_cell(args)))
+        return 0
     result = run(args)
-    print_tables(result)
+    print_tables(result, args.families)
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
