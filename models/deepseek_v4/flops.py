@@ -43,10 +43,11 @@ k = index_topk:
 
 The elementwise work (norms, RoPE, softmax, SwiGLU, routing) is not counted, as in the V3
 formula. `counted="computed"` charges the attention what this implementation's stateless
-training path executes instead (`attention.py`): a dense score matrix over all T tokens
-under the sliding-window mask, plus all T // m entries of CSA / HCA layers under the block
-mask (CSA's top-k is a mask, not a gather): T keys per query in sliding layers and
-T + T // m in CSA / HCA layers. "attended" (the default) is the model's work, the figure to
+training path executes instead, by `attn_implementation`: "sparse" (`sparse_attention.py`)
+2W window keys per query (blocks of W queries against 2W keys) plus the k gathered CSA
+picks or all T // m' HCA entries; "dense" (`attention.py`) a score matrix over all T
+tokens under the sliding-window mask, plus all T // m entries of CSA / HCA layers under
+the block mask: T keys per query in sliding layers and T + T // m in CSA / HCA layers. "attended" (the default) is the model's work, the figure to
 compare across implementations and with V3's; "computed" is what the CPU runs here, so
 that MFU against it says how busy the hardware was.
 

@@ -419,8 +419,11 @@ def attended_keys(config: DeepSeekV4Config, layer_type: str, context_len: int,
 
     "attended" (the model's): the sliding window's min(T, sliding_window), plus
     min(T // m, index_topk) CSA entries (the indexer's top-k) or T // m' HCA entries (all
-    of them); "computed" (this implementation's stateless path, `attention.py`: a dense
-    score matrix under masks): T, plus T // m in CSA / HCA layers.
+    of them); "computed" (what this implementation's stateless path scores, by
+    `attn_implementation`): "sparse" (`sparse_attention.py`) scores 2 * sliding_window
+    window keys (blocks of W queries against 2W keys), plus min(T // m, index_topk)
+    gathered CSA picks or all T // m' HCA entries; "dense" (`attention.py`, a score
+    matrix under masks) T, plus T // m in CSA / HCA layers.
 
     Raises:
       ValueError: unknown `counted` or `layer_type`.
@@ -431,8 +434,11 @@ def attended_keys(config: DeepSeekV4Config, layer_type: str, context_len: int,
     if layer_type not in (SLIDING, CSA, HCA):
         raise ValueError(f"layer_type={layer_type!r} is not a V4 attention type")
     entries = _compressed_entries(c, layer_type, context_len)
-    if counted == "computed":
+    if counted == "computed" and c.attn_implementation == "dense":
         return context_len + entries
+    if counted == "computed":
+        keys = 2 * c.sliding_window
+        return keys + (min(entries, c.index_topk) if layer_type == CSA else entries)
     keys = min(context_len, c.sliding_window)
     return keys + (min(entries, c.index_topk) if layer_type == CSA else entries)
 

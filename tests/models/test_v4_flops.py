@@ -40,9 +40,15 @@ def test_tiny_by_hand():
     # MTP: a sliding block (4 keys x 32 = 128) and its mixes (2 x 384 + 16 = 784).
     assert flops.flops_per_token(TINY, 9) == (
         6 * (ACTIVATED + MTP_ACTIVATED + 40) + 3 * (512 + 24 + 128) + 3 * (2352 + 784))
-    # As executed here: dense masked scores over 9 tokens (+ 4 CSA, + 2 HCA entries).
-    assert [flops.attended_keys(TINY, t, 9, "computed") for t in TINY.layer_types] == [9, 13, 11]
+    # As executed by the sparse path (the default): 2W = 8 window keys (blocks of W queries
+    # against 2W keys), + min(4, 2) gathered CSA picks, + 2 HCA entries.
+    assert [flops.attended_keys(TINY, t, 9, "computed") for t in TINY.layer_types] == [8, 10, 10]
     assert flops.flops_per_token(TINY, 9, include_mtp=False, counted="computed") == (
+        6 * ACTIVATED + 3 * (28 * 32 + 24) + 3 * 2352)
+    # By the dense reference: masked scores over 9 tokens (+ 4 CSA, + 2 HCA entries).
+    dense = TINY.replace(attn_implementation="dense")
+    assert [flops.attended_keys(dense, t, 9, "computed") for t in TINY.layer_types] == [9, 13, 11]
+    assert flops.flops_per_token(dense, 9, include_mtp=False, counted="computed") == (
         6 * ACTIVATED + 3 * (33 * 32 + 24) + 3 * 2352)
     assert flops.decode_flops_per_token(TINY, 9) == 2 * ACTIVATED + 536 + 2352
     # The planner uses the same formula without MTP.
