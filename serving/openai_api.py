@@ -368,11 +368,13 @@ def _check_room(server: ModelServer, prompt_tokens: int, max_tokens: int, param:
     room = server.context - prompt_tokens
     takes = "take" if param == "messages" else "takes"
     if room < 0 or (room == 0 and max_tokens > 0):
+        limit = f"the {server.context}-token context (max_position_embeddings) of model " \
+                f"'{server.name}'"
+        where = (f"over {limit}" if room < 0 else
+                 f"which fills {limit}, leaving no room for max_tokens={max_tokens}")
         raise OpenAIError(400, f"the {param}{at} {takes} {prompt_tokens} tokens ([EOS] or the chat "
-                          f"template included), which leaves no room for max_tokens="
-                          f"{max_tokens} in the {server.context}-token context "
-                          f"(max_position_embeddings) of model '{server.name}': shorten the "
-                          f"{param}", param=param, code=CONTEXT_LENGTH_EXCEEDED)
+                          f"template included), {where}: shorten the {param}", param=param,
+                          code=CONTEXT_LENGTH_EXCEEDED)
     if max_tokens > room:
         raise OpenAIError(400, f"max_tokens={max_tokens} must be at most {room}: the {param}"
                           f"{at} {takes} {prompt_tokens} tokens of the {server.context}-token "
