@@ -10,8 +10,8 @@ the logic lives in the modules it calls.
   deepseek-tfx validate  --data PATH [--preset NAME] [--output DIR] [--set ...]
   deepseek-tfx compile-kfp --output FILE.yaml --pipeline-root URI [--image IMAGE]
                          [--data PATH] [--preset NAME] [--set ...] [--beam-arg=ARG ...]
-  deepseek-tfx generate  --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
-                         [--top-k K] [--top-p P] [--seed S] [--raw]
+  deepseek-tfx generate  --model DIR (--prompt TEXT | --prompt-file PATH) [--max-new-tokens N]
+                         [--temperature T] [--top-k K] [--top-p P] [--seed S] [--raw]
   deepseek-tfx chat      --model DIR [--max-new-tokens N] [--temperature T] [--top-k K]
                          [--top-p P] [--seed S]
   deepseek-tfx evaluate  --model DIR [--data PATH] [--tasks FILE ...] [--seq-len N]
@@ -111,7 +111,7 @@ def log_dir(args: argparse.Namespace) -> str:
 # Arguments that name files (the rest is text): their refusal says how to get around it.
 _PATH_ARGUMENTS = frozenset({"data", "model", "output", "log_dir", "teacher", "base_model",
                              "config", "checkpoint_dir", "out_dir", "model_dir", "dir_a",
-                             "dir_b", "tasks", "json"})
+                             "dir_b", "tasks", "json", "prompt_file"})
 _POSITIONAL_ARGUMENTS = frozenset({"checkpoint_dir", "out_dir", "model_dir", "what", "dir_a",
                                    "dir_b"})
 

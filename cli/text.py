@@ -21,32 +21,110 @@ def require_text_model(model_dir: str, command: str, what: str) -> None:
         raise SystemExit(f"error: {command}: {NoTokenizerError(model_dir, what)}")
 
 
-def check_max_new_tokens(model_dir: str, max_new_tokens: int) -> None:
-    """Exits with one line when `--max-new-tokens` leaves no room in the model's context:
-    `generate` keeps the prompt's last max(context - max_new_tokens, 1) tokens, so
-    max_new_tokens must be in [1, max_position_embeddings - 1]."""
+def model_context(model_dir: str) -> int | None:
+    """The model's max_position_embeddings (`read_model_config`: the pipeline config, else
+    assets.extra/config.json); None when no config is beside the model (the signature then
+    crops a long prompt itself)."""
     from savedmodel.base_model import read_model_config
 
     try:
-        context = read_model_config(model_dir).max_position_embeddings
-    except (FileNotFoundError, ValueError):  # no config beside the model: the signature checks
-        return
-    if not 1 <= max_new_tokens <= context - 1:
+        return read_model_config(model_dir).max_position_embeddings
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def check_max_new_tokens(context: int | None, max_new_tokens: int) -> None:
+    """Exits with one line when `--max-new-tokens` leaves no room in the model's context:
+    the prompt keeps at least one position, so max_new_tokens must be in
+    [1, max_position_embeddings - 1]."""
+    if context is not None and not 1 <= max_new_tokens <= context - 1:
         raise SystemExit(
             f"error: --max-new-tokens {max_new_tokens}: must be in [1, {context - 1}]; "
             f"the model's context is {context} positions (max_position_embeddings) and the "
             "prompt keeps at least one")
 
 
+def read_prompt_file(path: str) -> bytes:
+    """The bytes of `--prompt-file`, the whole file one prompt, as they are (no newline
+    stripped, no BOM removed); exits with one line naming the file when it is missing,
+    not a regular file, unreadable, empty or not UTF-8 (the first bad byte's offset)."""
+    from common.files import shown, special_file_kind
+
+    name = f"--prompt-file '{shown(path)}'"
+    kind = special_file_kind(path)  # os.stat only: a FIFO's open() would wait for a writer
+    if kind is not None:
+        raise SystemExit(f"error: {name}: is {kind}, not a regular file; refused "
+                         "(nothing was read)")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise SystemExit(f"error: {name}: no such file") from None
+    except OSError as e:
+        raise SystemExit(f"error: {name}: cannot be read ({e.strerror or e})") from None
+    if not data:
+        raise SystemExit(f"error: {name}: the file is empty (0 bytes); a prompt needs text")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        what = ("a character cut off at the end of the file" if e.end == len(data)
+                and e.reason == "unexpected end of data" else e.reason)
+        raise SystemExit(f"error: {name}: not UTF-8 (byte 0x{data[e.start]:02x} at offset "
+                         f"{e.start} of {len(data)}: {what}); save it as UTF-8") from None
+    return data
+
+
+def count_prompt(loaded, prompt: bytes, chat_prompt: tuple[str, str] | None) -> tuple[int, int]:
+    """(the prompt's tokens, the positions it takes as the signature sees it), counted by
+    the SavedModel's `tokenize` signature: a plain prompt follows one [EOS] (the document
+    separator); a templated one (`chat_prompt`, the chat template's prefix and suffix) is
+    tokenized whole, affixes included, as `generate` does."""
+    import tensorflow as tf
+
+    texts = [prompt]
+    if chat_prompt is not None:
+        prefix, suffix = (a.encode("utf-8") for a in chat_prompt)
+        texts.append(prefix + prompt + suffix)
+    lengths = loaded.signatures["tokenize"](text=tf.constant(texts))["lengths"].numpy()
+    tokens = int(lengths[0])
+    return tokens, (int(lengths[1]) if chat_prompt is not None else tokens + 1)
+
+
+def check_prompt_fits(model_dir: str, context: int, tokens: int, positions: int,
+                      max_new_tokens: int, templated: bool) -> None:
+    """Exits with one line when the prompt's positions + max_new_tokens exceed the
+    context: cached decoding holds max_position_embeddings positions, prompt and new
+    tokens together (the signature would silently keep only the prompt's last tokens)."""
+    if positions + max_new_tokens <= context:
+        return
+    extra = positions - tokens  # [EOS], or the chat template's affixes
+    seen = "in the chat template" if templated else "with the [EOS] separator first"
+    most = context - max_new_tokens - extra
+    fix = (f"the prompt may have at most {most:,} tokens with --max-new-tokens "
+           f"{max_new_tokens}: shorten it or lower --max-new-tokens" if most >= 1 else
+           "lower --max-new-tokens")
+    raise SystemExit(
+        f"error: generate: the prompt is {tokens:,} tokens ({positions:,} positions {seen}); "
+        f"with --max-new-tokens {max_new_tokens} that is {positions + max_new_tokens:,} "
+        f"positions, over the {context:,}-position context "
+        f"(max_position_embeddings) of the model {model_dir}; {fix}")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    """Writes the completion of `--prompt` (the `generate` signature, or `generate_raw`
-    with `--raw`) on stdout."""
+    """Writes the completion of `--prompt` or `--prompt-file` (the `generate` signature, or
+    `generate_raw` with `--raw`) on stdout; the prompt's token count on stderr. A prompt
+    that does not fit the model's context with `--max-new-tokens` is refused in one line."""
+    prompt = (read_prompt_file(args.prompt_file) if args.prompt_file is not None
+              else args.prompt.encode("utf-8"))
     model_dir = resolve_model_dir(args.model)
     require_text_model(model_dir, "generate", "generate text")
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
-    check_max_new_tokens(model_dir, args.max_new_tokens)
+    from savedmodel.layout import read_chat_prompt
+
+    context = model_context(model_dir)
+    check_max_new_tokens(context, args.max_new_tokens)
     loaded = tf.saved_model.load(model_dir)
     signature = "generate"
     if args.raw:
@@ -55,7 +133,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             print(f"note: {model_dir} has no chat template; --raw changes nothing",
                   file=console.stderr())
-    prompts = tf.constant([args.prompt])
+    chat_prompt = read_chat_prompt(model_dir) if signature == "generate" else None
+    tokens, positions = count_prompt(loaded, prompt, chat_prompt)
+    if context is not None:
+        check_prompt_fits(model_dir, context, tokens, positions, args.max_new_tokens,
+                          chat_prompt is not None)
+    source = (f"{console.shown(args.prompt_file)}, {len(prompt):,} bytes"
+              if args.prompt_file is not None else f"--prompt, {len(prompt):,} bytes")
+    with_what = "in the chat template" if chat_prompt is not None else "with [EOS] first"
+    print(f"prompt: {tokens:,} tokens ({source})" + (
+        f"; {positions:,} of the model's {context:,} positions {with_what}" if context else ""),
+        file=console.stderr())
+    prompts = tf.constant([prompt])
     n = tf.shape(prompts)[0]  # the signature takes one value of each knob per prompt
     out = loaded.signatures[signature](
         prompt=prompts,
@@ -146,7 +235,10 @@ def add_parsers(sub) -> None:
     `add_subparsers()`."""
     gen = sub.add_parser("generate", help="generate text with a pushed model")
     gen.add_argument("--model", required=True, help="serving dir (newest version) or SavedModel")
-    gen.add_argument("--prompt", required=True)
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the prompt text")
+    source.add_argument("--prompt-file", metavar="PATH",
+                        help="a UTF-8 file whose whole content (bytes as they are) is the prompt")
     gen.add_argument("--raw", action="store_true",
                      help="a chat (SFT) model: continue the prompt as given, without its chat "
                      "template (the generate_raw signature)")

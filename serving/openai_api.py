@@ -27,8 +27,10 @@ How text becomes token ids (what `usage`, the context check and logprobs count):
     template) goes to `generate` with the affixes taken off, so the model sees exactly
     the rendered ids, as in training; any other (e.g. with a system message) goes to
     `generate_raw`, which puts [EOS] before it. `developer` messages are system messages.
-  - prompt tokens + max_tokens must fit the model's context (max_position_embeddings),
-    else 400 naming max_tokens (or the prompt when it alone fills the context);
+  - prompt tokens + max_tokens must fit the model's context (max_position_embeddings,
+    read from the SavedModel's assets.extra by `ModelServer`), else 400 with code
+    `context_length_exceeded`, naming `prompt` (or `messages`) when the prompt alone
+    leaves no room, else `max_tokens`;
     `usage.prompt_tokens` counts what the model sees ([EOS] or the template included).
   - a request has at most `serve.max_batch_size` prompts (one `generate` call).
 
@@ -252,9 +254,9 @@ def _token_string(surface: bytes) -> str:
 def _logits(server: ModelServer, ids: list[int]) -> np.ndarray:
     """The logits signature on `ids`: float32 [len(ids), vocab]; 400 past the context."""
     if server.context and len(ids) > server.context:
-        raise OpenAIError(400, f"{len(ids)} tokens to score do not fit the model's context "
-                          f"of {server.context} tokens (max_position_embeddings)",
-                          param="prompt")
+        raise OpenAIError(400, f"{len(ids)} tokens to score do not fit the {server.context}-"
+                          f"token context (max_position_embeddings) of model '{server.name}'",
+                          param="prompt", code=CONTEXT_LENGTH_EXCEEDED)
     return _run(server, "logits", {"input_ids": np.array([ids], np.int32)}, 1)["logits"][0]
 
 
@@ -352,21 +354,32 @@ def _generate(server: ModelServer, signature: str, prompts: list[str], max_token
     return texts, [int(n) for n in out["num_generated"]]
 
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt too long
+
+
 def _check_room(server: ModelServer, prompt_tokens: int, max_tokens: int, param: str,
                 at: str = "") -> None:
-    """prompt_tokens + max_tokens within the context, else a 400 naming `param` (the
-    prompt fills the context) or max_tokens."""
+    """prompt_tokens + max_tokens within the context (max_position_embeddings: what cached
+    decoding holds, prompt and reply together), else a 400 `context_length_exceeded`
+    naming `param` ("prompt" or "messages": the prompt leaves no room) or max_tokens (the
+    prompt fits, max_tokens does not)."""
     if not server.context:
         return
     room = server.context - prompt_tokens
+    takes = "take" if param == "messages" else "takes"
     if room < 0 or (room == 0 and max_tokens > 0):
-        raise OpenAIError(400, f"the prompt{at} is {prompt_tokens} tokens, which leaves no room "
-                          f"in the model's context of {server.context} tokens "
-                          "(max_position_embeddings)", param=param)
+        limit = f"the {server.context}-token context (max_position_embeddings) of model " \
+                f"'{server.name}'"
+        where = (f"over {limit}" if room < 0 else
+                 f"which fills {limit}, leaving no room for max_tokens={max_tokens}")
+        raise OpenAIError(400, f"the {param}{at} {takes} {prompt_tokens} tokens ([EOS] or the chat "
+                          f"template included), {where}: shorten the {param}", param=param,
+                          code=CONTEXT_LENGTH_EXCEEDED)
     if max_tokens > room:
-        raise OpenAIError(400, f"max_tokens={max_tokens} must be at most {room}: the prompt"
-                          f"{at} is {prompt_tokens} tokens of the model's {server.context}-"
-                          "token context (max_position_embeddings)", param="max_tokens")
+        raise OpenAIError(400, f"max_tokens={max_tokens} must be at most {room}: the {param}"
+                          f"{at} {takes} {prompt_tokens} tokens of the {server.context}-token "
+                          f"context (max_position_embeddings) of model '{server.name}'",
+                          param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED)
 
 
 # ----------------------------------------------------------------------------- completions

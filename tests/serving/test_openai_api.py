@@ -516,3 +516,59 @@ def test_a_token_id_prompt_generates_as_its_text(client, served):
     kwargs = dict(model=NAME, max_tokens=6, temperature=1.0, seed=21)
     by_ids = client.completions.create(prompt=ids, **kwargs).choices[0].text
     assert by_ids == client.completions.create(prompt="ROMEO: 你好", **kwargs).choices[0].text
+
+
+# ----------------------------------------------------------------------------- the context
+
+
+def test_a_prompt_longer_than_the_context_is_400_context_length_exceeded(served):
+    """The prompt alone over the 64 positions: OpenAI's `context_length_exceeded`, naming the
+    prompt (completions) or the messages (chat), the tokens counted and the limit; a prompt
+    that fits with a max_tokens that does not names max_tokens, with the same code."""
+    server = served[1]
+    long = POEM * 4
+    prefix, suffix = server.chat_prompt
+    cases = [
+        ("/completions", {"model": NAME, "prompt": long, "max_tokens": 4}, "prompt",
+         f"the prompt takes {1 + len(_tokenize(server, long))} tokens"),
+        ("/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": long}]},
+         "messages", f"the messages take {len(_tokenize(server, prefix + long + suffix))} tokens"),
+        ("/completions", {"model": NAME, "prompt": "the", "max_tokens": CONTEXT}, "max_tokens",
+         f"max_tokens={CONTEXT} must be at most"),
+    ]
+    for path, body, param, words in cases:
+        r = _post(served, path, body)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error == {"message": error["message"], "type": "invalid_request_error",
+                         "param": param, "code": "context_length_exceeded"}
+        assert words in error["message"] and "\n" not in error["message"], error["message"]
+        assert (f"{CONTEXT}-token context (max_position_embeddings) of model '{NAME}'"
+                in error["message"])
+
+
+def test_cli_generate_takes_a_prompt_file_byte_for_byte(chat_model, served, tmp_path, capsys):
+    """`deepseek-tfx generate --prompt-file` on this model: the file's bytes are the prompt
+    (its tokens decode to them), the tokens are counted on stderr, and a file too long for
+    the context is refused in one line naming the count, the limit and the model."""
+    import cli
+
+    server, poem = served[1], "床前明月光，疑是地上霜。"
+    (tmp_path / "静夜思.txt").write_bytes(poem.encode("utf-8"))
+    args = ["generate", "--model", str(chat_model), "--max-new-tokens", "4", "--temperature",
+            "0", "--log-dir", str(tmp_path / "logs")]
+    assert cli.main([*args, "--prompt-file", str(tmp_path / "静夜思.txt")]) == 0
+    out = capsys.readouterr()
+    ids = _tokenize(server, poem)
+    decoded = server.signatures["detokenize"](input_ids=tf.constant([ids]))["text"][0]
+    assert decoded.numpy() == poem.encode("utf-8")  # the tokens are the file's bytes
+    assert out.out.startswith(poem)  # `text`: the prompt as given + the completion
+    assert f"prompt: {len(ids)} tokens ({tmp_path / '静夜思.txt'}, 36 bytes)" in out.err
+    (tmp_path / "long.txt").write_bytes((POEM * 4).encode("utf-8"))
+    with pytest.raises(SystemExit) as e:
+        cli.main([*args, "--prompt-file", str(tmp_path / "long.txt")])
+    message = str(e.value.code)
+    assert message.startswith(f"error: generate: the prompt is {len(_tokenize(server, POEM * 4))} "
+                              "tokens (") and "\n" not in message
+    assert f"over the {CONTEXT}-position context (max_position_embeddings) of the model " \
+           f"{chat_model}" in message
