@@ -112,9 +112,9 @@ def attention_bytes(family: str, config, queries: int, capacity: int, train: boo
         window = capacity if train else config.sliding_window - 1 + queries
         keys = [window + (capacity // config.compress_rates[t] + 1 if t in (CSA, HCA) else 0)
                 for t in config.layer_types]
-    else:
+    else:  # the indexer scores its entries a block of queries at a time, kept for nothing
         window = 2 * config.sliding_window if train else config.sliding_window - 1 + queries
-        keys = [window + {CSA: config.index_topk + capacity // 4,
+        keys = [window + {CSA: config.index_topk,
                           HCA: capacity // config.compress_rates[HCA] + 1}.get(t, 0)
                 for t in config.layer_types]
     per_layer = [4 * 4 * heads * queries * k for k in keys]
