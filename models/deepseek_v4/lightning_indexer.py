@@ -30,6 +30,7 @@ from models.deepseek import initializers
 from models.deepseek_v4.compressor import KVCompressor
 from models.deepseek_v4.config import CSA, DeepSeekV4Config
 from models.deepseek_v4.ops import apply_rope, rope_cos_sin, visible_compressed_count
+from models.deepseek_v4.sparse_attention import QUERY_CHUNK
 
 # Queries scored at once by `LightningIndexer.select`.
 INDEX_QUERY_BLOCK = 1024
@@ -104,7 +105,7 @@ class LightningIndexer(keras.layers.Layer):
         return (indices, index_scores) if return_scores else indices
 
     def select(self, hidden_states, q_residual, return_scores=False,
-               query_block: int = INDEX_QUERY_BLOCK):
+               query_block: int = INDEX_QUERY_BLOCK, query_chunk: int = QUERY_CHUNK):
         """The stateless picks of queries at positions 0 .. T-1, scored in query blocks.
 
         The same picks as `call` (up to float32 rounding between equal-scored entries)
@@ -117,6 +118,8 @@ class LightningIndexer(keras.layers.Layer):
           hidden_states: float (B, T, C); q_residual: float (B, T, q_lora_rank).
           return_scores: also return the picks' scores.
           query_block: queries scored at once.
+          query_chunk: with T static and larger, the picks' scores (with gradients) are
+            computed in chunks of this many queries, each under `tf.recompute_grad`.
 
         Returns:
           int32 (B, T, k), k = min(index_topk, N): entry indices, -1 where none is left;
@@ -139,12 +142,21 @@ class LightningIndexer(keras.layers.Layer):
                                         tf.stop_gradient(keys), n_entries, query_block)
         if not return_scores:
             return picks
-        picked = tf.gather(tf.cast(keys, tf.float32), tf.maximum(picks, 0),
-                           batch_dims=1)  # (B, T, k, c^I)
-        scores = tf.einsum("bthd,btkd->bthk", q, picked)  # (B, T, n^I, k)
-        scores = tf.nn.relu(scores) * c.index_head_dim ** -0.5
-        scores = tf.reduce_sum(scores * weights[..., None], axis=2)  # (B, T, k)
-        return picks, tf.where(picks >= 0, scores, 0.0)
+        if static_seq is None or static_seq <= query_chunk:
+            return picks, _scores_at(q, weights, keys, picks)
+        # Long sequences: chunks of queries, each recomputed in backward, so the gathered
+        # keys (B, T, k, c^I) are never all held at once (as `sparse_attention`'s chunks).
+        scores = []
+        for start in range(0, static_seq, query_chunk):
+            picks_c = picks[:, start:start + query_chunk]  # integers: no gradient
+
+            def chunk(q_c, w_c, keys_c, picks_c=picks_c):
+                return _scores_at(q_c, w_c, keys_c, picks_c)
+
+            scores.append(tf.recompute_grad(chunk)(
+                q[:, start:start + query_chunk], weights[:, start:start + query_chunk],
+                tf.cast(keys, tf.float32)))
+        return picks, tf.concat(scores, axis=1)  # (B, T, k)
 
     def _blocked_picks(self, q, weights, keys, n_entries, query_block: int):
         """`select`'s picks, one block of queries at a time: int32 (B, T, k)."""
@@ -203,6 +215,20 @@ def _index_scores(q, weights, keys, positions, compress_rate: int):
     visible = tf.broadcast_to(visible, [batch, seq])[..., None]  # (B, T, 1)
     future = tf.range(tf.shape(keys)[1])[None, None, :] >= visible  # (B, T, N)
     return tf.where(future, float("-inf"), index_scores)
+
+
+def _scores_at(q, weights, keys, picks):
+    """I at the picks: float32 (B, T, k), 0 at the -1 picks.
+
+    Args: q float32 (B, T, n^I, c^I); weights float32 (B, T, n^I); keys (B, N, c^I);
+    picks int32 (B, T, k).
+    """
+    picked = tf.gather(tf.cast(keys, tf.float32), tf.maximum(picks, 0),
+                       batch_dims=1)  # (B, T, k, c^I)
+    scores = tf.einsum("bthd,btkd->bthk", q, picked)  # (B, T, n^I, k)
+    scores = tf.nn.relu(scores) * q.shape[-1] ** -0.5
+    scores = tf.reduce_sum(scores * weights[..., None], axis=2)  # (B, T, k)
+    return tf.where(picks >= 0, scores, 0.0)
 
 
 def _top_k_picks(index_scores, index_topk: int, n_entries, positions, compress_rate: int):

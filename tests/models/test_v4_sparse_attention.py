@@ -185,3 +185,26 @@ def test_sparse_layer_compiles_with_xla_at_static_length():
     eager_out, eager_loss = attn(hidden, return_indexer_loss=True)
     assert _rel(out, eager_out) < 1e-5 and abs(float(loss) - float(eager_loss)) < 1e-5
     assert isinstance(attn, DeepSeekV4Attention)
+
+
+def test_indexer_picks_and_scores_in_blocks_and_chunks_equal_one_pass():
+    """`LightningIndexer.select` scoring 64 queries a block (map_fn) and computing the
+    picks' scores in recomputed chunks of 96 gives the one-pass picks, scores and
+    gradients of its KL-loss inputs."""
+    indexer = random_v4_model(CONFIG.replace(max_position_embeddings=256), seed=0
+                              ).decoder_layers[2].self_attn.indexer
+    rng = np.random.default_rng(3)
+    hidden = tf.constant(rng.normal(size=(2, 256, CONFIG.hidden_size)), tf.float32)
+    q_residual = tf.constant(rng.normal(size=(2, 256, CONFIG.q_lora_rank)), tf.float32)
+    weights = tf.constant(rng.normal(size=(2, 256, 256 // 4 // 8 * 8)), tf.float32)
+    results = []
+    for block, chunk in ((10**9, 10**9), (64, 96)):
+        with tf.GradientTape() as tape:
+            picks, scores = indexer.select(hidden, q_residual, return_scores=True,
+                                           query_block=block, query_chunk=chunk)
+            loss = tf.reduce_sum(scores * weights[..., :scores.shape[-1]])
+        results.append((picks, scores, tape.gradient(loss, indexer.trainable_variables)))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    assert _rel(results[1][1], results[0][1]) < 1e-6
+    for a, b in zip(results[1][2], results[0][2], strict=True):
+        assert _rel(tf.convert_to_tensor(a), tf.convert_to_tensor(b)) < 1e-5
