@@ -41,6 +41,27 @@ def _pad_to(x, axis: int, length):
     return tf.pad(x, pad)
 
 
+def _window_blocks(q_blocks, window_keys, first, window: int, n_blocks):
+    """The sliding window in blocks: (block_keys (B, nb, 2W, D), logits (B, nb, H, W, 2W),
+    mask bool (1, nb, 1, W, 2W)) for q_blocks float32 (B, nb, W, H, D) scaled, and
+    window_keys (B, W + T, D) of positions first - W .. (module docstring)."""
+    batch, padded, dim = tf.shape(q_blocks)[0], n_blocks * window, q_blocks.shape[-1]
+    keys = tf.cast(_pad_to(window_keys, 1, window + padded), tf.float32)  # (B, W + Tp, D)
+    prev = tf.reshape(keys[:, :padded], [batch, n_blocks, window, dim])  # (B, nb, W, D)
+    cur = tf.reshape(keys[:, window:], [batch, n_blocks, window, dim])  # (B, nb, W, D)
+    block_keys = tf.concat([prev, cur], axis=2)  # (B, nb, 2W, D): positions (i-1)W .. iW+W-1
+    logits = tf.einsum("bnqhd,bnkd->bnhqk", q_blocks, block_keys)  # (B, nb, H, W, 2W)
+    # Query a of block i (position first + iW + a) sees key j (position first + (i-1)W + j)
+    # iff a < j <= W + a, and the key's position is >= 0.
+    offset = tf.range(window)  # a
+    key_index = tf.range(2 * window)  # j
+    in_window = (key_index[None, :] > offset[:, None]) & (
+        key_index[None, :] <= offset[:, None] + window)  # (W, 2W)
+    key_pos = first + (tf.range(n_blocks)[:, None] - 1) * window + key_index[None, :]  # (nb,2W)
+    mask = in_window[None, :, :] & (key_pos >= 0)[:, None, :]  # (nb, W, 2W)
+    return block_keys, logits, mask[None, :, None]
+
+
 def sparse_attend_with_sink(q, window_keys, sinks, scale: float, sliding_window: int,
                             first_position=0, entries=None, compress_rate: int = 0,
                             picks=None, dropout_rate: float = 0.0, training: bool = False,
@@ -82,21 +103,9 @@ def sparse_attend_with_sink(q, window_keys, sinks, scale: float, sliding_window:
 
     q32 = tf.cast(q, tf.float32) * scale  # (B, T, H, D), the scale folded in
     q_blocks = tf.reshape(_pad_to(q32, 1, padded), [batch, n_blocks, window, heads, dim])
-    keys = tf.cast(_pad_to(window_keys, 1, window + padded), tf.float32)  # (B, W + Tp, D)
-    prev = tf.reshape(keys[:, :padded], [batch, n_blocks, window, dim])  # (B, nb, W, D)
-    cur = tf.reshape(keys[:, window:], [batch, n_blocks, window, dim])  # (B, nb, W, D)
-    block_keys = tf.concat([prev, cur], axis=2)  # (B, nb, 2W, D): positions (i-1)W .. iW+W-1
-    logits = [tf.einsum("bnqhd,bnkd->bnhqk", q_blocks, block_keys)]  # (B, nb, H, W, 2W)
-
-    # Query a of block i (position first + iW + a) sees key j (position first + (i-1)W + j)
-    # iff a < j <= W + a, and the key's position is >= 0.
-    offset = tf.range(window)  # a
-    key_index = tf.range(2 * window)  # j
-    in_window = (key_index[None, :] > offset[:, None]) & (
-        key_index[None, :] <= offset[:, None] + window)  # (W, 2W)
-    key_pos = first + (tf.range(n_blocks)[:, None] - 1) * window + key_index[None, :]  # (nb,2W)
-    masks = [in_window[None, :, :] & (key_pos >= 0)[:, None, :]]  # (nb, W, 2W)
-    masks[0] = tf.broadcast_to(masks[0][None, :, None], [1, n_blocks, 1, window, 2 * window])
+    block_keys, window_logits, window_mask = _window_blocks(q_blocks, window_keys, first,
+                                                            window, n_blocks)
+    logits, masks = [window_logits], [window_mask]
 
     query_pos = first + tf.reshape(tf.range(padded), [n_blocks, window])  # (nb, W)
     gathered = None
