@@ -168,8 +168,9 @@ def _prompts(input_ids, prompt_lengths):
 def _prefill(model, input_ids, prompt_lengths, cache_len, chunk: int, absorb):
     """The prompts through a new cache: (logits after each prompt float32 (B, V), cache).
 
-    One `call_with_cache` when P' <= chunk is known statically; else chunks of `chunk`
-    tokens at positions 0, chunk, 2*chunk, ... (input_ids padded to a whole chunk; the
+    One `call_with_cache` when P' <= chunk is known statically; else chunks of
+    min(chunk, P') tokens at positions 0, chunk, 2*chunk, ... (a P' <= chunk known only at
+    run time is one call, not padded; else input_ids padded to a whole chunk; the
     padding is written past each prompt and never attended before it is overwritten).
     The cache holds max(cache_len, the padded length) positions.
     """
@@ -179,6 +180,7 @@ def _prefill(model, input_ids, prompt_lengths, cache_len, chunk: int, absorb):
         cache = model.init_cache(batch, cache_len)
         logits, cache = model.call_with_cache(input_ids, cache, 0, absorb=absorb)  # (B,P',V)
         return tf.gather(logits, prompt_lengths - 1, batch_dims=1), cache  # (B, V)
+    chunk = tf.minimum(chunk, width)  # a short prompt of unknown width: one call, unpadded
     n_chunks = (width + chunk - 1) // chunk
     padded = tf.pad(input_ids, [[0, 0], [0, n_chunks * chunk - width]])  # (B, n*chunk)
     cache = model.init_cache(batch, tf.maximum(cache_len, n_chunks * chunk))

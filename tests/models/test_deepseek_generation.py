@@ -46,6 +46,24 @@ def test_a_long_prompt_prefills_in_chunks(tiny_model):
     np.testing.assert_array_equal(fn(prompt, lengths), whole)
 
 
+def test_a_short_prompt_of_unknown_width_is_one_call_not_a_padded_chunk(tiny_model,
+                                                                       monkeypatch):
+    """In a serving signature the prompt's width is known only at run time: a prompt
+    within prefill_chunk runs in calls of its own width (it was once padded to 1,024)."""
+    widest = tf.Variable(0)
+    call = type(tiny_model).call_with_cache
+
+    def spy(self, input_ids, *args, **kwargs):
+        widest.assign(tf.maximum(widest, tf.shape(input_ids)[1]))
+        return call(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(type(tiny_model), "call_with_cache", spy)
+    fn = tf.function(lambda p: generate(tiny_model, p, 2, temperature=0.0)[0],
+                     input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    fn(_prompt(length=6, seed=4))
+    assert int(widest.numpy()) == 6
+
+
 @pytest.mark.slow
 def test_seeded_sampling_is_reproducible(tiny_model):
     prompt = _prompt(seed=1)
