@@ -14,8 +14,9 @@ SavedModel's variables, `base_model.load_model`), its tokenizer (the SavedModel'
      after a newline unless the text ends with one; an empty line adds nothing,
      the model continues), after the [EOS] document separator;
   2. is trimmed to the context: the oldest turns are dropped while the prompt +
-     max_new_tokens exceeds the context (max_position_embeddings, at most
-     CHAT_CONTEXT_CAP; one line on `err` says so); a single turn still too long keeps
+     max_new_tokens exceeds the context (`chat_context`: max_position_embeddings, at
+     most CHAT_CONTEXT_CAP for the MLA cache; one line on `err` says so); a single turn
+     still too long keeps
      its last context -
      max_new_tokens tokens, as the `generate` signature crops it;
   3. is decoded one token per call of a compiled step over the model's latent KV
@@ -24,7 +25,10 @@ SavedModel's variables, `base_model.load_model`), its tokenizer (the SavedModel'
      start or /reset uses the stateless seed (seed, t), and the count runs on
      through later replies), until [EOS] or max_new_tokens. The cache is kept
      between replies: the tokens a new prompt shares with the cached ones are
-     not run again.
+     not run again, except with a bounded cache (DeepSeek-V4's rings hold only the
+     last positions: `bounded_cache`), where a prompt that leaves the cached ids
+     before their end runs again from the start. A long prompt runs through the
+     cache in chunks of `generation.PREFILL_CHUNK` tokens.
 
 So a first reply equals the `generate` signature's completion for the same prompt
 and knobs (the same prompt ids, the same seeds and steps). Each token's bytes go
@@ -62,7 +66,7 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the regex ops of the encoder)
 
 from config import GenerationConfig
-from models.deepseek.generation import next_token
+from models.deepseek.generation import PREFILL_CHUNK, next_token
 from savedmodel.layout import (
     NoTokenizerError,
     read_chat_prompt,
@@ -75,7 +79,15 @@ from tokenization.byte_pair_encoder import BytePairEncoder
 
 EXIT, RESET = "/exit", "/reset"
 DEFAULT_MAX_NEW_TOKENS = 100  # a SavedModel without generation_config.json
-CHAT_CONTEXT_CAP = 32_768  # the most positions a session's cache holds
+CHAT_CONTEXT_CAP = 32_768  # the most positions a session's MLA cache holds
+
+
+def chat_context(model) -> int:
+    """The positions a session holds: the model's max_position_embeddings when its cache
+    is bounded (V4: rings, and one entry per m tokens), else at most CHAT_CONTEXT_CAP (the
+    MLA cache is allocated whole, (L, 1, S, width))."""
+    limit = model.config.max_position_embeddings
+    return limit if getattr(model, "bounded_cache", False) else min(limit, CHAT_CONTEXT_CAP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,16 +147,14 @@ class ChatSession:
 
     Raises:
       ValueError: max_new_tokens outside [1, context - 1] (the context:
-        max_position_embeddings, at most CHAT_CONTEXT_CAP).
+        `chat_context(model)`).
     """
 
     def __init__(self, model, tokenizer: ByteLevelBpe, sampling: Sampling,
                  chat_prompt: tuple[str, str] | None = None):
         self.model = model
         self.sampling = sampling
-        # The KV cache is allocated whole, so a model of a long context (DeepSeek-V4's
-        # 1,048,576 positions) chats within the first CHAT_CONTEXT_CAP of them.
-        self.context = min(model.config.max_position_embeddings, CHAT_CONTEXT_CAP)
+        self.context = chat_context(model)
         if not 1 <= sampling.max_new_tokens < self.context:
             raise ValueError(f"max_new_tokens={sampling.max_new_tokens} must be in [1, "
                              f"{self.context - 1}] (the session's context of {self.context} positions)")
@@ -173,6 +183,11 @@ class ChatSession:
             tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
             tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
             tf.TensorSpec([], tf.int32)])
+        self._chunk = PREFILL_CHUNK
+        self._extend = tf.function(  # a chunk of a long prompt: the cache only
+            lambda ids, cache, index: self.model.call_with_cache(ids, cache, index)[1],
+            input_signature=[tf.TensorSpec([1, self._chunk], tf.int32), cache_spec,
+                             tf.TensorSpec([], tf.int32)])
         self.turns: list[tuple[str, str]] = []  # (user text, reply) of each finished turn
         self._stop = False  # set by Ctrl-C while a reply is made: stop at the next step
         self._at_prompt = False  # Ctrl-C raises KeyboardInterrupt (to end input())
@@ -200,7 +215,7 @@ class ChatSession:
                                        **{k: v for k, v in knobs.items() if v is not None})
         model = base_model.load_model(model_dir)
         if knobs.get("max_new_tokens") is None:  # the default: clamped to the context
-            context = min(model.config.max_position_embeddings, CHAT_CONTEXT_CAP)
+            context = chat_context(model)
             sampling = dataclasses.replace(
                 sampling, max_new_tokens=min(sampling.max_new_tokens, context - 1))
         return cls(model, tokenizer, sampling, read_chat_prompt(model_dir))
@@ -290,14 +305,25 @@ class ChatSession:
         `_cached` always names exactly the ids whose keys and values it holds.
         """
         s = self.sampling
-        if self._cache is None:
-            self._cache = self.model.init_cache(1, self.context)  # (L, 1, S, W)
         shared = 0
         for a, b in zip(self._cached, prompt[:-1], strict=False):  # >= 1 token to run
             if a != b:
                 break
             shared += 1
+        if self._cache is None or (shared < len(self._cached)
+                                   and getattr(self.model, "bounded_cache", False)):
+            self._cache = self.model.init_cache(1, self.context)  # a bounded cache can't rewind
+            self._cached, shared = [], 0
         pending, index = prompt[shared:], shared
+        chunk = self._chunk
+        while len(pending) > chunk:  # a long prompt: chunks through the cache
+            if self._stop:
+                return
+            self._cached = self._cached[:index]
+            self._cache = self._extend(tf.constant([pending[:chunk]], tf.int32), self._cache,
+                                       tf.constant(index, tf.int32))
+            self._cached = self._cached + pending[:chunk]
+            index, pending = index + chunk, pending[chunk:]
         knobs = (tf.constant(s.temperature, tf.float32), tf.constant(s.top_k, tf.int32),
                  tf.constant(s.top_p, tf.float32), tf.constant(s.seed, tf.int32))
         for made in range(s.max_new_tokens):

@@ -278,6 +278,10 @@ class DeepSeekCausalLM(keras.Model):
 
     # ------------------------------------------------------------------ cached decoding
 
+    # False: the latent cache is position-indexed, so a caller may rewind to an earlier
+    # index (serving/chat.py keeps the shared prefix of a conversation).
+    bounded_cache = False
+
     def init_cache(self, batch_size, max_length):
         """An empty latent KV cache.
 
@@ -296,7 +300,7 @@ class DeepSeekCausalLM(keras.Model):
         return tf.zeros([c.num_hidden_layers, batch_size, max_length, c.cache_width],
                         dtype=self.compute_dtype)
 
-    def call_with_cache(self, input_ids, cache, cache_index, absorb=True):
+    def call_with_cache(self, input_ids, cache, cache_index, absorb=True, lengths=None):
         """Logits of new tokens given the cache of the tokens before them.
 
         Args:
@@ -312,6 +316,9 @@ class DeepSeekCausalLM(keras.Model):
           absorb: attend in the latent space (W_UK and W_UV absorbed, the cache
             never re-expanded); False expands the cache through kv_b_proj. Same
             logits up to float32 rounding.
+          lengths: accepted for V4's interface (`DeepSeekV4CausalLM.call_with_cache`)
+            and ignored: this cache is position-indexed, so padding written past a row's
+            prompt is overwritten before any query reads it, and a rewind is safe.
 
         Returns:
           (logits float32 (B, T, V), new_cache (L, B, S, W)).
@@ -319,6 +326,7 @@ class DeepSeekCausalLM(keras.Model):
         Raises:
           InvalidArgumentError (at run time): if cache_index + T > S.
         """
+        del lengths
         h = self.embed_tokens(input_ids)  # (B, T, C)
         new_caches = []
         for i, block in enumerate(self.decoder_layers):

@@ -169,16 +169,18 @@ def _prefill(model, input_ids, prompt_lengths, cache_len, chunk: int, absorb):
     """The prompts through a new cache: (logits after each prompt float32 (B, V), cache).
 
     One `call_with_cache` when P' <= chunk is known statically; else chunks of
-    min(chunk, P') tokens at positions 0, chunk, 2*chunk, ... (a P' <= chunk known only at
-    run time is one call, not padded; else input_ids padded to a whole chunk; the
-    padding is written past each prompt and never attended before it is overwritten).
-    The cache holds max(cache_len, the padded length) positions.
+    min(chunk, P') tokens at positions 0, chunk, 2*chunk, ... (input_ids padded to a whole
+    chunk; a P' <= chunk known only at run time is one chunk, not padded). Each
+    call keeps only the rows' prompt tokens (`lengths`), and a row whose prompt has ended
+    stays at its length, so a bounded cache (V4) never holds padding; the cache holds
+    max(cache_len, the padded length) positions.
     """
     batch, width = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
     static_width = input_ids.shape[1]
     if static_width is not None and static_width <= chunk:
         cache = model.init_cache(batch, cache_len)
-        logits, cache = model.call_with_cache(input_ids, cache, 0, absorb=absorb)  # (B,P',V)
+        logits, cache = model.call_with_cache(input_ids, cache, 0, absorb=absorb,
+                                              lengths=prompt_lengths)  # (B, P', V)
         return tf.gather(logits, prompt_lengths - 1, batch_dims=1), cache  # (B, V)
     chunk = tf.minimum(chunk, width)  # a short prompt of unknown width: one call, unpadded
     n_chunks = (width + chunk - 1) // chunk
@@ -189,8 +191,10 @@ def _prefill(model, input_ids, prompt_lengths, cache_len, chunk: int, absorb):
     def body(i, cache, logits):
         start = i * chunk
         ids = tf.slice(padded, [0, start], [batch, chunk])  # (B, chunk)
-        chunk_logits, cache = model.call_with_cache(ids, cache, start,
-                                                    absorb=absorb)  # (B, chunk, V)
+        index = tf.minimum(start, prompt_lengths)  # (B,) a finished prompt stays put
+        kept = tf.clip_by_value(prompt_lengths - start, 0, chunk)  # (B,)
+        chunk_logits, cache = model.call_with_cache(ids, cache, index, absorb=absorb,
+                                                    lengths=kept)  # (B, chunk, V)
         inside = (last >= start) & (last < start + chunk)  # (B,)
         here = tf.gather(chunk_logits, tf.clip_by_value(last - start, 0, chunk - 1),
                          batch_dims=1)  # (B, V)

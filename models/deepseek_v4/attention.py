@@ -164,7 +164,9 @@ class DeepSeekV4Attention(keras.layers.Layer):
         (`kv_cache.init_layer_cache`; keys "kv", and "comp_kv", "comp_gate", "entries"
         in CSA / HCA, "index_kv", "index_gate", "index_entries" in CSA).
       cache_index: int32 scalar or (B,), the first new position of each row (required
-        with a cache; every row's positions below it must hold its real tokens).
+        with a cache; it must be where the row's kept tokens ended: `kv_cache`).
+      cache_lengths: None (all T), or int32 (B,): the new tokens each row keeps in the
+        cache (the rest are padding of a right-padded batch).
       return_indexer_loss: (stateless path only) also return the indexer's KL loss
         (module docstring): float32 scalar, 0.0 in layers without an indexer.
 
@@ -179,15 +181,16 @@ class DeepSeekV4Attention(keras.layers.Layer):
     Shapes are static under `tf.function(jit_compile=True)` when (B, T) are: N = T // m
     entries, the indexer's k = min(index_topk, N) (a Python int then).
 
-    The cached path (transformers `DeepseekV4HCACache` / `CSACache`, on position-indexed
-    buffers, see `models.deepseek_v4.kv_cache`): the new tokens' kv are written at their
-    positions and the keys are the W - 1 positions before the first new token plus the
-    new ones (W = sliding_window; positions < 0 masked), under the same sliding-window
-    mask; then every entry slot (S // m + 1) under the block mask (HCA: complete
-    windows; CSA: the indexer's picks over all its key slots). Entry slots of windows
-    not closed yet are never visible; the compressors re-pool the windows the new tokens
-    touch (`kv_cache.update_compressed`). The work per new token is O(W + S / m), the
-    prefix is never recomputed.
+    The cached path (transformers `DeepseekV4HCACache` / `CSACache`, DeepSeek's ring of
+    the last W keys; bounded buffers, see `models.deepseek_v4.kv_cache`): the keys are
+    the ring's W - 1 positions before the first new token plus the new ones (W =
+    sliding_window; positions < 0 masked), under the same sliding-window mask; then every
+    entry slot (S // m + 1) under the block mask (HCA: complete windows; CSA: the
+    indexer's picks over all its key slots, gathered when "sparse"). Entry slots of
+    windows not closed yet are never visible; the compressors pool the windows the new
+    tokens touch (`kv_cache.update_compressed`). The work per new token is O(W + S / m),
+    the prefix is never recomputed; the cache holds O(W + m) positions' keys and
+    projections plus one entry per m tokens.
     """
 
     def __init__(self, config, layer_idx: int, **kwargs):
@@ -247,14 +250,14 @@ class DeepSeekV4Attention(keras.layers.Layer):
             self.indexer.build()
 
     def call(self, hidden_states, training=False, cache=None, cache_index=None,
-             return_indexer_loss=False):
+             cache_lengths=None, return_indexer_loss=False):
         if cache is not None:
             if cache_index is None:
                 raise ValueError(f"{self.name}: cache_index is required when a cache is given")
             if return_indexer_loss:
                 raise ValueError(f"{self.name}: return_indexer_loss is for the stateless "
                                  "forward (cache=None) only")
-            return self._call_cached(hidden_states, cache, cache_index, training)
+            return self._call_cached(hidden_states, cache, cache_index, cache_lengths, training)
         c = self.config
         if c.attn_implementation == "sparse":
             return self._call_sparse(hidden_states, training, return_indexer_loss)
@@ -360,35 +363,37 @@ class DeepSeekV4Attention(keras.layers.Layer):
         grouped = tf.reshape(grouped, [batch, seq, groups * c.o_lora_rank])  # (B, T, g*R)
         return self.o_b_proj(grouped)  # (B, T, C)
 
-    def _call_cached(self, hidden_states, cache, cache_index, training):
+    def _call_cached(self, hidden_states, cache, cache_index, lengths, training):
         """The cached path (class docstring); returns ((B, T, C), the updated cache dict)."""
         c = self.config
         window = c.sliding_window
         batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
         index, positions = kv_cache.query_positions(cache_index, batch, seq)  # (B,), (B, T)
+        lengths = tf.fill([batch], seq) if lengths is None else lengths  # (B,)
         cos, sin = rope_cos_sin(positions, self.inv_freq)  # (B, T, rope/2)
         q_residual, q, kv = self._queries_and_kv(hidden_states, cos, sin)
         new_cache = dict(cache)
-        new_cache["kv"] = kv_cache.write_positions(cache["kv"], kv, positions)  # (B, S, D)
-
-        # The sliding window of the first query to the last: W - 1 + T keys per row.
+        # The sliding window of the first query to the last: the ring's W - 1 keys before
+        # the first new token, then the T new ones.
+        old, _ = kv_cache.read_ring(cache["kv"], index, window - 1)  # (B, W-1, D)
+        keys = tf.concat([tf.cast(old, kv.dtype), kv], axis=1)  # (B, W-1+T, D)
         key_positions = index[:, None] - (window - 1) + tf.range(window - 1 + seq)[None, :]
-        keys, valid = kv_cache.read_positions(new_cache["kv"], key_positions)  # (B, W-1+T, D)
         mask = sliding_window_mask(positions, key_positions, window)  # (B, T, W-1+T)
-        mask &= valid[:, None, :]
+        mask &= (key_positions >= 0)[:, None, :]
+        new_cache["kv"] = kv_cache.write_ring(cache["kv"], kv, index, lengths)  # (B, W, D)
 
         if self.compressor is not None:
             new_cache["comp_kv"], new_cache["comp_gate"], new_cache["entries"] = (
                 kv_cache.update_compressed(self.compressor, cache["comp_kv"],
                                            cache["comp_gate"], cache["entries"],
-                                           hidden_states, index))
+                                           hidden_states, index, lengths))
             entries = new_cache["entries"]  # (B, N, D), N = S // m + 1 slots
             topk = None
             if self.indexer is not None:
                 new_cache["index_kv"], new_cache["index_gate"], new_cache["index_entries"] = (
                     kv_cache.update_compressed(self.indexer.compressor, cache["index_kv"],
                                                cache["index_gate"], cache["index_entries"],
-                                               hidden_states, index))
+                                               hidden_states, index, lengths))
                 topk = self.indexer(hidden_states, q_residual, positions,
                                     compressed_keys=new_cache["index_entries"])  # (B, T, k)
                 if c.attn_implementation == "sparse":  # the picks gathered, not masked

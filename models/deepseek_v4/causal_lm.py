@@ -261,51 +261,61 @@ class DeepSeekV4CausalLM(keras.Model):
 
     # ------------------------------------------------------------------ cached decoding
 
+    # True: a cache cannot go back to an earlier index (its rings hold only the last
+    # positions); a caller that rewinds starts a new cache (serving/chat.py).
+    bounded_cache = True
+
     def init_cache(self, batch_size, max_length):
-        """An empty KV cache: one dict of zero buffers per layer.
+        """An empty KV cache: one dict of zero buffers per layer, bounded.
 
         Args:
           batch_size: int or int32 scalar tensor B.
           max_length: int or int32 scalar tensor S, the most positions it can hold.
 
         Returns:
-          A tuple of num_hidden_layers dicts (tf.nest-compatible, fixed shapes, the
-          model's compute dtype): every layer "kv" (B, S, head_dim); CSA / HCA layers
-          also "comp_kv", "comp_gate" (B, S, coff*head_dim) and "entries"
-          (B, S // m + 1, head_dim); CSA layers also "index_kv", "index_gate"
-          (B, S, 2*index_head_dim) and "index_entries" (B, S // m + 1, index_head_dim).
-          What each holds, and the memory per token (O(S) projections, where
-          `memory_plan.plan` counts a deployment's bounded form): `kv_cache`'s
-          docstring. Reference: transformers `DeepseekV4HCACache` / `DeepseekV4CSACache`;
+          A tuple of num_hidden_layers dicts (tf.nest-compatible, fixed shapes): every
+          layer "kv" (B, sliding_window, head_dim), a ring of the last keys; CSA / HCA
+          layers also "comp_kv", "comp_gate" (B, coff*m, coff*head_dim) float32 rings of
+          the compressor's open windows and "entries" (B, S // m + 1, head_dim); CSA
+          layers also "index_kv", "index_gate" (B, 2*m, 2*index_head_dim) and
+          "index_entries" (B, S // m + 1, index_head_dim). Only the entries grow with S
+          (`kv_cache`'s docstring; `memory_plan.kv_cache_items` counts the same items).
+          Reference: DeepSeek's inference/model.py (`kv_cache`, `kv_state`,
+          `score_state`), transformers `DeepseekV4HCACache` / `DeepseekV4CSACache`;
           DeepSeek-V4 paper §2.3.
         """
         return tuple(kv_cache.init_layer_cache(self.config, i, batch_size, max_length,
                                                self.compute_dtype)
                      for i in range(self.config.num_hidden_layers))
 
-    def call_with_cache(self, input_ids, cache, cache_index, absorb=True):
+    def call_with_cache(self, input_ids, cache, cache_index, absorb=True, lengths=None):
         """Logits of new tokens given the cache of the tokens before them.
 
-        The contract of `DeepSeekCausalLM.call_with_cache`: rows of a right-padded batch
-        decode at their own positions; a write at position p overwrites slot p, so
-        padding written past a row's prompt and a rewind to an earlier index are safe
-        (positions >= cache_index are never read before they are rewritten).
+        Rows of a right-padded batch run at their own positions. Unlike the MLA cache
+        (`DeepSeekCausalLM.call_with_cache`, position-indexed), V4's cache is bounded
+        (`bounded_cache`): a call continues each row where its kept tokens ended, and
+        padding is kept out by `lengths` rather than overwritten later.
 
         Args:
           input_ids: int32 tensor (B, T), the tokens of row b at positions
             cache_index[b] .. cache_index[b] + T - 1 (a prompt to prefill, or 1).
           cache: the tuple from `init_cache` or a previous call.
-          cache_index: int32 scalar, or (B,) vector, the number of positions already
-            in the cache of each row.
+          cache_index: int32 scalar, or (B,) vector: the positions already in the cache
+            of each row (the previous call's cache_index + lengths).
           absorb: accepted for the V3 interface and ignored (V4 has no latent to absorb
             into).
+          lengths: None (every row keeps all T), or int32 (B,), each in [0, T]: row b's
+            first lengths[b] tokens are kept, the rest are padding (their logits are
+            garbage and no later call sees them).
 
         Returns:
           (logits float32 (B, T, V), the new cache, same structure and shapes).
 
         Raises:
           ValueError: `cache` is not a tuple/list of num_hidden_layers dicts.
-          InvalidArgumentError (at run time): if cache_index + T > S in some row.
+          InvalidArgumentError (at run time): if cache_index + T exceeds the positions
+            the entries hold ((S // m + 1) * m for the smallest compress rate m, >= S + 1)
+            in some row.
         """
         del absorb
         c = self.config
@@ -316,17 +326,24 @@ class DeepSeekV4CausalLM(keras.Model):
         input_ids = tf.convert_to_tensor(input_ids)
         batch, seq = tf.shape(input_ids)[0], tf.shape(input_ids)[1]
         index = tf.broadcast_to(tf.cast(cache_index, tf.int32), [batch])  # (B,)
-        assert_fits = tf.debugging.assert_less_equal(
-            tf.reduce_max(tf.concat([index, [0]], 0)) + seq, tf.shape(cache[0]["kv"])[1],
-            message="KV cache overflow: cache_index + T > S")
-        with tf.control_dependencies([assert_fits]):
-            index = tf.identity(index)
+        lengths = (tf.fill([batch], seq) if lengths is None
+                   else tf.broadcast_to(tf.cast(lengths, tf.int32), [batch]))  # (B,)
+        limits = [tf.shape(layer["entries"])[1] * c.compress_rates[kind]
+                  for kind, layer in zip(c.layer_types, cache, strict=True) if "entries" in layer]
+        if limits:
+            assert_fits = tf.debugging.assert_less_equal(
+                tf.reduce_max(tf.concat([index, [0]], 0)) + seq, tf.reduce_min(limits),
+                message="KV cache overflow: cache_index + T > the positions init_cache's "
+                        "max_length holds")
+            with tf.control_dependencies([assert_fits]):
+                index = tf.identity(index)
         h = self.embed_tokens(input_ids)  # (B, T, C)
         streams = tf.repeat(h[:, :, None, :], c.hc_mult, axis=2)  # (B, T, n, C)
         new_cache = []
         for block, layer_cache in zip(self.decoder_layers, cache, strict=True):
             streams, _, layer_cache = block(streams, input_ids=input_ids, cache=layer_cache,
-                                            cache_index=index)  # (B, T, n, C)
+                                            cache_index=index,
+                                            cache_lengths=lengths)  # (B, T, n, C)
             new_cache.append(layer_cache)
         hidden = self.norm(self.hc_head(streams))  # (B, T, C) float32
         return self.logits_from_hidden(hidden), tuple(new_cache)

@@ -60,8 +60,9 @@ class DeepSeekV4DecoderBlock(keras.layers.Layer):
       input_ids: int (B, T), for hash routing.
       training: dropout.
       moe_capacity_factor: `capacity_factor` of DeepSeekV4MoE.
-      cache, cache_index: None, or this layer's cache dict and the rows' first new
-        positions (see `DeepSeekV4Attention`); mHC, the norms and the MoE are per token.
+      cache, cache_index, cache_lengths: None, or this layer's cache dict, the rows' first
+        new positions and the new tokens each row keeps (see `DeepSeekV4Attention`); mHC,
+        the norms and the MoE are per token.
       return_indexer_loss: also return the attention's lightning-indexer loss
         (`DeepSeekV4Attention.call(..., return_indexer_loss=True)`, a float32 scalar,
         0.0 without an indexer); stateless path only.
@@ -107,7 +108,7 @@ class DeepSeekV4DecoderBlock(keras.layers.Layer):
         self.mlp.build(shape)
 
     def call(self, streams, input_ids=None, training=False, moe_capacity_factor=None,
-             cache=None, cache_index=None, return_indexer_loss=False):
+             cache=None, cache_index=None, cache_lengths=None, return_indexer_loss=False):
         if return_indexer_loss and cache is not None:
             raise ValueError(f"{self.name}: return_indexer_loss=True is for the stateless "
                              "forward (no cache)")
@@ -122,7 +123,8 @@ class DeepSeekV4DecoderBlock(keras.layers.Layer):
             attn = self.self_attn(attn_input, training=training)  # (B, T, C)
         else:
             attn, cache = self.self_attn(attn_input, training=training, cache=cache,
-                                         cache_index=cache_index)  # (B, T, C), dict
+                                         cache_index=cache_index,
+                                         cache_lengths=cache_lengths)  # (B, T, C), dict
         streams = mix_streams(post, comb, attn, streams)  # (B, T, n, C)
 
         post, comb, x = self.ffn_hc(streams)

@@ -1,40 +1,40 @@
-"""DeepSeek-V4's KV cache: position-indexed buffers for sliding-window, CSA and HCA layers.
+"""DeepSeek-V4's KV cache, bounded: rings for the window and the compressors' open windows.
 
-The state transformers 5.24 keeps in `DeepseekV4HCACache` / `DeepseekV4CSACache`
-(`modular_deepseek_v4.py`; DeepSeek-V4 paper §2.3) — the last sliding_window - 1 keys,
-the compressed entries emitted so far, the compressor's buffer of the open window's
-projections and CSA's overlap state (the previous window's Ca series) — is held here in
-fixed-shape buffers indexed by absolute position, like the MLA cache of
-`models.deepseek`, so that `tf.while_loop` can carry it and a write at position p
-overwrites slot p. That makes per-row positions (right-padded batches), padding garbage
-past a row's prompt and rewinds to an earlier position (serving/chat.py) safe: whatever
-a slot held before is rewritten before any query can see it.
+The state DeepSeek's inference code (`inference/model.py`: `Attention.kv_cache`, a ring of
+the last `window` keys; `Compressor.kv_state` / `score_state`, the open window's rows) and
+vLLM keep, and transformers 5.24 keeps in `DeepseekV4HCACache` / `DeepseekV4CSACache`
+(DeepSeek-V4 paper §2.3): the last sliding_window keys, the compressed entries emitted so
+far, and the compressors' projections of the tokens of the windows not pooled for good
+(the open window, and for CSA the previous one, whose Ca series is the overlap's prior).
+Everything but the entries is a ring of fixed size: position p sits in slot p % R. The
+entries are indexed by window (slot w holds window w), one per m tokens: the only part
+that grows with the context.
 
-One dict of tensors per layer (`init_layer_cache`), B = batch, S = max_length, D =
-head_dim, m = the layer's compress rate, coff = 2 for CSA (overlapping windows), 1 for
-HCA, c^I = index_head_dim, all in the model's compute dtype:
+One dict of tensors per layer (`init_layer_cache`), B = batch, S = the most positions it
+holds, W = sliding_window, D = head_dim, m = the layer's compress rate, coff = 2 for CSA
+(overlapping windows), 1 for HCA, c^I = index_head_dim:
 
-  every layer   "kv"            (B, S, D)              normalized, rotated shared key/value
-                                                        of each position (kv_norm, RoPE)
-  CSA / HCA     "comp_kv"       (B, S, coff*D)         compressor `kv_proj` of each position
-                "comp_gate"     (B, S, coff*D)         compressor `gate_proj` of each position
+  every layer   "kv"            (B, W, D)              ring: normalized, rotated shared
+                                                        key/value (kv_norm, RoPE); compute dtype
+  CSA / HCA     "comp_kv"       (B, coff*m, coff*D)    ring: compressor `kv_proj`, float32
+                "comp_gate"     (B, coff*m, coff*D)    ring: compressor `gate_proj`, float32
                 "entries"       (B, S // m + 1, D)     compressed entry of window w at slot w
-  CSA           "index_kv"      (B, S, 2*c^I)          the indexer compressor's projections
-                "index_gate"    (B, S, 2*c^I)
+  CSA           "index_kv"      (B, 2*m, 2*c^I)        ring: the indexer compressor's
+                "index_gate"    (B, 2*m, 2*c^I)          projections, float32
                 "index_entries" (B, S // m + 1, c^I)   the indexer's compressed keys
 
-"comp_*" are the carried compressor state: the tokens of a window not yet closed are
-read back from them when it closes, and CSA's overlap (window w-1's Ca) as well. An
-entry slot of a window not closed yet holds garbage; `ops.visible_compressed_count`
-keeps it from every query that could see it, and the call that writes the window's last
-token recomputes it before attending.
+`memory_plan.kv_cache_items` counts the same items (a test holds them equal), up to the
+entries' one extra slot (the open window's).
 
-Memory per token of capacity S (numbers of the compute dtype): D (every layer), plus
-2*coff*D + D/m in CSA / HCA layers, plus 4*c^I + c^I/m in CSA layers. The projections
-are kept for every position, O(S), where a deployment (transformers, DeepSeek's
-inference code) keeps only the open window's (O(m), bounded) and only the last
-sliding_window - 1 keys; `models.deepseek_v4.memory_plan.plan` counts that bounded form.
-The position-indexed form trades memory for the simple rewrite-at-p semantics above.
+The contract (`DeepSeekV4CausalLM.call_with_cache`): a call appends the new tokens of
+row b at positions index[b] .. index[b] + T - 1, and only its first lengths[b] of them
+are kept (the rest are a right-padded batch's padding: attended by no later query). A
+ring holds the R positions before a row's next index; a call must start where the last
+one's kept tokens ended. An earlier index (a rewind) would read slots that later
+positions overwrote, so a caller that rewinds starts a new cache (serving/chat.py).
+An entry slot of a window not closed yet holds garbage; `ops.visible_compressed_count`
+keeps it from every query that could see it, and the call that writes the window's last
+token pools it again before attending.
 """
 
 from __future__ import annotations
@@ -51,28 +51,29 @@ def n_entry_slots(max_length, compress_rate: int):
 
 def init_layer_cache(config: DeepSeekV4Config, layer_idx: int, batch_size, max_length,
                      dtype) -> dict:
-    """Zeros for one layer (module docstring for the keys and shapes).
+    """Zeros for one layer (module docstring for the keys, shapes and dtypes).
 
     Args:
       config: the model's DeepSeekV4Config.
       layer_idx: selects config.layer_types[layer_idx].
       batch_size, max_length: B and S (int or int32 scalar tensors).
-      dtype: the compute dtype.
+      dtype: the compute dtype (the window ring and the entries; the compressors' rings
+        are float32, as DeepSeek's inference keeps its compressor state).
     """
     c = config
     layer_type = c.layer_types[layer_idx]
-    cache = {"kv": tf.zeros([batch_size, max_length, c.head_dim], dtype)}
+    cache = {"kv": tf.zeros([batch_size, c.sliding_window, c.head_dim], dtype)}
     if layer_type == SLIDING:
         return cache
     m = c.compress_rates[layer_type]
     slots = n_entry_slots(max_length, m)
-    width = (2 if layer_type == CSA else 1) * c.head_dim
-    cache["comp_kv"] = tf.zeros([batch_size, max_length, width], dtype)
-    cache["comp_gate"] = tf.zeros([batch_size, max_length, width], dtype)
+    coff = 2 if layer_type == CSA else 1
+    cache["comp_kv"] = tf.zeros([batch_size, coff * m, coff * c.head_dim], tf.float32)
+    cache["comp_gate"] = tf.zeros([batch_size, coff * m, coff * c.head_dim], tf.float32)
     cache["entries"] = tf.zeros([batch_size, slots, c.head_dim], dtype)
     if layer_type == CSA:
-        cache["index_kv"] = tf.zeros([batch_size, max_length, 2 * c.index_head_dim], dtype)
-        cache["index_gate"] = tf.zeros([batch_size, max_length, 2 * c.index_head_dim], dtype)
+        cache["index_kv"] = tf.zeros([batch_size, 2 * m, 2 * c.index_head_dim], tf.float32)
+        cache["index_gate"] = tf.zeros([batch_size, 2 * m, 2 * c.index_head_dim], tf.float32)
         cache["index_entries"] = tf.zeros([batch_size, slots, c.index_head_dim], dtype)
     return cache
 
@@ -84,10 +85,11 @@ def query_positions(cache_index, batch, seq):
 
 
 def write_positions(buffer, values, positions):
-    """buffer[b, positions[b, t]] = values[b, t]: a write at p overwrites slot p.
+    """buffer[b, positions[b, t]] = values[b, t].
 
     Args:
-      buffer: (B, S, W). values: (B, T, W). positions: int32 (B, T), each in [0, S).
+      buffer: (B, S, W). values: (B, T, W). positions: int32 (B, T), each in [0, S), no
+        two equal in a row unless their values may land in either order.
 
     Returns:
       The updated buffer (B, S, W).
@@ -101,6 +103,14 @@ def write_positions(buffer, values, positions):
     return tf.tensor_scatter_nd_update(buffer, indices, tf.cast(values, buffer.dtype))
 
 
+def _write_kept(buffer, values, slots, keep):
+    """buffer[b, slots[b, j]] = values[b, j] where keep[b, j]; the others go to a discard
+    slot. buffer (B, N, W); values (B, J, W); slots int32 (B, J); keep bool (B, J)."""
+    n_slots = tf.shape(buffer)[1]
+    padded = tf.pad(buffer, [[0, 0], [0, 1], [0, 0]])  # (B, N + 1, W): the discard slot
+    return write_positions(padded, values, tf.where(keep, slots, n_slots))[:, :n_slots]
+
+
 def write_slots_within(buffer, values, slots):
     """buffer[b, slots[b, j]] = values[b, j] for the slots < buffer.shape[1]; the others
     (windows past the capacity, which can never close) are dropped.
@@ -108,66 +118,95 @@ def write_slots_within(buffer, values, slots):
     Args: buffer (B, N, W); values (B, J, W); slots int32 (B, J), each >= 0.
     Returns: the updated buffer (B, N, W).
     """
-    n_slots = tf.shape(buffer)[1]
-    padded = tf.pad(buffer, [[0, 0], [0, 1], [0, 0]])  # (B, N + 1, W): a discard slot
-    slots = tf.where(slots < n_slots, slots, n_slots)  # (B, J), past the end -> discard
-    return write_positions(padded, values, slots)[:, :n_slots]  # (B, N, W)
+    return _write_kept(buffer, values, slots, slots < tf.shape(buffer)[1])
 
 
-def read_positions(buffer, positions):
-    """(buffer[b, clip(positions[b, j])] (B, J, W), valid bool (B, J) = 0 <= position < S).
+def read_ring(ring, index, count: int):
+    """The `count` positions before each row's index, oldest first, from a ring (slot
+    p % R holds position p).
 
-    Invalid positions read a clipped (finite, meaningless) slot: mask them.
+    Args:
+      ring: (B, R, W). index: int32 (B,). count: how many positions, <= R.
+
+    Returns:
+      (values (B, count, W), valid bool (B, count)): positions index[b] - count ..
+      index[b] - 1; a negative position is not valid (its slot holds zeros or garbage).
     """
-    length = tf.shape(buffer)[1]
-    valid = (positions >= 0) & (positions < length)  # (B, J)
-    values = tf.gather(buffer, tf.clip_by_value(positions, 0, length - 1),
-                       batch_dims=1)  # (B, J, W)
-    return values, valid
+    size = tf.shape(ring)[1]
+    positions = index[:, None] - count + tf.range(count)[None, :]  # (B, count)
+    values = tf.gather(ring, tf.math.floormod(positions, size), batch_dims=1)  # (B, count, W)
+    return values, positions >= 0
 
 
-def update_compressed(compressor, kv_buffer, gate_buffer, entries, hidden_states, index):
-    """Writes the new tokens' projections and re-pools every window they touch.
+def write_ring(ring, values, index, lengths):
+    """Keeps each row's first lengths[b] new values in the ring (slot p % R for position p).
+
+    Args:
+      ring: (B, R, W). values: (B, T, W), the rows' positions index[b] .. index[b] + T - 1.
+      index: int32 (B,). lengths: int32 (B,), each in [0, T]: values past them are padding.
+
+    Returns:
+      The ring (B, R, W) after the kept values: only their last R are written, so no two
+      writes of a call meet in one slot.
+    """
+    size = tf.shape(ring)[1]
+    t = tf.range(tf.shape(values)[1])[None, :]  # (1, T)
+    keep = (t < lengths[:, None]) & (t >= lengths[:, None] - size)  # (B, T)
+    slots = tf.math.floormod(index[:, None] + t, size)  # (B, T)
+    return _write_kept(ring, values, slots, keep)
+
+
+def update_compressed(compressor, kv_ring, gate_ring, entries, hidden_states, index, lengths):
+    """Pools every window the new tokens touch, then keeps their projections in the rings.
 
     transformers `DeepseekV4HCACache.store_compression_weights` /
-    `update_compressor_states` and `DeepseekV4CSACache.update_overlap_state`, on
-    position-indexed buffers: row b's T new tokens sit at positions index[b] .. index[b]
-    + T - 1, in windows w_first = index[b] // m .. (index[b] + T - 1) // m. Those windows
-    are pooled again (`KVCompressor.compress`) from the buffered projections of positions
-    w_first*m .. and, with overlap (CSA), window w_first - 1's Ca series as the prior
+    `update_compressor_states` and `DeepseekV4CSACache.update_overlap_state`, DeepSeek's
+    `Compressor.forward` with `kv_state` / `score_state`: row b's T new tokens sit at
+    positions index[b] .. index[b] + T - 1, in windows w_first = index[b] // m ..
+    (index[b] + T - 1) // m. Those windows are pooled (`KVCompressor.compress`) from the
+    ring's projections of positions w_first*m .. index[b] - 1 followed by the new ones,
+    and, with overlap (CSA), window w_first - 1's Ca series (in the ring too) as the prior
     state (kv 0 / gate -inf before position 0, as the full path's window 0). Every row
     pools the same number of windows, J = ceil((T - 1) / m) + 1 (the most any row
-    touches); a window past the ones a row's tokens close is not closed yet, so its
-    entry is garbage that no query sees (module docstring).
+    touches); a window the kept tokens do not close is garbage that no query sees until
+    a later call closes and pools it (module docstring).
 
     Args:
       compressor: a built KVCompressor (the attention's, or the indexer's).
-      kv_buffer, gate_buffer: (B, S, coff*D), the projections of every position.
+      kv_ring, gate_ring: float32 (B, R, coff*D), R = coff*m: the projections of each
+        row's last R positions (m + index % m <= R of them are read).
       entries: (B, S // m + 1, D), the entry slots.
       hidden_states: (B, T, C), the new tokens' attention input.
       index: int32 (B,), each row's first new position.
+      lengths: int32 (B,), the new tokens each row keeps (`write_ring`).
 
     Returns:
-      (kv_buffer, gate_buffer, entries), updated, same shapes.
+      (kv_ring, gate_ring, entries), updated, same shapes.
     """
     m = compressor.compress_rate
+    ring = m * (2 if compressor.overlap else 1)  # R = coff*m, the rings' size
     seq = tf.shape(hidden_states)[1]
-    positions = index[:, None] + tf.range(seq)[None, :]  # (B, T)
-    kv_buffer = write_positions(kv_buffer, compressor.kv_proj(hidden_states), positions)
-    gate_buffer = write_positions(gate_buffer, compressor.gate_proj(hidden_states), positions)
+    new_kv = compressor.kv_proj(hidden_states)  # (B, T, coff*D)
+    new_gate = compressor.gate_proj(hidden_states)
+    old_kv, _ = read_ring(kv_ring, index, ring)  # (B, R, coff*D): index - R .. index - 1
+    old_gate, _ = read_ring(gate_ring, index, ring)
+    local_kv = tf.concat([tf.cast(old_kv, new_kv.dtype), new_kv], axis=1)  # (B, R + T, .)
+    local_gate = tf.concat([tf.cast(old_gate, new_gate.dtype), new_gate], axis=1)
 
     first_window = index // m  # (B,)
     n_windows = (seq + m - 2) // m + 1  # J: ceil((T - 1) / m) + 1
-    chunk = first_window[:, None] * m + tf.range(n_windows * m)[None, :]  # (B, J*m)
-    chunk_kv, _ = read_positions(kv_buffer, chunk)  # (B, J*m, coff*D); past S: garbage
-    chunk_gate, _ = read_positions(gate_buffer, chunk)
+    start = ring - index % m  # (B,) where position w_first*m sits in local_*
+    chunk = start[:, None] + tf.range(n_windows * m)[None, :]  # (B, J*m)
+    chunk = tf.minimum(chunk, ring + seq - 1)  # past the new tokens: garbage, not closed
+    chunk_kv = tf.gather(local_kv, chunk, batch_dims=1)  # (B, J*m, coff*D)
+    chunk_gate = tf.gather(local_gate, chunk, batch_dims=1)
     prior_kv = prior_gate = None
-    if compressor.overlap:
+    if compressor.overlap:  # R = 2m: window w_first - 1 is in the ring
         dim = compressor.head_dim
-        prior = (first_window[:, None] - 1) * m + tf.range(m)[None, :]  # (B, m)
-        prev_kv, valid = read_positions(kv_buffer, prior)  # (B, m, 2D), valid (B, m)
-        prev_gate, _ = read_positions(gate_buffer, prior)
-        valid = valid[..., None]  # (B, m, 1)
+        prior = start[:, None] - m + tf.range(m)[None, :]  # (B, m), >= 0
+        valid = (first_window >= 1)[:, None, None]  # (B, 1, 1): position >= 0
+        prev_kv = tf.gather(local_kv, prior, batch_dims=1)  # (B, m, 2D)
+        prev_gate = tf.gather(local_gate, prior, batch_dims=1)
         prior_kv = tf.where(valid, tf.cast(prev_kv[..., :dim], tf.float32), 0.0)  # (B, m, D)
         bias = tf.cast(compressor.position_bias, tf.float32)[:, :dim]  # (m, D), Ca's
         prior_gate = tf.where(valid, tf.cast(prev_gate[..., :dim], tf.float32) + bias,
@@ -175,4 +214,6 @@ def update_compressed(compressor, kv_buffer, gate_buffer, entries, hidden_states
     pooled = compressor.compress(chunk_kv, chunk_gate, first_window * m, prior_kv,
                                  prior_gate)  # (B, J, D)
     slots = first_window[:, None] + tf.range(n_windows)[None, :]  # (B, J)
-    return kv_buffer, gate_buffer, write_slots_within(entries, pooled, slots)
+    return (write_ring(kv_ring, new_kv, index, lengths),
+            write_ring(gate_ring, new_gate, index, lengths),
+            write_slots_within(entries, pooled, slots))

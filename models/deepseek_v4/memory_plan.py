@@ -368,18 +368,19 @@ def kv_cache_bytes_per_token(config: DeepSeekV4Config, bytes_per_number: int = 2
 def allocated_cache_items(config: DeepSeekV4Config, max_length: int,
                           bytes_per_number: int = 4) -> dict[str, int]:
     """Bytes of the buffers this implementation's `DeepSeekV4CausalLM.init_cache(1, S)`
-    allocates for one sequence of capacity S = max_length, by item, all in the compute dtype
-    (`models/deepseek_v4/kv_cache.py` for the buffers and why they are position-indexed):
+    allocates for one sequence of capacity S = max_length, by item
+    (`models/deepseek_v4/kv_cache.py` for the buffers): the entries and the window ring in
+    `bytes_per_number` (the compute dtype), the compressors' rings in float32:
 
-      sliding window   every block "kv": S x D (all positions, not only the last W)
+      sliding window   every block "kv": a ring of sliding_window x D
       CSA compressed   each CSA block "entries": (S // m + 1) x D (one slot for the open window)
       indexer keys     each CSA block "index_entries": (S // m + 1) x DI
       HCA compressed   each HCA block "entries": (S // m' + 1) x D
-      compressor state "comp_kv" + "comp_gate": 2 x S x coff D per CSA / HCA block, plus
-                       "index_kv" + "index_gate": 2 x S x 2 DI per CSA block
+      compressor state "comp_kv" + "comp_gate": 2 x coff m x coff D per CSA / HCA block,
+                       plus "index_kv" + "index_gate": 2 x 2m x 2 DI per CSA block
 
-    Against `kv_cache_items` (a deployment's bounded cache): the compressed entries are the
-    same up to the extra slot; the window and the compressor state grow with S here.
+    Against `kv_cache_items` (DeepSeek's inference cache) at S >= sliding_window: the same
+    items, each compressed item one slot (one entry) more per block.
 
     Raises:
       ValueError: if max_length < 1 or bytes_per_number < 1.
@@ -390,20 +391,18 @@ def allocated_cache_items(config: DeepSeekV4Config, max_length: int,
         raise ValueError(f"bytes_per_number={bytes_per_number!r} must be >= 1")
     c, b, S = config, bytes_per_number, max_length
     D, DI = c.head_dim, c.index_head_dim
-    items = dict.fromkeys(("sliding window", "CSA compressed", "indexer keys",
-                           "HCA compressed", "compressor state"), 0)
+    items = kv_cache_items(c, max(S, c.sliding_window), b)  # the rings: S-independent
+    for item in ("CSA compressed", "indexer keys", "HCA compressed"):
+        items[item] = 0
     for layer_type in c.layer_types:
-        items["sliding window"] += S * D * b
         if layer_type == SLIDING:
             continue
         slots = S // c.compress_rates[layer_type] + 1
         if layer_type == CSA:
             items["CSA compressed"] += slots * D * b
             items["indexer keys"] += slots * DI * b
-            items["compressor state"] += 2 * S * (2 * D + 2 * DI) * b
         else:
             items["HCA compressed"] += slots * D * b
-            items["compressor state"] += 2 * S * D * b
     return items
 
 

@@ -240,20 +240,19 @@ def test_counts_equal_the_built_model():
 
 
 def test_allocated_cache_against_the_deployment_cache():
-    """`allocated_cache_items` (this implementation's position-indexed buffers) against
-    `kv_cache_items` (a deployment's bounded cache), T = 9, float32: the compressed entries
-    differ by the one slot of the open window, the window holds all 9 positions, and the
-    compressor state keeps every position's projections."""
+    """`allocated_cache_items` (init_cache's bounded buffers) against `kv_cache_items`
+    (DeepSeek's inference cache), T = 9 >= sliding_window 4, float32, item by item: the
+    window ring and the compressors' rings are the same; each compressed item has one
+    more slot (the open window's) per block. Below the window the ring is still whole."""
     alloc, bounded = mp.allocated_cache_items(TINY, 9), mp.kv_cache_items(TINY, 9, 4)
-    assert alloc["sliding window"] == 3 * 9 * 4 * 4  # 3 blocks x S x D x 4 bytes
+    assert alloc["sliding window"] == bounded["sliding window"] == 3 * 4 * 4 * 4  # 3 x W x D
     assert alloc["CSA compressed"] - bounded["CSA compressed"] == 4 * 4  # + one slot of D
     assert alloc["indexer keys"] - bounded["indexer keys"] == 2 * 4  # + one slot of DI
     assert alloc["HCA compressed"] - bounded["HCA compressed"] == 4 * 4
-    # CSA: 2 x 9 x (2D + 2DI) = 216 numbers; HCA: 2 x 9 x D = 72; x 4 bytes.
-    assert alloc["compressor state"] == (216 + 72) * 4
-    short = TINY.replace(max_position_embeddings=16)
-    assert mp.allocated_cache_items(short, 4)["sliding window"] == mp.kv_cache_items(
-        short, 4, 4)["sliding window"]  # T <= W: the same window
+    # CSA: 2 x 2m x (2D + 2DI) = 2 x 4 x 12 = 96 numbers; HCA: 2 x m' x D = 32; float32.
+    assert alloc["compressor state"] == bounded["compressor state"] == (96 + 32) * 4
+    assert mp.allocated_cache_items(TINY, 2)["sliding window"] == 3 * 4 * 4 * 4
+    assert mp.allocated_cache_items(TINY, 2, 2)["compressor state"] == (96 + 32) * 4
     with pytest.raises(ValueError, match="max_length"):
         mp.allocated_cache_items(TINY, 0)
 

@@ -212,6 +212,57 @@ def test_a_chat_model_wraps_the_turns_in_its_template(subject):
                                             0.0, 50, 1.0, 0)
 
 
+def test_a_v4_session_starts_again_where_it_cannot_rewind_and_prefills_in_chunks(
+        subject, monkeypatch):
+    """DeepSeek-V4's cache is bounded (rings of the last positions): a prompt that leaves
+    the cached ids before their end runs again from the start, and a prompt longer than
+    the prefill chunk (8 here) runs through the cache in chunks. Each reply equals greedy
+    `generate` on the same prompt ids; the session's context is the model's whole
+    max_position_embeddings (no 32,768 cap)."""
+    import keras
+    import numpy as np
+
+    from models.deepseek import generation
+    from models.deepseek_v4.causal_lm import DeepSeekV4CausalLM
+    from models.deepseek_v4.config import CSA, HCA, SLIDING, DeepSeekV4Config
+    from serving import chat
+
+    keras.utils.set_random_seed(3)
+    config = DeepSeekV4Config(
+        vocab_size=VOCAB, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=3,
+        num_attention_heads=4, head_dim=16, q_lora_rank=16, qk_rope_head_dim=4,
+        n_routed_experts=4, num_experts_per_tok=2, layer_types=(SLIDING, CSA, HCA),
+        compress_rates={CSA: 4, HCA: 8}, mlp_layer_types=("hash_moe", "moe", "moe"),
+        hc_mult=2, sliding_window=6, o_groups=2, o_lora_rank=8, index_n_heads=2,
+        index_head_dim=8, index_topk=3, max_position_embeddings=40_000,
+        num_nextn_predict_layers=0, initializer_range=0.5)
+    model = DeepSeekV4CausalLM(config)
+    monkeypatch.setattr(chat, "PREFILL_CHUNK", 8)
+    session = chat.ChatSession(model, subject.tokenizers["chat"],
+                               chat.Sampling(NEW, temperature=0.0, top_k=0, top_p=1.0),
+                               subject.affixes["chat"])
+    assert session.context == 40_000 and model.bounded_cache
+
+    def expected(prompt):
+        tokens, lengths = generation.generate(model, tf.constant([prompt]), NEW,
+                                              temperature=0.0, stop_token_id=session.eos_id)
+        return tokens.numpy()[0, len(prompt):int(lengths[0])].tolist()
+
+    first = session.prompt_ids(session._text([], PROMPTS[2]))
+    reply = list(session.stream_ids(first))
+    assert len(first) > 8 and reply == [t for t in expected(first) if t != session.eos_id]
+    # Continues the cached ids: no new start.
+    follow = session._cached + reply[-1:] + first[:5]
+    assert list(session.stream_ids(follow)) == [t for t in expected(follow)
+                                                 if t != session.eos_id]
+    # Leaves them early (another second half): the cache starts again.
+    other = first[:6] + session.prompt_ids("你好世界😀 the quick brown fox")
+    assert list(session.stream_ids(other)) == [t for t in expected(other)
+                                                if t != session.eos_id]
+    assert session._cached[:len(other)] == other
+    assert np.all([v.shape[1] == 6 for v in (layer["kv"] for layer in session._cache)])
+
+
 def test_max_new_tokens_must_leave_room_for_a_prompt(subject):
     from serving.chat import ChatSession
 
