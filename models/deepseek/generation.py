@@ -182,7 +182,8 @@ def _prefill(model, input_ids, prompt_lengths, cache_len, chunk: int, absorb):
         logits, cache = model.call_with_cache(input_ids, cache, 0, absorb=absorb,
                                               lengths=prompt_lengths)  # (B, P', V)
         return tf.gather(logits, prompt_lengths - 1, batch_dims=1), cache  # (B, V)
-    chunk = tf.minimum(chunk, width)  # a short prompt of unknown width: one call, unpadded
+    chunk = tf.maximum(tf.minimum(chunk, width), 1)  # a short prompt of unknown width: one
+    # call, unpadded (no prompts, width 0: no call)
     n_chunks = (width + chunk - 1) // chunk
     padded = tf.pad(input_ids, [[0, 0], [0, n_chunks * chunk - width]])  # (B, n*chunk)
     cache = model.init_cache(batch, tf.maximum(cache_len, n_chunks * chunk))
