@@ -30,6 +30,8 @@ from models.deepseek.rope_scaling import normalize_rope_scaling
 
 # topk_method -> the scoring_func it is supported with (DeepSeek's config.json names).
 TOPK_METHODS = {"noaux_tc": "sigmoid", "greedy": "softmax", "group_limited_greedy": "softmax"}
+# `attn_implementation` values: DSA gathered, and the masked reference.
+ATTN_IMPLEMENTATIONS = ("sparse", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +98,13 @@ class DeepSeekConfig:
         (V3.2: 128), >= qk_rope_head_dim (RoPE rotates its first qk_rope_head_dim
         dims); None without DSA. DSA needs q_lora_rank (the indexer's queries are
         projected from the query latent c_q).
+      attn_implementation: how DSA attends, in the spirit of transformers'
+        `attn_implementation`: "sparse" (the default) gathers each query's
+        min(index_topk, visible) picked latents and attends them in the absorbed form
+        (`mla_attention.py`: O(T*k) scores, where the sequence or cache is longer than
+        index_topk); "dense" builds the whole (B, H, T, S) score matrix and masks it to
+        the picks, the reference the sparse path is tested against. No effect without
+        DSA. Not a config.json key: an import takes the default.
 
     Raises:
       ValueError: on construction, naming the offending field and value.
@@ -142,6 +151,7 @@ class DeepSeekConfig:
     index_topk: int | None = None
     index_n_heads: int | None = None
     index_head_dim: int | None = None
+    attn_implementation: str = "sparse"
 
     def __post_init__(self) -> None:
         for name in (
@@ -191,6 +201,9 @@ class DeepSeekConfig:
                 f"num_hidden_layers={self.num_hidden_layers}"
             )
         self._check_sparse_attention()
+        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise ValueError(f"attn_implementation={self.attn_implementation!r} is not "
+                             f"supported; choose one of {list(ATTN_IMPLEMENTATIONS)}")
         # A frozen dataclass: store the canonical (validated, defaults filled) form.
         object.__setattr__(self, "rope_scaling", normalize_rope_scaling(
             self.rope_scaling, self.max_position_embeddings))

@@ -20,9 +20,11 @@ lightning indexer's weights count as parameters (`_indexer_params`, used by ever
 token), but they run forward only (no gradient reaches them), so training charges
 them 2 FLOPs per use, not 6; scoring a query against T keys costs
 2 * T * Hi * (Di + 1) FLOPs per layer (q . k per head, then the weighted sum over
-the Hi heads), forward only. The main attention is counted over all T keys: this
-implementation masks a dense score matrix to the index_topk kept keys, so DSA
-changes which keys count, not how many are computed.
+the Hi heads), forward only. The main attention is counted as it runs
+(`_gathers`): with `attn_implementation` "sparse" and index_topk < T, each query
+attends its k = index_topk gathered latents in the absorbed form (mla_attention.py),
+2*H*k*(2R + Dr) per query and layer plus the absorption 2*H*R*(Dn + Dv); else (dense,
+masked) over all T keys as without DSA.
 This module imports neither TensorFlow nor Keras.
 """
 
@@ -63,6 +65,12 @@ def _indexer_score_flops(c: DeepSeekConfig, keys: int) -> int:
     if not c.uses_sparse_attention:
         return 0
     return 2 * keys * c.index_n_heads * (c.index_head_dim + 1)
+
+
+def _gathers(c: DeepSeekConfig, keys: int) -> bool:
+    """True when DSA's attention gathers its picks (`MultiHeadLatentAttention._gathers`)."""
+    return (c.uses_sparse_attention and c.attn_implementation == "sparse"
+            and c.index_topk < keys)
 
 
 def _moe_params(c: DeepSeekConfig, experts: int) -> int:
@@ -141,6 +149,10 @@ def flops_per_token(config: DeepSeekConfig, seq_len: int, include_mtp: bool = Tr
     c = config
     layers = c.num_hidden_layers + (c.num_nextn_predict_layers if include_mtp else 0)
     attention = 6 * layers * c.num_attention_heads * seq_len * (c.qk_head_dim + c.v_head_dim)
+    if _gathers(c, seq_len):  # (module docstring): k latents per query, absorbed form
+        h, r = c.num_attention_heads, c.kv_lora_rank
+        attention = 6 * layers * h * (c.index_topk * (2 * r + c.qk_rope_head_dim)
+                                      + r * (c.qk_nope_head_dim + c.v_head_dim))
     indexer = layers * (_indexer_score_flops(c, seq_len) - 4 * _indexer_params(c))
     return 6 * activated_params(c, include_mtp=include_mtp) + attention + indexer
 
@@ -169,8 +181,9 @@ def decode_flops_per_token(config: DeepSeekConfig, context_len: int,
     matmul as `activated_params` counts it (projections, MLP or routed and
     shared experts, router, lm_head, the DSA indexer's projections; no MTP),
     kv_b_proj being counted above; and with DeepSeek Sparse Attention the index
-    scores against the S cached indexer keys, 2*S*Hi*(Di + 1) per layer (the main
-    attention is still computed over all S slots, masked to the kept ones).
+    scores against the S cached indexer keys, 2*S*Hi*(Di + 1) per layer, and, gathered
+    (`attn_implementation` "sparse", S > index_topk), the absorbed attention over the
+    index_topk picked latents instead of S (whatever `absorbed` says).
     So absorbed = 2*N_active + L * 2*S*H*(2R + Dr), linear in S with a small
     slope, while expanded grows by 2*R*H*(Dn + Dv) per layer and cached token.
 
@@ -188,8 +201,9 @@ def decode_flops_per_token(config: DeepSeekConfig, context_len: int,
                         c.qk_rope_head_dim, c.v_head_dim)
     kv_b = r * h * (dn + dv)  # kv_b_proj parameters of one layer
     rest = 2 * (activated_params(c) - c.num_hidden_layers * kv_b)
-    if absorbed:
-        attention = 2 * h * dn * r + 2 * s * h * (r + dr) + 2 * s * h * r + 2 * h * r * dv
+    if absorbed or _gathers(c, s):  # gathered DSA attends min(S, index_topk) latents
+        keys = min(s, c.index_topk) if _gathers(c, s) else s
+        attention = 2 * h * dn * r + 2 * keys * h * (r + dr) + 2 * keys * h * r + 2 * h * r * dv
     else:
         attention = 2 * s * kv_b + 2 * s * h * (dn + dr) + 2 * s * h * dv
     attention += _indexer_score_flops(c, s)

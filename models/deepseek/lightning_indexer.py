@@ -81,6 +81,9 @@ class LightningIndexer(keras.layers.Layer):
       call(hidden_states, q_latent, keys, positions, visible, return_scores=False)
         -> bool (B, T, S) keep, or (keep, float32 (B, T, S) index scores I, -inf
         where not visible) with `return_scores`.
+      select(...same args) -> (picks int32 (B, T, k), valid bool (B, T, k)[, scores]):
+        the same picks as indices, for the sparse (gathered) attention.
+      index_scores(...same args) -> float32 (B, T, S): I, -inf where not visible.
 
     Call args:
       hidden_states: float (B, T, C), the attention input (after input_layernorm).
@@ -144,6 +147,15 @@ class LightningIndexer(keras.layers.Layer):
         return self._rotate(k[:, :, None, :], positions)[:, :, 0, :]  # (B, T, Di)
 
     def call(self, hidden_states, q_latent, keys, positions, visible, return_scores=False):
+        index = self.index_scores(hidden_states, q_latent, keys, positions, visible)  # (B,T,S)
+        keys_len = index.shape[2] if index.shape[2] is not None else tf.shape(index)[2]
+        top = self._top(index)  # (B, T, k)
+        keep = tf.logical_and(_scatter_true(top, keys_len), visible)  # (B, T, S)
+        return (keep, index) if return_scores else keep
+
+    def index_scores(self, hidden_states, q_latent, keys, positions, visible):
+        """I (eq. 1) of the T queries against the S keys, float32 (B, T, S), -inf where
+        not `visible`. Args as `call`."""
         c = self.config
         nh, d = c.index_n_heads, c.index_head_dim
         batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
@@ -157,16 +169,36 @@ class LightningIndexer(keras.layers.Layer):
         scores = tf.nn.relu(scores * d ** -0.5)  # (B, T, Hi, S)
         weights = self.weights_proj(tf.cast(hidden_states, tf.float32)) * nh ** -0.5  # (B,T,Hi)
         index = tf.einsum("bth,bths->bts", weights, scores)  # (B, T, S)
-        index = tf.where(visible, index, float("-inf"))  # (B, T, S)
+        return tf.where(visible, index, float("-inf"))  # (B, T, S)
+
+    def select(self, hidden_states, q_latent, keys, positions, visible, return_scores=False):
+        """The picks as indices, for attention that gathers them (DSA's sparse path).
+
+        Args as `call`.
+
+        Returns:
+          picks: int32 (B, T, k), k = min(index_topk, S) (static when S is), the slots of
+            each query's k highest index scores, in no particular order (the same set as
+            `call`'s `keep`, ties to the lower index);
+          valid: bool (B, T, k), False for a pick the query may not see (a query that
+            sees fewer than k keys fills its k with invisible ones);
+          with `return_scores`, also float32 (B, T, k) index scores of the picks (-inf
+          where not valid), differentiable towards the indexer's weights.
+        """
+        index = self.index_scores(hidden_states, q_latent, keys, positions, visible)  # (B,T,S)
+        picks = self._top(index)  # (B, T, k)
+        picked = tf.gather(index, picks, batch_dims=2)  # (B, T, k) float32
+        valid = tf.math.is_finite(picked)  # (B, T, k): -inf exactly where not visible
+        return (picks, valid, picked) if return_scores else (picks, valid)
+
+    def _top(self, index):
+        """int32 (B, T, min(index_topk, S)): each query's highest index scores, unsorted."""
         keys_len = index.shape[2]  # static when S is (XLA's top_k needs a constant k)
         if keys_len is None:
-            keys_len = tf.shape(index)[2]
-            k = tf.minimum(c.index_topk, keys_len)
+            k = tf.minimum(self.config.index_topk, tf.shape(index)[2])
         else:
-            k = min(c.index_topk, keys_len)
-        top = tf.math.top_k(index, k=k, sorted=False).indices  # (B, T, k)
-        keep = tf.logical_and(_scatter_true(top, keys_len), visible)  # (B, T, S)
-        return (keep, index) if return_scores else keep
+            k = min(self.config.index_topk, keys_len)
+        return tf.math.top_k(index, k=k, sorted=False).indices  # (B, T, k)
 
     def _rotate(self, x, positions):
         """rotate_half RoPE of the first qk_rope_head_dim dims of x (B, T, H, Di) at

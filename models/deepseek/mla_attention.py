@@ -44,8 +44,15 @@ the `index_topk` visible tokens of highest index score, and the attention mask i
 causal AND picked (HF transformers 5.24 `DeepseekV32Attention` folds the same top-k
 into its attention mask). The indexer's key of every token (index_head_dim numbers)
 is cached after [c_kv | k_pe], so a cached call scores the new queries against the
-cache and recomputes nothing of the prefix. The score matrix stays dense (masked),
-so DSA changes the result, not the cost, of this implementation's attention.
+cache and recomputes nothing of the prefix. With `config.attn_implementation`
+"sparse" (the default) and more keys than index_topk, the attention gathers each
+query's picked latents [c_kv | k_pe] (B, T, k, R + Dr) and attends them in the
+absorbed form below, O(T*k) scores instead of O(T*S), as DeepSeek-V3.2 instantiates
+DSA on MLA's MQA mode (report §2.1; DeepSeek's `inference/model.py` passes the top-k
+indices to its sparse kernel); a cached call does so `QUERY_BLOCK` queries at a time.
+"dense", or no more keys than index_topk, masks the dense score matrix to the picks,
+as transformers' `DeepseekV32Attention` does: the reference. The indexer itself still
+scores every (query, key) pair, (B, T, Hi, S), as transformers' does.
 `call(..., return_indexer_loss=True)` (stateless) also returns the indexer's
 sparse-stage KL loss (V3.2-Exp report §2.1.1, `lightning_indexer.indexer_kl_loss`):
 the target is this layer's attention probabilities (before dropout) summed over heads
@@ -66,6 +73,9 @@ from models.deepseek.rotary_embedding import apply_rotary_pos_emb, rope_cos_sin
 # HF uses eps 1e-6 for q_a_layernorm and kv_a_layernorm whatever rms_norm_eps is.
 LATENT_NORM_EPS = 1e-6
 _MASK_VALUE = -1e9
+# Queries per block of a cached call's gathered DSA attention (`_in_query_blocks`): at
+# V3.2's index_topk 2,048 and R + Dr = 576, one block's picked latents are 0.6 GB float32.
+QUERY_BLOCK = 128
 
 
 @keras.saving.register_keras_serializable(package="deepseek")
@@ -165,6 +175,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
 
         # Queries: low-rank (or plain) projection, split into no-RoPE and RoPE parts.
+        c_q = None  # the query latent (the indexer's input), with q_lora_rank
         if c.q_lora_rank is None:
             q = self.q_proj(hidden_states)  # (B, T, H*Dqk)
         else:
@@ -197,37 +208,17 @@ class MultiHeadLatentAttention(keras.layers.Layer):
 
         indexer_loss = tf.constant(0.0, tf.float32)
         if cache is None:
-            mask = (q_positions[None, :] <= q_positions[:, None])[None]  # (1, T, S = T)
             with_loss = return_indexer_loss and self.indexer is not None
-            if self.indexer is not None:
-                mask = self.indexer(hidden_states, c_q, index_keys, q_positions, mask,
-                                    return_scores=with_loss)  # (B, T, S) causal and picked
-                if with_loss:
-                    mask, index_scores = mask  # (B, T, S) bool, float32
-            out = self._expanded_attention(q_nope, q_pe, c_kv, k_pe, mask[:, None],
-                                           training, return_probs=with_loss)  # (B,T,H,Dv)
+            out = self._stateless_attention(hidden_states, c_q, q_nope, q_pe, c_kv, k_pe,
+                                            index_keys, q_positions, training, with_loss)
             if with_loss:
-                out, probs = out  # (B, T, H, Dv), float32 (B, H, T, S)
-                indexer_loss = indexer_kl_loss(tf.reduce_sum(probs, axis=1), index_scores,
-                                               mask)  # over heads: (B, T, S)
+                out, indexer_loss = out  # (B, T, H, Dv), float32 scalar
         else:
             entries = [c_kv, k_pe] + ([index_keys] if index_keys is not None else [])
             new_cache = _write_cache(cache, tf.concat(entries, axis=-1),
                                      index)  # (B, S, R + Dr [+ Di])
-            slots = tf.range(tf.shape(new_cache)[1])  # (S,)
-            mask = slots[None, None, :] <= q_positions[:, :, None]  # (B, T, S) causal
-            if self.indexer is not None:
-                mask = self.indexer(hidden_states, c_q, new_cache[:, :, r + dr:], q_positions,
-                                    mask)  # (B, T, S) causal and picked
-            latents = (new_cache if self.indexer is None
-                       else new_cache[:, :, :r + dr])  # (B, S, R + Dr)
-            if absorb:
-                out = self._absorbed_attention(q_nope, q_pe, latents, mask[:, None],
-                                               training)  # (B, T, H, Dv)
-            else:
-                c_kv, k_pe = tf.split(latents, [r, dr], axis=-1)  # (B, S, R), (B, S, Dr)
-                out = self._expanded_attention(q_nope, q_pe, c_kv, k_pe, mask[:, None],
-                                               training)  # (B, T, H, Dv)
+            out = self._cached_attention(hidden_states, c_q, q_nope, q_pe, new_cache,
+                                         q_positions, training, absorb)  # (B, T, H, Dv)
 
         out = tf.reshape(out, [batch, seq, nh * c.v_head_dim])  # (B, T, H*Dv)
         out = self.o_proj(out)  # (B, T, C)
@@ -236,6 +227,131 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         if return_indexer_loss:
             return out, indexer_loss
         return out
+
+    def _gathers(self, keys_len) -> bool:
+        """True where DSA attends gathered picks: `attn_implementation` "sparse" and
+        more keys than index_topk (static `keys_len`); a Python bool, or a bool tensor
+        for a length known only at run time."""
+        c = self.config
+        if self.indexer is None or c.attn_implementation != "sparse":
+            return False
+        if isinstance(keys_len, int):
+            return c.index_topk < keys_len
+        return tf.convert_to_tensor(keys_len) > c.index_topk
+
+    def _stateless_attention(self, hidden_states, c_q, q_nope, q_pe, c_kv, k_pe, index_keys,
+                             q_positions, training, with_loss):
+        """The no-cache forward (training, `logits`): causal MLA over the T tokens; with
+        DSA the indexer's picks, gathered (`_gathers`) or masked.
+
+        Args: q_nope (B, T, H, Dn), q_pe (B, T, H, Dr) rotated, c_kv (B, T, R), k_pe
+          (B, T, Dr) rotated, index_keys (B, T, Di) or None, q_positions int32 (T,).
+        Returns: (B, T, H, Dv); with `with_loss`, (that, the indexer's KL loss float32).
+        """
+        causal = (q_positions[None, :] <= q_positions[:, None])[None]  # (1, T, S = T)
+
+        def dense():
+            mask = causal
+            if self.indexer is not None:
+                mask = self.indexer(hidden_states, c_q, index_keys, q_positions, causal,
+                                    return_scores=with_loss)  # (B, T, S) causal and picked
+                if with_loss:
+                    mask, index_scores = mask  # (B, T, S) bool, float32
+            out = self._expanded_attention(q_nope, q_pe, c_kv, k_pe, mask[:, None],
+                                           training, return_probs=with_loss)  # (B,T,H,Dv)
+            if not with_loss:
+                return out
+            out, probs = out  # (B, T, H, Dv), float32 (B, H, T, S)
+            return out, indexer_kl_loss(tf.reduce_sum(probs, axis=1), index_scores,
+                                        mask)  # over heads: (B, T, S)
+
+        def sparse():
+            picked = self.indexer.select(hidden_states, c_q, index_keys, q_positions, causal,
+                                         return_scores=with_loss)  # (B, T, k) each
+            latents = tf.concat([c_kv, tf.cast(k_pe, c_kv.dtype)], axis=-1)  # (B, T, R+Dr)
+            out = self._gathered_attention(q_nope, q_pe, latents, picked[0], picked[1],
+                                           training, return_probs=with_loss)  # (B,T,H,Dv)
+            if not with_loss:
+                return out
+            out, probs = out  # (B, T, H, Dv), float32 (B, H, T, k)
+            return out, indexer_kl_loss(tf.reduce_sum(probs, axis=1), picked[2],
+                                        picked[1])  # over heads: (B, T, k)
+
+        seq = q_nope.shape[1] if q_nope.shape[1] is not None else tf.shape(q_nope)[1]
+        gathers = self._gathers(seq)
+        if isinstance(gathers, bool):
+            return sparse() if gathers else dense()
+        return tf.cond(gathers, sparse, dense)
+
+    def _cached_attention(self, hidden_states, c_q, q_nope, q_pe, cache, q_positions,
+                          training, absorb):
+        """Attention of the T new queries to the updated cache (B, S, R + Dr [+ Di]);
+        with DSA the indexer's picks, gathered (`_gathers`, in query blocks of
+        `QUERY_BLOCK`) or masked. q_positions int32 (B, T). Returns (B, T, H, Dv)."""
+        c = self.config
+        r, dr = c.kv_lora_rank, c.qk_rope_head_dim
+        slots = tf.range(tf.shape(cache)[1])  # (S,)
+        causal = slots[None, None, :] <= q_positions[:, :, None]  # (B, T, S)
+        latents = cache if self.indexer is None else cache[:, :, :r + dr]  # (B, S, R + Dr)
+
+        def masked():
+            mask = causal
+            if self.indexer is not None:
+                mask = self.indexer(hidden_states, c_q, cache[:, :, r + dr:], q_positions,
+                                    causal)  # (B, T, S) causal and picked
+            if absorb:
+                return self._absorbed_attention(q_nope, q_pe, latents, mask[:, None],
+                                                training)  # (B, T, H, Dv)
+            c_kv, k_pe = tf.split(latents, [r, dr], axis=-1)  # (B, S, R), (B, S, Dr)
+            return self._expanded_attention(q_nope, q_pe, c_kv, k_pe, mask[:, None],
+                                            training)  # (B, T, H, Dv)
+
+        def gathered():
+            picks, valid = self.indexer.select(hidden_states, c_q, cache[:, :, r + dr:],
+                                               q_positions, causal)  # (B, T, k) each
+            return _in_query_blocks(
+                lambda qn, qp, p, v: self._gathered_attention(qn, qp, latents, p, v, training),
+                QUERY_BLOCK, q_nope, q_pe, picks, valid)  # (B, T, H, Dv)
+
+        keys_len = cache.shape[1] if cache.shape[1] is not None else tf.shape(cache)[1]
+        gathers = self._gathers(keys_len)
+        if isinstance(gathers, bool):
+            return gathered() if gathers else masked()
+        return tf.cond(gathers, gathered, masked)
+
+    def _gathered_attention(self, q_nope, q_pe, latents, picks, valid, training,
+                            return_probs=False):
+        """Attention to each query's picked latents only (DSA gathered), in the absorbed
+        form (module docstring), as DeepSeek-V3.2 runs DSA on MLA's MQA mode.
+
+        Args: q_nope (B, T, H, Dn), q_pe (B, T, H, Dr) rotated, latents (B, S, R + Dr)
+          = [c_kv | k_pe], picks int32 (B, T, k) slots of `latents`, valid bool (B, T, k).
+        Returns: (B, T, H, Dv), equal to `_expanded_attention` masked to the valid picks
+          in exact arithmetic; with `return_probs`, also the float32 (B, H, T, k)
+          probabilities before dropout.
+        Memory: the picked latents, (B, T, k, R + Dr) in the compute dtype.
+        """
+        r = self.config.kv_lora_rank
+        w_uk, w_uv = self._absorbed_kernels(q_nope.dtype)  # (R, H, Dn), (R, H, Dv)
+        q_lat = tf.einsum("bthd,rhd->bthr", q_nope, w_uk)  # (B, T, H, R)
+        q = tf.concat([q_lat, q_pe], axis=-1)  # (B, T, H, R+Dr)
+        picked = tf.gather(tf.cast(latents, q_nope.dtype), picks,
+                           batch_dims=1)  # (B, T, k, R+Dr)
+        probs = self._softmax(q, picked, "bthc,btkc->bhtk", valid[:, None], q_nope.dtype,
+                              training, return_probs)  # (B, H, T, k)
+        if return_probs:
+            probs, probs32 = probs  # compute dtype after dropout, float32 before
+        o_lat = tf.einsum("bhtk,btkr->bthr", probs, picked[..., :r])  # (B, T, H, R)
+        out = tf.einsum("bthr,rhd->bthd", o_lat, w_uv)  # (B, T, H, Dv)
+        return (out, probs32) if return_probs else out
+
+    def _absorbed_kernels(self, dtype):
+        """kv_b_proj's float kernel split per head: W_UK (R, H, Dn), W_UV (R, H, Dv)."""
+        c = self.config
+        nh, dn, dv, r = c.num_attention_heads, c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank
+        # W + A B (LoRA), Q / s (int8) dequantized at each call: `quantization.float_kernel`.
+        w = tf.reshape(float_kernel(self.kv_b_proj, dtype), [r, nh, dn + dv])  # (R, H, Dn+Dv)
+        return tf.split(w, [dn, dv], axis=-1)  # (R, H, Dn), (R, H, Dv)
 
     def _rotate(self, x, positions):
         """RoPE of x (B, T, H, Dr) at positions (T,) shared by the rows, or (B, T) per row."""
@@ -308,12 +424,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
           = [c_kv | k_pe], mask bool (B, 1, T, S).
         Returns: (B, T, H, Dv), equal to `_expanded_attention` in exact arithmetic.
         """
-        c = self.config
-        nh, dn, dv, r = c.num_attention_heads, c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank
-        # W + A B (LoRA), Q / s (int8) dequantized at each call: `quantization.float_kernel`.
-        w = float_kernel(self.kv_b_proj, q_nope.dtype)  # (R, H*(Dn+Dv))
-        w = tf.reshape(w, [r, nh, dn + dv])  # (R, H, Dn+Dv)
-        w_uk, w_uv = tf.split(w, [dn, dv], axis=-1)  # (R, H, Dn), (R, H, Dv)
+        r = self.config.kv_lora_rank
+        w_uk, w_uv = self._absorbed_kernels(q_nope.dtype)  # (R, H, Dn), (R, H, Dv)
         q_lat = tf.einsum("bthd,rhd->bthr", q_nope, w_uk)  # (B, T, H, R)
         q = tf.concat([q_lat, q_pe], axis=-1)  # (B, T, H, R+Dr)
         probs = self._softmax(q, cache, "bthc,bsc->bhts", mask, q_nope.dtype,
@@ -324,6 +436,35 @@ class MultiHeadLatentAttention(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}
+
+
+def _in_query_blocks(fn, block, q_nope, q_pe, picks, valid):
+    """fn(q_nope, q_pe, picks, valid) -> (B, t, H, Dv), run on `block` queries at a time
+    (tf.map_fn, one block after another) so the picked latents of a long chunk are never
+    gathered at once; T of at most `block` (static) is one call.
+
+    Args: q_nope (B, T, H, Dn), q_pe (B, T, H, Dr), picks int32 (B, T, k), valid bool
+      (B, T, k). Returns: (B, T, H, Dv).
+    """
+    if q_nope.shape[1] is not None and q_nope.shape[1] <= block:
+        return fn(q_nope, q_pe, picks, valid)
+    batch, seq = tf.shape(q_nope)[0], tf.shape(q_nope)[1]
+    blocks = (seq + block - 1) // block
+    pad = blocks * block - seq
+
+    def split(x):  # (B, T, ...) -> (blocks, B, block, ...), padded queries at the end
+        x = tf.pad(x, [[0, 0], [0, pad]] + [[0, 0]] * (x.shape.rank - 2))  # (B, nb*blk, ...)
+        x = tf.reshape(x, tf.concat([[batch, blocks, block], tf.shape(x)[2:]], 0))
+        return tf.transpose(x, [1, 0, 2] + list(range(3, x.shape.rank)))  # (nb, B, blk, ...)
+
+    # A padded query has no valid pick: its softmax is uniform over masked scores, finite,
+    # and its rows are cut off below.
+    out = tf.map_fn(lambda args: fn(*args), (split(q_nope), split(q_pe), split(picks),
+                                             split(valid)),
+                    fn_output_signature=q_nope.dtype, parallel_iterations=1)  # (nb,B,blk,H,Dv)
+    out = tf.transpose(out, [1, 0, 2, 3, 4])  # (B, nb, blk, H, Dv)
+    out = tf.reshape(out, tf.concat([[batch, blocks * block], tf.shape(out)[3:]], 0))
+    return out[:, :seq]  # (B, T, H, Dv)
 
 
 def _write_cache(cache, new_entries, index):

@@ -436,11 +436,18 @@ def test_planner_counts_the_indexer():
     assert flops.kv_cache_bytes_per_token(MICRO, 2) == 2 * 6 * 2
     # FLOPs: the indexer runs forward only: +2 per parameter (not 6) and 2 T Hi (Di + 1)
     # per layer and token for its scores.
-    t = 3
-    assert (flops.flops_per_token(MICRO, t) - flops.flops_per_token(DENSE_MICRO, t)
-            == 2 * (2 * per_layer) + 2 * (2 * t * 1 * 3))
-    assert (flops.decode_flops_per_token(MICRO, t) - flops.decode_flops_per_token(DENSE_MICRO, t)
-            == 2 * (2 * per_layer) + 2 * (2 * t * 1 * 3))
+    t, masked = 3, MICRO.replace(attn_implementation="dense")
+    indexer = 2 * (2 * per_layer) + 2 * (2 * t * 1 * 3)
+    assert (flops.flops_per_token(masked, t) - flops.flops_per_token(DENSE_MICRO, t)
+            == indexer)
+    assert (flops.decode_flops_per_token(masked, t)
+            - flops.decode_flops_per_token(DENSE_MICRO, t) == indexer)
+    # Gathered (the default; index_topk 2 < 3 keys): per layer and token, training
+    # 6 H (k (2R + Dr) + R (Dn + Dv)) = 6 (2*6 + 2*4) = 120 instead of 6 H T (Dqk + Dv) = 108;
+    # decode 2 H Dn R + 2 k H (2R + Dr) + 2 H R Dv = 8 + 24 + 8 = 40 instead of 52.
+    assert flops.flops_per_token(MICRO, t) - flops.flops_per_token(masked, t) == 2 * (120 - 108)
+    assert (flops.decode_flops_per_token(MICRO, t)
+            - flops.decode_flops_per_token(masked, t) == 2 * (40 - 52))
     # Activations: the (B, T, S) bool top-k mask, T bytes per token and block.
     a = mp.activation_bytes(MICRO, 1, t, "float32") - mp.activation_bytes(DENSE_MICRO, 1, t,
                                                                             "float32")
