@@ -3,7 +3,7 @@
   python benchmarks/v4_long_context.py [--lengths 1024 16384 65536 131072]
       [--train-lengths 1024 4096 16384 32768] [--decode-lengths 1024 65536 131072]
       [--families v3 v32 v4] [--chunk 1024] [--repeats 3] [--memory-gb 16]
-      [--max-dense-length 65536] [--json out.json] [--quick]
+      [--max-dense-length 65536] [--decode-cache prefill|random] [--json out.json] [--quick]
 
 Three models of the same width, random weights (speed does not depend on them), float32, batch 1:
 
@@ -25,12 +25,14 @@ Every measurement runs in a child process of its own (the same script with `--ce
 its peak RSS (`ru_maxrss`) is its own. For each length T:
   prefill   `call_with_cache` of T random tokens into a fresh `init_cache(1, T + 64)`, in
             chunks of `--chunk` tokens (0 = the whole prompt in one call), compiled
-            (tf.function); one untimed warm-up, then the median of `--repeats` timed runs;
+            (tf.function, input width unknown: one trace serves every chunk); one untimed
+            warm-up chunk compiles it, then the median of `--repeats` timed prefills;
   KV bytes  per token: the bytes of `init_cache(1, T)`'s buffers / T (V3 and V3.2: the
             latent cache, L x (kv_lora_rank + qk_rope_head_dim [+ index_head_dim]) numbers
             per token; V4: its buffers, `memory_plan.allocated_cache_items`), and for V4
             also a deployment's bounded cache (`memory_plan.kv_cache_bytes`, float32) / T;
-  decode    at `--decode-lengths`: after one (untimed) prefill of T tokens, 16
+  decode    at `--decode-lengths`: after one (untimed) prefill of T tokens (or, with
+            `--decode-cache random`, the cache's buffers filled with random numbers), 16
             single-token `call_with_cache` steps (compiled); the median ms per token;
   train     at `--train-lengths`: one compiled forward + backward (`compute_loss` and
             `tape.gradient` over the trainable variables, no optimizer), median as above.
@@ -126,9 +128,11 @@ def cache_bytes(cache) -> int:
     return sum(int(t.shape.num_elements()) * t.dtype.size for t in tf.nest.flatten(cache))
 
 
-def timed(fn, repeats: int) -> list[float]:
-    """One untimed warm-up call, then `repeats` timed calls (seconds)."""
-    fn()
+def timed(fn, repeats: int, warm_up: bool = True) -> list[float]:
+    """One untimed warm-up call (unless not `warm_up`), then `repeats` timed calls
+    (seconds)."""
+    if warm_up:
+        fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -137,9 +141,11 @@ def timed(fn, repeats: int) -> list[float]:
     return times
 
 
-def measure_prefill(model, length: int, chunk: int, repeats: int, decode: bool = False) -> dict:
+def measure_prefill(model, length: int, chunk: int, repeats: int, decode: bool = False,
+                    random_cache: bool = False) -> dict:
     """Prefill ms (median) and KV bytes per token; with `decode`, also ms per decoded token
-    after the prefill (median of DECODE_STEPS single-token steps)."""
+    after the prefill (median of DECODE_STEPS single-token steps), or with `random_cache`
+    after filling the cache's buffers with random numbers instead of a prefill."""
     import numpy as np
     import tensorflow as tf
 
@@ -162,11 +168,18 @@ def measure_prefill(model, length: int, chunk: int, repeats: int, decode: bool =
         logits.numpy()
         state["cache"] = cache
 
-    if decode:  # one prefill, untimed, then the timed steps
+    if decode and random_cache:  # the buffers a prefill fills, with random numbers
+        rng = np.random.default_rng(0)
+        state["cache"] = tf.nest.map_structure(
+            lambda t: tf.constant(rng.standard_normal(t.shape.as_list()), t.dtype), cache0)
+        got = {}
+    elif decode:  # one prefill, untimed, then the timed steps
         prefill()
         got = {}
     else:
-        times = timed(prefill, repeats)
+        # The warm-up compiles the step: one chunk, not a whole (long) prefill.
+        step(tokens[:, :size], model.init_cache(1, capacity), tf.constant(0, tf.int32))
+        times = timed(prefill, repeats, warm_up=False)
         got = {"ms": round(1000 * statistics.median(times), 2),
                "kv_bytes_per_token": cache_bytes(model.init_cache(1, length)) / length}
     if decode:
@@ -240,7 +253,8 @@ def run_cell(args) -> dict:
     if kind == "train":
         got = measure_train(model, length, args.repeats)
     else:
-        got = measure_prefill(model, length, args.chunk, args.repeats, decode=kind == "decode")
+        got = measure_prefill(model, length, args.chunk, args.repeats, decode=kind == "decode",
+                              random_cache=args.decode_cache == "random")
     got["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 3)
     return got
 
@@ -270,6 +284,7 @@ def run(args) -> dict:
                        str(args.repeats), "--max-len", str(args.max_len)]
             command += ["--quick"] if args.quick else []
             command += ["--set-impl", args.set_impl] if args.set_impl else []
+            command += ["--decode-cache", args.decode_cache]
             done = subprocess.run(command, capture_output=True, text=True)
             lines = done.stdout.strip().splitlines()
             if done.returncode == 0 and lines:
@@ -352,6 +367,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="", help="also write the JSON result here")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: tiny models, lengths 64/256, train 64/128, 1 repeat")
+    ap.add_argument("--decode-cache", choices=["prefill", "random"], default="prefill",
+                    help="what decode steps start from: a real (untimed) prefill of T tokens, "
+                         "or the same buffers filled with random numbers (decode's cost does "
+                         "not depend on the values; skips a long prefill)")
     ap.add_argument("--cell", default="", help=argparse.SUPPRESS)  # family:kind:length
     ap.add_argument("--max-len", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -290,11 +290,11 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         `QUERY_BLOCK`) or masked. q_positions int32 (B, T). Returns (B, T, H, Dv)."""
         c = self.config
         r, dr = c.kv_lora_rank, c.qk_rope_head_dim
-        slots = tf.range(tf.shape(cache)[1])  # (S,)
-        causal = slots[None, None, :] <= q_positions[:, :, None]  # (B, T, S)
         latents = cache if self.indexer is None else cache[:, :, :r + dr]  # (B, S, R + Dr)
 
         def masked():
+            slots = tf.range(tf.shape(cache)[1])  # (S,)
+            causal = slots[None, None, :] <= q_positions[:, :, None]  # (B, T, S)
             mask = causal
             if self.indexer is not None:
                 mask = self.indexer(hidden_states, c_q, cache[:, :, r + dr:], q_positions,
@@ -307,11 +307,19 @@ class MultiHeadLatentAttention(keras.layers.Layer):
                                             training)  # (B, T, H, Dv)
 
         def gathered():
-            picks, valid = self.indexer.select(hidden_states, c_q, cache[:, :, r + dr:],
-                                               q_positions, causal)  # (B, T, k) each
-            return _in_query_blocks(
-                lambda qn, qp, p, v: self._gathered_attention(qn, qp, latents, p, v, training),
-                QUERY_BLOCK, q_nope, q_pe, picks, valid)  # (B, T, H, Dv)
+            def block(q_nope_b, q_pe_b, hidden_b, c_q_b, positions_b):  # queries of a block
+                # Only the slots up to the block's last query can be picked.
+                n_visible = tf.minimum(tf.shape(cache)[1], tf.reduce_max(positions_b) + 1)
+                slots_b = tf.range(n_visible)  # (n,)
+                causal_b = slots_b[None, None, :] <= positions_b[:, :, None]  # (B, b, n)
+                picks, valid = self.indexer.select(hidden_b, c_q_b,
+                                                   cache[:, :n_visible, r + dr:],
+                                                   positions_b, causal_b)  # (B, b, k) each
+                return self._gathered_attention(q_nope_b, q_pe_b, cache[:, :n_visible, :r + dr],
+                                                picks, valid, training)  # (B, b, H, Dv)
+
+            return _in_query_blocks(block, QUERY_BLOCK, q_nope, q_pe, hidden_states, c_q,
+                                    q_positions)  # (B, T, H, Dv)
 
         keys_len = cache.shape[1] if cache.shape[1] is not None else tf.shape(cache)[1]
         gathers = self._gathers(keys_len)
@@ -438,17 +446,19 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         return {**super().get_config(), "config": self.config.to_dict()}
 
 
-def _in_query_blocks(fn, block, q_nope, q_pe, picks, valid):
-    """fn(q_nope, q_pe, picks, valid) -> (B, t, H, Dv), run on `block` queries at a time
-    (tf.map_fn, one block after another) so the picked latents of a long chunk are never
-    gathered at once; T of at most `block` (static) is one call.
+def _in_query_blocks(fn, block, *tensors):
+    """fn(*tensors of `block` queries) -> (B, b, H, Dv), run on `block` queries at a time
+    (tf.map_fn, one block after another) so the index scores and picked latents of a long
+    chunk are never held at once; T of at most `block` (static) is one call.
 
-    Args: q_nope (B, T, H, Dn), q_pe (B, T, H, Dr), picks int32 (B, T, k), valid bool
-      (B, T, k). Returns: (B, T, H, Dv).
+    Args: tensors, each (B, T, ...), the first the queries (B, T, H, Dn). A padded query
+      (after the T-th) is all zeros (position 0) and its output row is cut off.
+    Returns: (B, T, H, Dv).
     """
-    if q_nope.shape[1] is not None and q_nope.shape[1] <= block:
-        return fn(q_nope, q_pe, picks, valid)
-    batch, seq = tf.shape(q_nope)[0], tf.shape(q_nope)[1]
+    first = tensors[0]
+    if first.shape[1] is not None and first.shape[1] <= block:
+        return fn(*tensors)
+    batch, seq = tf.shape(first)[0], tf.shape(first)[1]
     blocks = (seq + block - 1) // block
     pad = blocks * block - seq
 
@@ -457,11 +467,8 @@ def _in_query_blocks(fn, block, q_nope, q_pe, picks, valid):
         x = tf.reshape(x, tf.concat([[batch, blocks, block], tf.shape(x)[2:]], 0))
         return tf.transpose(x, [1, 0, 2] + list(range(3, x.shape.rank)))  # (nb, B, blk, ...)
 
-    # A padded query has no valid pick: its softmax is uniform over masked scores, finite,
-    # and its rows are cut off below.
-    out = tf.map_fn(lambda args: fn(*args), (split(q_nope), split(q_pe), split(picks),
-                                             split(valid)),
-                    fn_output_signature=q_nope.dtype, parallel_iterations=1)  # (nb,B,blk,H,Dv)
+    out = tf.map_fn(lambda args: fn(*args), tuple(split(x) for x in tensors),
+                    fn_output_signature=first.dtype, parallel_iterations=1)  # (nb,B,blk,H,Dv)
     out = tf.transpose(out, [1, 0, 2, 3, 4])  # (B, nb, blk, H, Dv)
     out = tf.reshape(out, tf.concat([[batch, blocks * block], tf.shape(out)[3:]], 0))
     return out[:, :seq]  # (B, T, H, Dv)

@@ -3,11 +3,16 @@ query's picked latents gathered and attended in MLA's absorbed form, against the
 reference (`"dense"`: the whole score matrix masked to the picks), at 2,048 tokens where
 the lightning indexer keeps 256 = 1/8 of them.
 
-Near-ties of the indexer. Both paths score the (query, key) pairs with the same
-`LightningIndexer.index_scores` on the same inputs and take the same `tf.math.top_k`, so
-their picks are the same set by construction, ties included (top_k keeps the lower
-index in both): no query is excluded. The tests check that the picks matter (the logits
-differ from attending every visible token) and that the two paths agree to 1e-4.
+Near-ties of the indexer. The stateless paths score the (query, key) pairs with the same
+`LightningIndexer.index_scores` on the same (T, T) inputs and take the same
+`tf.math.top_k`, so their picks are the same set by construction, ties included (top_k
+keeps the lower index in both): no query is excluded there. The cached paths differ: the
+dense one scores each query against every cache slot, the sparse one against the slots up
+to its block's last query, and a matmul of another shape may round a score differently.
+Rule (as tests/models/test_v4_sparse_attention.py): a query is a near-tie when it sees
+more than k keys and its k-th and (k + 1)-th best index scores (the dense path's) differ by
+less than `TIE_GAP` relative, in any layer; its position is excluded from the cached
+comparison, and everything else must agree to 1e-4.
 """
 
 import keras
@@ -19,6 +24,7 @@ from models.deepseek import mla_attention
 from models.deepseek.causal_lm import DeepSeekCausalLM
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.hf_config import config_to_hf
+from models.deepseek.lightning_indexer import LightningIndexer
 
 SEQ = 2048
 TOP_K = 256  # SEQ / 8
@@ -29,6 +35,7 @@ CONFIG = DeepSeekConfig(
     topk_group=1, num_experts_per_tok=2, max_position_embeddings=SEQ + 64,
     num_nextn_predict_layers=0, index_topk=TOP_K, index_n_heads=2, index_head_dim=8,
     initializer_range=0.3)  # large weights: peaked attention, so a wrong pick shows
+TIE_GAP = 1e-5
 
 
 def _rel(a, b) -> float:
@@ -92,29 +99,57 @@ def test_sparse_gradients_equal_dense():
             assert _rel(tf.convert_to_tensor(a), tf.convert_to_tensor(b)) < 1e-4, name
 
 
-def test_cached_prefill_in_chunks_and_decode_equal_dense(models):
+def test_cached_prefill_in_chunks_and_decode_equal_dense(models, monkeypatch):
     """Prefill of 2,048 tokens in chunks of 512 (gathered in query blocks of
-    `QUERY_BLOCK`, a chunk of unknown width included), then 4 decode steps: the same
-    logits as the dense path and as the stateless forward."""
+    `QUERY_BLOCK`, chunks of unknown width), then 4 decode steps: the same logits as the
+    dense cached path and as the stateless forward at every position but near-ties
+    (module docstring)."""
     assert 512 > mla_attention.QUERY_BLOCK
     ids = _ids(seed=3, seq=SEQ + 4)
+    starts = list(range(0, SEQ, 512)) + list(range(SEQ, SEQ + 4))
+    recorded = []  # the dense path's index scores: (first position, float (1, t, S))
+    index_scores = LightningIndexer.index_scores
+
+    def recording(self, hidden_states, q_latent, keys, positions, visible):
+        got = index_scores(self, hidden_states, q_latent, keys, positions, visible)
+        recorded.append((int(positions[0, 0]), got.numpy()))
+        return got
+
     results = {}
-    for impl, model in models.items():
-        step = tf.function(model.call_with_cache, input_signature=[
-            tf.TensorSpec([1, None], tf.int32), tf.TensorSpec(None, model.compute_dtype),
-            tf.TensorSpec([], tf.int32)])
-        cache = model.init_cache(1, SEQ + 8)
-        logits = []
-        for start in range(0, SEQ, 512):
-            out, cache = step(ids[:, start:start + 512], cache, start)
-            logits.append(out)
-        for pos in range(SEQ, SEQ + 4):
-            out, cache = step(ids[:, pos:pos + 1], cache, pos)
-            logits.append(out)
-        results[impl] = np.concatenate([x.numpy() for x in logits], axis=1)  # (1, T+4, V)
-    assert np.abs(results["sparse"] - results["dense"]).max() < 1e-4
+    for impl in ("dense", "sparse"):
+        model = models[impl]
+        step = model.call_with_cache  # eager: the spy sees values
+        if impl == "sparse":
+            monkeypatch.undo()
+            step = tf.function(model.call_with_cache, input_signature=[
+                tf.TensorSpec([1, None], tf.int32), tf.TensorSpec(None, model.compute_dtype),
+                tf.TensorSpec([], tf.int32)])
+        else:
+            monkeypatch.setattr(LightningIndexer, "index_scores", recording)
+        cache, logits = model.init_cache(1, SEQ + 8), []
+        for start, end in zip(starts, starts[1:] + [SEQ + 4], strict=True):
+            out, cache = step(ids[:, start:end], cache, tf.constant(start))
+            logits.append(out.numpy())
+        results[impl] = np.concatenate(logits, axis=1)  # (1, T+4, V)
+    assert len(recorded) == len(starts) * CONFIG.num_hidden_layers
+    ties = np.zeros(SEQ + 4, bool)
+    for first, scores in recorded:
+        ties[first:first + scores.shape[1]] |= near_ties(scores[0], first)
+    assert ties.sum() <= (SEQ + 4) // 100, f"{ties.sum()} near-ties"
+    per_position = np.abs(results["sparse"] - results["dense"]).max(axis=(0, 2))  # (T+4,)
+    assert per_position[~ties].max() < 1e-4, np.nonzero(per_position > 1e-4)[0][:10]
     full = models["sparse"](ids).numpy()
-    assert np.abs(results["sparse"] - full).max() < 1e-4
+    assert np.abs(results["sparse"] - full).max(axis=(0, 2))[~ties].max() < 1e-4
+
+
+def near_ties(scores, first: int) -> np.ndarray:
+    """bool (t,): the queries at positions first .. of float (t, S) index scores (-inf
+    where not visible) that the module docstring's rule excludes."""
+    best = np.sort(np.asarray(scores, np.float64), axis=-1)[:, ::-1]  # best first
+    visible = first + np.arange(scores.shape[0]) + 1  # keys each query sees
+    kth, next_ = best[:, TOP_K - 1], best[:, TOP_K]
+    gap = np.abs(kth - next_) / np.maximum(np.abs(kth), 1e-30)
+    return (visible > TOP_K) & (gap > 0) & (gap < TIE_GAP)
 
 
 def test_query_blocks_of_a_ragged_width_equal_one_pass():
