@@ -74,8 +74,9 @@ from models.deepseek.rotary_embedding import apply_rotary_pos_emb, rope_cos_sin
 LATENT_NORM_EPS = 1e-6
 _MASK_VALUE = -1e9
 # Queries per block of a cached call's gathered DSA attention (`_in_query_blocks`): at
-# V3.2's index_topk 2,048 and R + Dr = 576, one block's picked latents are 0.6 GB float32.
-QUERY_BLOCK = 128
+# V3.2's index_topk 2,048 and R + Dr = 576, one block's picked latents are 151 MB float32
+# (cpu_small's R + Dr = 80: 21 MB; 128 queries a block measured 1.7x slower there).
+QUERY_BLOCK = 32
 
 
 @keras.saving.register_keras_serializable(package="deepseek")
@@ -287,7 +288,9 @@ class MultiHeadLatentAttention(keras.layers.Layer):
                           training, absorb):
         """Attention of the T new queries to the updated cache (B, S, R + Dr [+ Di]);
         with DSA the indexer's picks, gathered (`_gathers`, in query blocks of
-        `QUERY_BLOCK`) or masked. q_positions int32 (B, T). Returns (B, T, H, Dv)."""
+        `QUERY_BLOCK`; a block none of whose queries sees more than index_topk slots
+        attends them all, without the indexer, the same set) or masked. q_positions int32
+        (B, T). Returns (B, T, H, Dv)."""
         c = self.config
         r, dr = c.kv_lora_rank, c.qk_rope_head_dim
         latents = cache if self.indexer is None else cache[:, :, :r + dr]  # (B, S, R + Dr)
@@ -312,11 +315,20 @@ class MultiHeadLatentAttention(keras.layers.Layer):
                 n_visible = tf.minimum(tf.shape(cache)[1], tf.reduce_max(positions_b) + 1)
                 slots_b = tf.range(n_visible)  # (n,)
                 causal_b = slots_b[None, None, :] <= positions_b[:, :, None]  # (B, b, n)
-                picks, valid = self.indexer.select(hidden_b, c_q_b,
-                                                   cache[:, :n_visible, r + dr:],
-                                                   positions_b, causal_b)  # (B, b, k) each
-                return self._gathered_attention(q_nope_b, q_pe_b, cache[:, :n_visible, :r + dr],
-                                                picks, valid, training)  # (B, b, H, Dv)
+                visible = cache[:, :n_visible, :r + dr]  # (B, n, R + Dr)
+
+                def all_kept():  # no query sees more than index_topk slots: all are picked
+                    return self._absorbed_attention(q_nope_b, q_pe_b, visible,
+                                                    causal_b[:, None], training)
+
+                def picked():
+                    picks, valid = self.indexer.select(hidden_b, c_q_b,
+                                                       cache[:, :n_visible, r + dr:],
+                                                       positions_b, causal_b)  # (B, b, k)
+                    return self._gathered_attention(q_nope_b, q_pe_b, visible, picks, valid,
+                                                    training)  # (B, b, H, Dv)
+
+                return tf.cond(n_visible <= c.index_topk, all_kept, picked)
 
             return _in_query_blocks(block, QUERY_BLOCK, q_nope, q_pe, hidden_states, c_q,
                                     q_positions)  # (B, T, H, Dv)
@@ -449,7 +461,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
 def _in_query_blocks(fn, block, *tensors):
     """fn(*tensors of `block` queries) -> (B, b, H, Dv), run on `block` queries at a time
     (tf.map_fn, one block after another) so the index scores and picked latents of a long
-    chunk are never held at once; T of at most `block` (static) is one call.
+    chunk are never held at once; T of at most `block` is one call (tf.cond when T is
+    known at run time only).
 
     Args: tensors, each (B, T, ...), the first the queries (B, T, H, Dn). A padded query
       (after the T-th) is all zeros (position 0) and its output row is cut off.
@@ -458,6 +471,15 @@ def _in_query_blocks(fn, block, *tensors):
     first = tensors[0]
     if first.shape[1] is not None and first.shape[1] <= block:
         return fn(*tensors)
+    if first.shape[1] is None:  # known at run time only: a decode step stays one call
+        return tf.cond(tf.shape(first)[1] <= block, lambda: fn(*tensors),
+                       lambda: _blocks(fn, block, tensors))
+    return _blocks(fn, block, tensors)
+
+
+def _blocks(fn, block, tensors):
+    """`_in_query_blocks`'s tf.map_fn over blocks of `block` queries."""
+    first = tensors[0]
     batch, seq = tf.shape(first)[0], tf.shape(first)[1]
     blocks = (seq + block - 1) // block
     pad = blocks * block - seq

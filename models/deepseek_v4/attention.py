@@ -25,8 +25,9 @@ as transformers' `masking_utils`), then the N compressed entries of the layer's
 How it is computed (`config.attn_implementation`): "sparse", the default, attends only
 what each query sees, gathered (`sparse_attention`: the window in blocks of W queries,
 the CSA picks as (B, T, k, D), every HCA entry; O(T * (W + k + T/m')) scores, chunks of
-long sequences recomputed in backward), and the cached path gathers the CSA picks too;
-"dense" builds the whole (B, H, T, T + N) score matrix and masks it (`attend_with_sink`),
+long sequences recomputed in backward); the cached path (prefill chunks, decode) runs
+`CACHED_BLOCK` queries at a time, each block scoring the W - 1 + b window keys it sees,
+the entry slots complete at its last query and, in CSA, its picks gathered; "dense" builds the whole (B, H, T, T + N) score matrix and masks it (`attend_with_sink`),
 the reference the sparse path is tested against (tests/models/test_v4_sparse_attention.py).
 Because value = key carries RoPE, the output's rope slice is rotated back by -p (cos, -sin
 at the query position). The grouped output projection splits the H*D outputs into
@@ -385,38 +386,29 @@ class DeepSeekV4Attention(keras.layers.Layer):
         mask &= (key_positions >= 0)[:, None, :]
         new_cache["kv"] = kv_cache.write_ring(cache["kv"], kv, index, lengths)  # (B, W, D)
 
-        if c.attn_implementation == "sparse":
-            entries = index_entries = None
-            if self.compressor is not None:
-                new_cache["comp_kv"], new_cache["comp_gate"], new_cache["entries"] = (
-                    kv_cache.update_compressed(self.compressor, cache["comp_kv"],
-                                               cache["comp_gate"], cache["entries"],
-                                               hidden_states, index, lengths))
-                entries = new_cache["entries"]  # (B, N, D), N = S // m + 1 slots
-            if self.indexer is not None:
-                new_cache["index_kv"], new_cache["index_gate"], new_cache["index_entries"] = (
-                    kv_cache.update_compressed(self.indexer.compressor, cache["index_kv"],
-                                               cache["index_gate"], cache["index_entries"],
-                                               hidden_states, index, lengths))
-                index_entries = new_cache["index_entries"]  # (B, N, c^I)
-            out = self._cached_sparse(hidden_states, q_residual, q, keys, mask, positions,
-                                      entries, index_entries, training)  # (B, T, H, D)
-            return self._project(out, cos, sin), new_cache
-
+        entries = index_entries = None
         if self.compressor is not None:
             new_cache["comp_kv"], new_cache["comp_gate"], new_cache["entries"] = (
                 kv_cache.update_compressed(self.compressor, cache["comp_kv"],
                                            cache["comp_gate"], cache["entries"],
                                            hidden_states, index, lengths))
             entries = new_cache["entries"]  # (B, N, D), N = S // m + 1 slots
+        if self.indexer is not None:
+            new_cache["index_kv"], new_cache["index_gate"], new_cache["index_entries"] = (
+                kv_cache.update_compressed(self.indexer.compressor, cache["index_kv"],
+                                           cache["index_gate"], cache["index_entries"],
+                                           hidden_states, index, lengths))
+            index_entries = new_cache["index_entries"]  # (B, N, c^I)
+
+        if c.attn_implementation == "sparse":
+            out = self._cached_sparse(hidden_states, q_residual, q, keys, mask, positions,
+                                      entries, index_entries, training)  # (B, T, H, D)
+            return self._project(out, cos, sin), new_cache
+        if entries is not None:  # the masked reference: every slot, masked to what is seen
             topk = None
             if self.indexer is not None:
-                new_cache["index_kv"], new_cache["index_gate"], new_cache["index_entries"] = (
-                    kv_cache.update_compressed(self.indexer.compressor, cache["index_kv"],
-                                               cache["index_gate"], cache["index_entries"],
-                                               hidden_states, index, lengths))
                 topk = self.indexer(hidden_states, q_residual, positions,
-                                    compressed_keys=new_cache["index_entries"])  # (B, T, k)
+                                    compressed_keys=index_entries)  # (B, T, k)
             block = compressed_block_mask(positions, tf.shape(entries)[1], self.compress_rate,
                                           batch, topk)  # (B, T, N)
             keys = tf.concat([keys, tf.cast(entries, keys.dtype)], axis=1)  # (B, W-1+T+N, D)
@@ -466,9 +458,21 @@ class DeepSeekV4Attention(keras.layers.Layer):
             return attend_with_sink(q_b, keys_b, mask_b, self.sinks, scale,
                                     c.attention_dropout, training)  # (B, b, H, D)
 
-        if q.shape[1] is not None and q.shape[1] <= CACHED_BLOCK:  # decode, short chunks
+        def whole():  # decode, short chunks: one block of their own width
             return attend(q, keys, mask, positions, hidden_states, q_residual)
 
+        if q.shape[1] is not None and q.shape[1] <= CACHED_BLOCK:
+            return whole()
+        if q.shape[1] is None:  # known at run time only (a decode step of a (B, None) step)
+            return tf.cond(seq <= CACHED_BLOCK, whole, lambda: self._in_blocks(
+                attend, hidden_states, q_residual, q, keys, mask, positions))
+        return self._in_blocks(attend, hidden_states, q_residual, q, keys, mask, positions)
+
+    def _in_blocks(self, attend, hidden_states, q_residual, q, keys, mask, positions):
+        """`attend` (of `_cached_sparse`) on CACHED_BLOCK queries at a time (tf.map_fn), the
+        last block padded; args as `_cached_sparse`'s. Returns (B, T, H, D)."""
+        c = self.config
+        batch, seq = tf.shape(q)[0], tf.shape(q)[1]
         block, span = CACHED_BLOCK, CACHED_BLOCK + c.sliding_window - 1
         n_blocks = (seq + block - 1) // block
         pad = n_blocks * block - seq

@@ -148,7 +148,8 @@ def near_ties(scores, first: int) -> np.ndarray:
     best = np.sort(np.asarray(scores, np.float64), axis=-1)[:, ::-1]  # best first
     visible = first + np.arange(scores.shape[0]) + 1  # keys each query sees
     kth, next_ = best[:, TOP_K - 1], best[:, TOP_K]
-    gap = np.abs(kth - next_) / np.maximum(np.abs(kth), 1e-30)
+    with np.errstate(invalid="ignore"):  # -inf - -inf where fewer than k + 1 are visible
+        gap = np.abs(kth - next_) / np.maximum(np.abs(kth), 1e-30)
     return (visible > TOP_K) & (gap > 0) & (gap < TIE_GAP)
 
 
