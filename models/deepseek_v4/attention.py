@@ -439,14 +439,22 @@ class DeepSeekV4Attention(keras.layers.Layer):
         batch, seq = tf.shape(q)[0], tf.shape(q)[1]
         scale = c.head_dim ** -0.5
 
-        def attend(q_b, keys_b, mask_b, pos_b, hidden_b, q_residual_b):  # one block
-            if entries is not None:  # the slots complete at the block's last query only
-                n_visible = tf.minimum(tf.shape(entries)[1],
-                                       (tf.reduce_max(pos_b) + 1) // self.compress_rate)
-                block_entries = entries[:, :n_visible]  # (B, n, D)
+        def attend(q_b, keys_b, mask_b, pos_b, hidden_b, q_residual_b, visible_only=True):
+            """One block; `visible_only`: score only the slots complete at its last query
+            (a prefill's early blocks), else all (a decode step sees nearly all of them,
+            and slicing would copy the entries)."""
+            block_entries, block_index_entries = entries, index_entries
+            if entries is not None:
+                n_visible = tf.shape(entries)[1]  # (B, n, D), n = N or the complete ones
+                if visible_only:
+                    n_visible = tf.minimum(n_visible,
+                                           (tf.reduce_max(pos_b) + 1) // self.compress_rate)
+                    block_entries = entries[:, :n_visible]
+                    if index_entries is not None:
+                        block_index_entries = index_entries[:, :n_visible]
             if self.indexer is not None:
                 picks = self.indexer(hidden_b, q_residual_b, pos_b,
-                                     compressed_keys=index_entries[:, :n_visible])  # (B,b,k)
+                                     compressed_keys=block_index_entries)  # (B, b, k)
                 return sparse_attention.attend_with_sink_and_picks(
                     q_b, keys_b, mask_b, block_entries, picks, self.sinks, scale,
                     c.attention_dropout, training)  # (B, b, H, D)
@@ -459,7 +467,8 @@ class DeepSeekV4Attention(keras.layers.Layer):
                                     c.attention_dropout, training)  # (B, b, H, D)
 
         def whole():  # decode, short chunks: one block of their own width
-            return attend(q, keys, mask, positions, hidden_states, q_residual)
+            return attend(q, keys, mask, positions, hidden_states, q_residual,
+                          visible_only=False)
 
         if q.shape[1] is not None and q.shape[1] <= CACHED_BLOCK:
             return whole()

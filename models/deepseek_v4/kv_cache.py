@@ -32,9 +32,10 @@ are kept (the rest are a right-padded batch's padding: attended by no later quer
 ring holds the R positions before a row's next index; a call must start where the last
 one's kept tokens ended. An earlier index (a rewind) would read slots that later
 positions overwrote, so a caller that rewinds starts a new cache (serving/chat.py).
-An entry slot of a window not closed yet holds garbage; `ops.visible_compressed_count`
-keeps it from every query that could see it, and the call that writes the window's last
-token pools it again before attending.
+An entry slot is written once, by the call whose kept tokens close its window (that call
+pools the whole window from the ring before attending); before that it holds zeros, and
+`ops.visible_compressed_count` keeps it from every query. So a decode step copies the
+entries only when it closes a window, once per m tokens.
 """
 
 from __future__ import annotations
@@ -111,16 +112,6 @@ def _write_kept(buffer, values, slots, keep):
     return write_positions(padded, values, tf.where(keep, slots, n_slots))[:, :n_slots]
 
 
-def write_slots_within(buffer, values, slots):
-    """buffer[b, slots[b, j]] = values[b, j] for the slots < buffer.shape[1]; the others
-    (windows past the capacity, which can never close) are dropped.
-
-    Args: buffer (B, N, W); values (B, J, W); slots int32 (B, J), each >= 0.
-    Returns: the updated buffer (B, N, W).
-    """
-    return _write_kept(buffer, values, slots, slots < tf.shape(buffer)[1])
-
-
 def read_ring(ring, index, count: int):
     """The `count` positions before each row's index, oldest first, from a ring (slot
     p % R holds position p).
@@ -168,8 +159,9 @@ def update_compressed(compressor, kv_ring, gate_ring, entries, hidden_states, in
     and, with overlap (CSA), window w_first - 1's Ca series (in the ring too) as the prior
     state (kv 0 / gate -inf before position 0, as the full path's window 0). Every row
     pools the same number of windows, J = ceil((T - 1) / m) + 1 (the most any row
-    touches); a window the kept tokens do not close is garbage that no query sees until
-    a later call closes and pools it (module docstring).
+    touches); only the windows the kept tokens close are written to their slots (a call
+    that closes none leaves `entries` as they are); an open one is pooled again when a
+    later call closes it (module docstring).
 
     Args:
       compressor: a built KVCompressor (the attention's, or the indexer's).
@@ -214,6 +206,12 @@ def update_compressed(compressor, kv_ring, gate_ring, entries, hidden_states, in
     pooled = compressor.compress(chunk_kv, chunk_gate, first_window * m, prior_kv,
                                  prior_gate)  # (B, J, D)
     slots = first_window[:, None] + tf.range(n_windows)[None, :]  # (B, J)
+    # Only the windows the kept tokens close are written (an open one is pooled again from
+    # the ring when it closes, and no query sees it before): most decode steps close none
+    # and leave the entries as they are, instead of copying them (O(context) per step).
+    closed = (slots + 1) * m <= (index + lengths)[:, None]  # (B, J)
+    keep = closed & (slots < tf.shape(entries)[1])
+    entries = tf.cond(tf.reduce_any(keep), lambda: _write_kept(entries, pooled, slots, keep),
+                      lambda: tf.identity(entries))
     return (write_ring(kv_ring, new_kv, index, lengths),
-            write_ring(gate_ring, new_gate, index, lengths),
-            write_slots_within(entries, pooled, slots))
+            write_ring(gate_ring, new_gate, index, lengths), entries)
