@@ -379,7 +379,7 @@ class DeepSeekV4Attention(keras.layers.Layer):
         new_cache = dict(cache)
         # The sliding window of the first query to the last: the ring's W - 1 keys before
         # the first new token, then the T new ones.
-        old, _ = kv_cache.read_ring(cache["kv"], index, window - 1)  # (B, W-1, D)
+        old = kv_cache.read_ring(cache["kv"], index, window - 1)  # (B, W-1, D)
         keys = tf.concat([tf.cast(old, kv.dtype), kv], axis=1)  # (B, W-1+T, D)
         key_positions = index[:, None] - (window - 1) + tf.range(window - 1 + seq)[None, :]
         mask = sliding_window_mask(positions, key_positions, window)  # (B, T, W-1+T)

@@ -120,13 +120,12 @@ def read_ring(ring, index, count: int):
       ring: (B, R, W). index: int32 (B,). count: how many positions, <= R.
 
     Returns:
-      (values (B, count, W), valid bool (B, count)): positions index[b] - count ..
-      index[b] - 1; a negative position is not valid (its slot holds zeros or garbage).
+      values (B, count, W): positions index[b] - count .. index[b] - 1. A negative
+      position's row holds zeros or garbage: the callers mask it by position.
     """
     size = tf.shape(ring)[1]
     positions = index[:, None] - count + tf.range(count)[None, :]  # (B, count)
-    values = tf.gather(ring, tf.math.floormod(positions, size), batch_dims=1)  # (B, count, W)
-    return values, positions >= 0
+    return tf.gather(ring, tf.math.floormod(positions, size), batch_dims=1)  # (B, count, W)
 
 
 def write_ring(ring, values, index, lengths):
@@ -180,8 +179,8 @@ def update_compressed(compressor, kv_ring, gate_ring, entries, hidden_states, in
     seq = tf.shape(hidden_states)[1]
     new_kv = compressor.kv_proj(hidden_states)  # (B, T, coff*D)
     new_gate = compressor.gate_proj(hidden_states)
-    old_kv, _ = read_ring(kv_ring, index, ring)  # (B, R, coff*D): index - R .. index - 1
-    old_gate, _ = read_ring(gate_ring, index, ring)
+    old_kv = read_ring(kv_ring, index, ring)  # (B, R, coff*D): index - R .. index - 1
+    old_gate = read_ring(gate_ring, index, ring)
     local_kv = tf.concat([tf.cast(old_kv, new_kv.dtype), new_kv], axis=1)  # (B, R + T, .)
     local_gate = tf.concat([tf.cast(old_gate, new_gate.dtype), new_gate], axis=1)
 

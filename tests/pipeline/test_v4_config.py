@@ -88,3 +88,12 @@ def test_the_long_context_preset_is_cpu_small_v4_with_the_released_attention():
     unchanged = ("sliding_window", "compress_rates", "index_topk", "max_position_embeddings",
                  "rope_scaling")
     assert m.replace(**{f: getattr(small.model, f) for f in unchanged}) == small.model
+
+
+def test_a_v3_section_takes_attn_implementation_and_refuses_an_unknown_one_by_name():
+    config = configs.get_config("tiny", {"model.attn_implementation": "dense"})
+    assert config.model.attn_implementation == "dense"
+    with pytest.raises(ValueError, match=re.escape(
+            "model.attn_implementation='flash' is not supported; choose one of "
+            "['sparse', 'dense']")):
+        configs.get_config("tiny", {"model.attn_implementation": "flash"})
