@@ -101,7 +101,9 @@ class LightningIndexer(keras.layers.Layer):
       With `return_scores`: (keep, I).
 
     Memory: the (B, T, Hi, S) float32 per-head scores exist during the call (as in
-    transformers' eager DeepseekV32Indexer); nothing of it is kept for a backward pass.
+    transformers' eager DeepseekV32Indexer). Under a GradientTape with trainable weights
+    and the scores returned (the KL loss: `return_scores`, `select(return_scores=True)`),
+    they are kept for the backward pass, 4 * Hi * S bytes per query; otherwise nothing is.
 
     Reference: DeepSeek-V3.2-Exp report §2.1 (eq. 1); HF transformers 5.24
     `models/deepseek_v32/modular_deepseek_v32.py` (DeepseekV32Indexer,
