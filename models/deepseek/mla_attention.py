@@ -278,11 +278,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             return out, indexer_kl_loss(tf.reduce_sum(probs, axis=1), picked[2],
                                         picked[1])  # over heads: (B, T, k)
 
-        seq = q_nope.shape[1] if q_nope.shape[1] is not None else tf.shape(q_nope)[1]
-        gathers = self._gathers(seq)
-        if isinstance(gathers, bool):
-            return sparse() if gathers else dense()
-        return tf.cond(gathers, sparse, dense)
+        return self._gathered_or_not(q_nope.shape[1], tf.shape(q_nope)[1], sparse, dense)
 
     def _cached_attention(self, hidden_states, c_q, q_nope, q_pe, cache, q_positions,
                           training, absorb):
@@ -333,8 +329,12 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             return _in_query_blocks(block, QUERY_BLOCK, q_nope, q_pe, hidden_states, c_q,
                                     q_positions)  # (B, T, H, Dv)
 
-        keys_len = cache.shape[1] if cache.shape[1] is not None else tf.shape(cache)[1]
-        gathers = self._gathers(keys_len)
+        return self._gathered_or_not(cache.shape[1], tf.shape(cache)[1], gathered, masked)
+
+    def _gathered_or_not(self, static_len, dynamic_len, gathered, masked):
+        """gathered() or masked() by `_gathers` of the keys' length: chosen in Python when
+        the length is static, by tf.cond when it is known at run time only."""
+        gathers = self._gathers(static_len if static_len is not None else dynamic_len)
         if isinstance(gathers, bool):
             return gathered() if gathers else masked()
         return tf.cond(gathers, gathered, masked)
