@@ -17,6 +17,7 @@ from models.deepseek._tracking import with_layer_lists
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.decoder_block import DeepSeekDecoderBlock
 from models.deepseek.losses import causal_lm_loss
+from models.deepseek.mla_attention import init_layer_cache
 from models.deepseek.mtp import MultiTokenPredictionLayer
 from models.deepseek.rms_norm import RMSNorm
 
@@ -290,15 +291,17 @@ class DeepSeekCausalLM(keras.Model):
           max_length: int or int32 scalar tensor S, the most positions it can hold.
 
         Returns:
-          zeros of shape (num_hidden_layers, B, S, config.cache_width), in the model's
-          compute dtype. Per layer and token it holds the normalized latent c_kv
-          (kv_lora_rank) and the rotated shared key k_pe (qk_rope_head_dim): width
-          kv_lora_rank + qk_rope_head_dim; with DeepSeek Sparse Attention (V3.2) also
-          the lightning indexer's key (index_head_dim) after them.
+          a tuple of num_hidden_layers dicts of zeros in the model's compute dtype
+          (`mla_attention.init_layer_cache`): "kv" (B, S, kv_lora_rank +
+          qk_rope_head_dim), per token the normalized latent c_kv and the rotated shared
+          key k_pe; with DeepSeek Sparse Attention (V3.2) also "index_keys"
+          (B, S, index_head_dim), the lightning indexer's key. config.cache_width
+          numbers per token and layer. One buffer per layer and kind, so a cached call
+          writes its slots in place and copies no O(S) buffer.
         """
-        c = self.config
-        return tf.zeros([c.num_hidden_layers, batch_size, max_length, c.cache_width],
-                        dtype=self.compute_dtype)
+        return tuple(init_layer_cache(self.config, batch_size, max_length,
+                                      self.compute_dtype)
+                     for _ in range(self.config.num_hidden_layers))
 
     def call_with_cache(self, input_ids, cache, cache_index, absorb=True, lengths=None):
         """Logits of new tokens given the cache of the tokens before them.
@@ -307,9 +310,7 @@ class DeepSeekCausalLM(keras.Model):
           input_ids: int32 tensor (B, T), the tokens of row b at positions
             cache_index[b] .. cache_index[b] + T - 1 (T = prompt length to
             prefill, or 1).
-          cache: tensor from `init_cache` or a previous call, (L, B, S, W), W =
-            config.cache_width (R + Dr, plus index_head_dim with DeepSeek Sparse
-            Attention).
+          cache: from `init_cache` or a previous call: L dicts of (B, S, ...) buffers.
           cache_index: int32 scalar, or (B,) vector, the number of positions
             already in the cache of each row (rows of a right-padded batch
             decode at their own positions; see `MultiHeadLatentAttention`).
@@ -321,19 +322,26 @@ class DeepSeekCausalLM(keras.Model):
             prompt is overwritten before any query reads it, and a rewind is safe.
 
         Returns:
-          (logits float32 (B, T, V), new_cache (L, B, S, W)).
+          (logits float32 (B, T, V), new_cache, as `cache`).
 
         Raises:
+          ValueError: if `cache` is not L layer caches as `init_cache` gives.
           InvalidArgumentError (at run time): if cache_index + T > S.
         """
         del lengths
+        n = len(self.decoder_layers)
+        if not isinstance(cache, (tuple, list)) or len(cache) != n:
+            got = (f"{len(cache)} of them" if isinstance(cache, (tuple, list))
+                   else type(cache).__name__)
+            raise ValueError(f"cache must be a tuple of {n} layer caches (init_cache), "
+                             f"got {got}")
         h = self.embed_tokens(input_ids)  # (B, T, C)
         new_caches = []
         for i, block in enumerate(self.decoder_layers):
             h, layer_cache, _ = block(h, cache=cache[i], cache_index=cache_index,
                                       absorb=absorb)  # (B, T, C)
-            new_caches.append(layer_cache)  # (B, S, W)
-        return self.logits_from_hidden(self.norm(h)), tf.stack(new_caches)  # (L, B, S, W)
+            new_caches.append(layer_cache)  # {"kv": (B, S, R + Dr), ...}
+        return self.logits_from_hidden(self.norm(h)), tuple(new_caches)
 
     # ------------------------------------------------------------------ config
 

@@ -33,7 +33,7 @@ class DeepSeekDecoderBlock(keras.layers.Layer):
       (hidden_states, new_cache, moe_aux), and indexer_loss (float32 scalar) as a fourth
       item with `return_indexer_loss`:
         hidden_states: (B, T, C);
-        new_cache: the updated latent cache (B, S, config.cache_width), or None
+        new_cache: the updated layer cache (a dict, `MultiHeadLatentAttention`), or None
           when no cache was given;
         moe_aux: None for a dense block, else (expert_load float32 (E,),
           balance_loss float32 scalar, dropped float32 scalar) from DeepSeekMoE.

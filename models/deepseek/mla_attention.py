@@ -20,7 +20,11 @@ dtype.
 
 The KV cache holds, per token, the normalized latent c_kv (after
 kv_a_layernorm) and the already rotated k_pe: kv_lora_rank + qk_rope_head_dim
-numbers per token per layer, instead of 2 * n_h * d_h for standard MHA.
+numbers per token per layer, instead of 2 * n_h * d_h for standard MHA. A layer's
+cache is a dict of buffers (`init_layer_cache`), each written in place by a cached
+call (`tf.tensor_scatter_nd_update` of the new slots, whose input buffer TF forwards
+when nothing else holds it) and read whole, never sliced along its last axis: a
+decode step at 64K positions then costs no O(context) copy.
 
 Cached calls absorb the up-projections into the query and the output
 (DeepSeek-V2 §2.1.2: "W_UK can be absorbed into W_UQ, and W_UV into W_O"; the
@@ -43,7 +47,7 @@ DeepSeek Sparse Attention (DeepSeek-V3.2; `config.uses_sparse_attention`): a
 the `index_topk` visible tokens of highest index score, and the attention mask is
 causal AND picked (HF transformers 5.24 `DeepseekV32Attention` folds the same top-k
 into its attention mask). The indexer's key of every token (index_head_dim numbers)
-is cached after [c_kv | k_pe], so a cached call scores the new queries against the
+is cached beside [c_kv | k_pe] ("index_keys"), so a cached call scores the new queries against the
 cache and recomputes nothing of the prefix. With `config.attn_implementation`
 "sparse" (the default) and more keys than index_topk, the attention gathers each
 query's picked latents [c_kv | k_pe] (B, T, k, R + Dr) and attends them in the
@@ -90,10 +94,10 @@ class MultiHeadLatentAttention(keras.layers.Layer):
       hidden_states: float tensor (B, T, C).
       positions_offset: int scalar (Python or tensor), absolute position of the
         first of the T tokens when no cache is given (default 0).
-      cache: optional float tensor (B, S, config.cache_width), the latent cache of
-        this layer: per slot the normalized c_kv (kv_lora_rank), the rotated k_pe
-        (qk_rope_head_dim) and, with DeepSeek Sparse Attention, the indexer's key
-        (index_head_dim). S is the maximum length (see `init_cache`).
+      cache: optional dict, the latent cache of this layer (`init_layer_cache`):
+        "kv" (B, S, kv_lora_rank + qk_rope_head_dim), per slot the normalized c_kv and
+        the rotated k_pe; with DeepSeek Sparse Attention also "index_keys"
+        (B, S, index_head_dim), the indexer's key. S is the maximum length.
       cache_index: int32 scalar or (B,) vector, the slot (= absolute position)
         where the first of the T tokens of each row is written; required with
         `cache`. A query at position p sees the slots <= p of its row only, so
@@ -108,11 +112,11 @@ class MultiHeadLatentAttention(keras.layers.Layer):
     Returns:
       Without cache: the output, float tensor (B, T, C); with `return_indexer_loss`,
       (output, indexer_loss float32 scalar).
-      With cache: (output (B, T, C), new_cache (B, S, config.cache_width)).
+      With cache: (output (B, T, C), new_cache, a dict as `cache`).
 
     Raises:
       ValueError: if `cache` is given without `cache_index`, or with
-        `return_indexer_loss`.
+        `return_indexer_loss`, or is not a dict with this layer's keys.
       InvalidArgumentError (at run time): if cache_index + T > S in some row, or
         cache_index is neither a scalar nor (B,).
 
@@ -198,6 +202,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             if return_indexer_loss:
                 raise ValueError("MultiHeadLatentAttention: return_indexer_loss is for the "
                                  "stateless forward (cache=None) only")
+            _check_layer_cache(cache, self.indexer is not None, self.name)
             index = tf.broadcast_to(tf.cast(cache_index, tf.int32), [batch])  # (B,)
             q_positions = index[:, None] + tf.range(seq)[None, :]  # (B, T)
         q_pe = self._rotate(q_pe, q_positions)  # (B, T, H, Dr)
@@ -215,9 +220,11 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             if with_loss:
                 out, indexer_loss = out  # (B, T, H, Dv), float32 scalar
         else:
-            entries = [c_kv, k_pe] + ([index_keys] if index_keys is not None else [])
-            new_cache = _write_cache(cache, tf.concat(entries, axis=-1),
-                                     index)  # (B, S, R + Dr [+ Di])
+            new_cache = {"kv": _write_cache(cache["kv"], tf.concat([c_kv, k_pe], axis=-1),
+                                            index)}  # (B, S, R + Dr)
+            if index_keys is not None:
+                new_cache["index_keys"] = _write_cache(cache["index_keys"], index_keys,
+                                                       index)  # (B, S, Di)
             out = self._cached_attention(hidden_states, c_q, q_nope, q_pe, new_cache,
                                          q_positions, training, absorb)  # (B, T, H, Dv)
 
@@ -282,21 +289,22 @@ class MultiHeadLatentAttention(keras.layers.Layer):
 
     def _cached_attention(self, hidden_states, c_q, q_nope, q_pe, cache, q_positions,
                           training, absorb):
-        """Attention of the T new queries to the updated cache (B, S, R + Dr [+ Di]);
+        """Attention of the T new queries to the updated layer cache (`call`);
         with DSA the indexer's picks, gathered (`_gathers`, in query blocks of
         `QUERY_BLOCK`; a block none of whose queries sees more than index_topk slots
         attends them all, without the indexer, the same set) or masked. q_positions int32
         (B, T). Returns (B, T, H, Dv)."""
         c = self.config
         r, dr = c.kv_lora_rank, c.qk_rope_head_dim
-        latents = cache if self.indexer is None else cache[:, :, :r + dr]  # (B, S, R + Dr)
+        latents = cache["kv"]  # (B, S, R + Dr)
+        index_keys = cache.get("index_keys")  # (B, S, Di) with DSA
 
         def masked():
-            slots = tf.range(tf.shape(cache)[1])  # (S,)
+            slots = tf.range(tf.shape(latents)[1])  # (S,)
             causal = slots[None, None, :] <= q_positions[:, :, None]  # (B, T, S)
             mask = causal
             if self.indexer is not None:
-                mask = self.indexer(hidden_states, c_q, cache[:, :, r + dr:], q_positions,
+                mask = self.indexer(hidden_states, c_q, index_keys, q_positions,
                                     causal)  # (B, T, S) causal and picked
             if absorb:
                 return self._absorbed_attention(q_nope, q_pe, latents, mask[:, None],
@@ -308,20 +316,19 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         def gathered():
             def block(q_nope_b, q_pe_b, hidden_b, c_q_b, positions_b):  # queries of a block
                 # Only the slots up to the block's last query can be picked.
-                n_visible = tf.minimum(tf.shape(cache)[1], tf.reduce_max(positions_b) + 1)
+                n_visible = tf.minimum(tf.shape(latents)[1], tf.reduce_max(positions_b) + 1)
                 slots_b = tf.range(n_visible)  # (n,)
                 causal_b = slots_b[None, None, :] <= positions_b[:, :, None]  # (B, b, n)
-                visible = cache[:, :n_visible, :r + dr]  # (B, n, R + Dr)
 
                 def all_kept():  # no query sees more than index_topk slots: all are picked
-                    return self._absorbed_attention(q_nope_b, q_pe_b, visible,
+                    return self._absorbed_attention(q_nope_b, q_pe_b, latents[:, :n_visible],
                                                     causal_b[:, None], training)
 
-                def picked():
+                def picked():  # the picks are slots < n of the whole buffer: no copy of it
                     picks, valid = self.indexer.select(hidden_b, c_q_b,
-                                                       cache[:, :n_visible, r + dr:],
+                                                       index_keys[:, :n_visible],
                                                        positions_b, causal_b)  # (B, b, k)
-                    return self._gathered_attention(q_nope_b, q_pe_b, visible, picks, valid,
+                    return self._gathered_attention(q_nope_b, q_pe_b, latents, picks, valid,
                                                     training)  # (B, b, H, Dv)
 
                 return tf.cond(n_visible <= c.index_topk, all_kept, picked)
@@ -329,7 +336,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             return _in_query_blocks(block, QUERY_BLOCK, q_nope, q_pe, hidden_states, c_q,
                                     q_positions)  # (B, T, H, Dv)
 
-        return self._gathered_or_not(cache.shape[1], tf.shape(cache)[1], gathered, masked)
+        return self._gathered_or_not(latents.shape[1], tf.shape(latents)[1], gathered,
+                                     masked)
 
     def _gathered_or_not(self, static_len, dynamic_len, gathered, masked):
         """gathered() or masked() by `_gathers` of the keys' length: chosen in Python when
@@ -450,8 +458,9 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         q = tf.concat([q_lat, q_pe], axis=-1)  # (B, T, H, R+Dr)
         probs = self._softmax(q, cache, "bthc,bsc->bhts", mask, q_nope.dtype,
                               training)  # (B, H, T, S)
-        c_kv = tf.cast(cache[:, :, :r], q_nope.dtype)  # (B, S, R)
-        o_lat = tf.einsum("bhts,bsr->bthr", probs, c_kv)  # (B, T, H, R)
+        # p . [c_kv | k_pe], then its c_kv part: slicing the cache would copy it whole.
+        o_lat = tf.einsum("bhts,bsc->bthc", probs,
+                          tf.cast(cache, q_nope.dtype))[..., :r]  # (B, T, H, R)
         return tf.einsum("bthr,rhd->bthd", o_lat, w_uv)  # (B, T, H, Dv)
 
     def get_config(self):
@@ -494,6 +503,35 @@ def _blocks(fn, block, tensors):
     out = tf.transpose(out, [1, 0, 2, 3, 4])  # (B, nb, blk, H, Dv)
     out = tf.reshape(out, tf.concat([[batch, blocks * block], tf.shape(out)[3:]], 0))
     return out[:, :seq]  # (B, T, H, Dv)
+
+
+def init_layer_cache(config, batch_size, max_length, dtype):
+    """One layer's empty latent cache (`MultiHeadLatentAttention`'s `cache`).
+
+    Args:
+      config: a DeepSeekConfig. batch_size, max_length: int or int32 scalar tensors B, S.
+      dtype: the buffers' dtype (the model's compute dtype).
+
+    Returns:
+      {"kv": zeros (B, S, kv_lora_rank + qk_rope_head_dim)}, with DeepSeek Sparse
+      Attention also "index_keys": zeros (B, S, index_head_dim); config.cache_width
+      numbers per slot in all.
+    """
+    c = config
+    cache = {"kv": tf.zeros([batch_size, max_length, c.kv_lora_rank + c.qk_rope_head_dim],
+                            dtype=dtype)}
+    if c.uses_sparse_attention:
+        cache["index_keys"] = tf.zeros([batch_size, max_length, c.index_head_dim], dtype=dtype)
+    return cache
+
+
+def _check_layer_cache(cache, with_indexer: bool, layer: str):
+    """ValueError unless `cache` is a dict with exactly this layer's keys."""
+    want = {"kv", "index_keys"} if with_indexer else {"kv"}
+    if not isinstance(cache, dict) or set(cache) != want:
+        got = sorted(cache) if isinstance(cache, dict) else type(cache).__name__
+        raise ValueError(f"{layer}: the cache of an MLA layer is a dict with keys "
+                         f"{sorted(want)} (DeepSeekCausalLM.init_cache), got {got}")
 
 
 def _write_cache(cache, new_entries, index):

@@ -155,7 +155,9 @@ def test_cached_decoding_matches_full_forward(tiny_model):
     ids = _ids(2, 10, seed=4)
     full = tiny_model(ids).numpy()
     cache = tiny_model.init_cache(2, 12)
-    assert cache.shape == (2, 2, 12, 16 + 4)  # (L, B, S, kv_lora_rank + qk_rope_head_dim)
+    # One buffer per layer: (B, S, kv_lora_rank + qk_rope_head_dim).
+    assert [{k: v.shape for k, v in layer.items()} for layer in cache] == [
+        {"kv": (2, 12, 16 + 4)}] * 2
     logits, cache = tiny_model.call_with_cache(ids[:, :6], cache, 0)
     steps = [logits.numpy()]
     for t in range(6, 10):
@@ -165,6 +167,16 @@ def test_cached_decoding_matches_full_forward(tiny_model):
     # positions in other chunks (same bound as the causal prefix, x2 for the cache's
     # stored latent being re-expanded per step): 128 ulps.
     assert_float32_close(np.concatenate(steps, axis=1), full, ulps=128, err_msg="cached")
+
+
+def test_a_cache_of_another_layout_gets_a_named_error(tiny_model):
+    stacked = tf.zeros([2, 1, 12, 20])  # the (L, B, S, W) tensor of earlier releases
+    with pytest.raises(ValueError, match="tuple of 2 layer caches"):
+        tiny_model.call_with_cache(_ids(1, 3), stacked, 0)
+    cache = tiny_model.init_cache(1, 12)
+    with pytest.raises(ValueError, match=r"keys \['kv'\].*got \['index_keys', 'kv'\]"):
+        tiny_model.call_with_cache(
+            _ids(1, 3), tuple({**c, "index_keys": c["kv"]} for c in cache), 0)
 
 
 def test_cache_overflow_raises(tiny_model):

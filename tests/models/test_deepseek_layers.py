@@ -108,7 +108,7 @@ def test_mla_plain_q_proj_and_cache_matches_full(tiny_config):
     assert attn.q_proj.kernel.shape == (32, 4 * 12)
     x = np.random.default_rng(6).normal(size=(2, 7, 32)).astype("float32")
     full = attn(x).numpy()
-    cache = tf.zeros([2, 10, 16 + 4])
+    cache = {"kv": tf.zeros([2, 10, 16 + 4])}
     prefill, cache = attn(x[:, :4], cache=cache, cache_index=0)
     outs = [prefill.numpy()]
     for t in range(4, 7):
@@ -117,8 +117,8 @@ def test_mla_plain_q_proj_and_cache_matches_full(tiny_config):
     # Cached attention against one pass: as above, x2 for the latent re-expansion.
     assert_float32_close(np.concatenate(outs, axis=1), full, ulps=64, err_msg="cached")
     # The cache holds (normalized latent | rotated k_pe): 16 + 4 numbers per token.
-    assert cache.shape == (2, 10, 20)
-    np.testing.assert_array_equal(cache.numpy()[:, 7:], 0.0)
+    assert set(cache) == {"kv"} and cache["kv"].shape == (2, 10, 20)
+    np.testing.assert_array_equal(cache["kv"].numpy()[:, 7:], 0.0)
     # positions_offset shifts RoPE like a cache index does.
     shifted = attn(x[:, 4:], positions_offset=4).numpy()
     assert not np.allclose(shifted, full[:, 4:])

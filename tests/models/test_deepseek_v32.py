@@ -120,30 +120,33 @@ def test_cached_decoding_equals_the_full_forward_pass(bf16_model):
 
 
 def test_indexer_keys_are_cached_and_read_back(bf16_model):
-    """The cache holds [c_kv | k_pe | indexer key] per token; a decode step reads the
+    """The cache holds [c_kv | k_pe] and the indexer key per token; a decode step reads the
     prefix's indexer keys from it (changing them changes the step; nothing recomputes
     them: the step never sees the prefix's tokens)."""
     c = bf16_model.config
     _, input_ids, _ = _fixture("bf16")
     ids = tf.constant(input_ids[:, :40], tf.int32)
     cache = bf16_model.init_cache(2, 48)
-    assert cache.shape == (c.num_hidden_layers, 2, 48, c.kv_lora_rank + c.qk_rope_head_dim
-                           + c.index_head_dim) == (3, 2, 48, c.cache_width)
+    r = c.kv_lora_rank + c.qk_rope_head_dim
+    assert [{k: v.shape for k, v in layer.items()} for layer in cache] == [
+        {"kv": (2, 48, r), "index_keys": (2, 48, c.index_head_dim)}] * 3
+    assert r + c.index_head_dim == c.cache_width
     _, cache = bf16_model.call_with_cache(ids[:, :39], cache, 0)
     # Layer 0's indexer keys are those of its input, the normalized embeddings.
     block = bf16_model.decoder_layers[0]
     x = block.input_layernorm(bf16_model.embed_tokens(ids[:, :39]))
     keys = block.self_attn.indexer.keys(x, tf.range(39))  # (2, 39, Di)
-    r = c.kv_lora_rank + c.qk_rope_head_dim
-    np.testing.assert_allclose(cache[0, :, :39, r:].numpy(), keys.numpy(), atol=1e-6)
+    np.testing.assert_allclose(cache[0]["index_keys"][:, :39].numpy(), keys.numpy(),
+                               atol=1e-6)
     step, _ = bf16_model.call_with_cache(ids[:, 39:], cache, 39)
     # Slots after the current position are never read.
-    junk = tf.concat([cache[:, :, :40], tf.fill(tf.shape(cache[:, :, 40:]), 7.0)], axis=2)
+    junk = tf.nest.map_structure(
+        lambda t: tf.concat([t[:, :40], tf.fill(tf.shape(t[:, 40:]), 7.0)], axis=1), cache)
     np.testing.assert_array_equal(bf16_model.call_with_cache(ids[:, 39:], junk, 39)[0], step)
     # The prefix's indexer keys are: permuting them across tokens changes the step.
-    keys = cache[:, :, :39, r:][:, :, ::-1]
-    moved = tf.concat([cache[:, :, :39, :r], keys], axis=-1)
-    moved = tf.concat([moved, cache[:, :, 39:]], axis=2)
+    moved = tuple({"kv": layer["kv"], "index_keys": tf.concat(
+        [layer["index_keys"][:, :39][:, ::-1], layer["index_keys"][:, 39:]], axis=1)}
+        for layer in cache)
     assert _max_diff(bf16_model.call_with_cache(ids[:, 39:], moved, 39)[0], step) > 1e-3
 
 

@@ -121,12 +121,15 @@ def test_cached_prefill_in_chunks_and_decode_equal_dense(models, monkeypatch):
         step = model.call_with_cache  # eager: the spy sees values
         if impl == "sparse":
             monkeypatch.undo()
-            step = tf.function(model.call_with_cache, input_signature=[
-                tf.TensorSpec([1, None], tf.int32), tf.TensorSpec(None, model.compute_dtype),
-                tf.TensorSpec([], tf.int32)])
         else:
             monkeypatch.setattr(LightningIndexer, "index_scores", recording)
         cache, logits = model.init_cache(1, SEQ + 8), []
+        if impl == "sparse":  # the cache's length known at run time only, as in serving
+            step = tf.function(model.call_with_cache, input_signature=[
+                tf.TensorSpec([1, None], tf.int32),
+                tf.nest.map_structure(lambda t: tf.TensorSpec([1, None, t.shape[-1]], t.dtype),
+                                      cache),
+                tf.TensorSpec([], tf.int32)])
         for start, end in zip(starts, starts[1:] + [SEQ + 4], strict=True):
             out, cache = step(ids[:, start:end], cache, tf.constant(start))
             logits.append(out.numpy())
