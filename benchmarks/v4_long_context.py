@@ -3,7 +3,8 @@
   python benchmarks/v4_long_context.py [--lengths 1024 16384 65536 131072]
       [--train-lengths 1024 4096 16384 32768] [--decode-lengths 1024 65536 131072]
       [--families v3 v32 v4] [--chunk 1024] [--repeats 3] [--memory-gb 16]
-      [--max-dense-length 65536] [--decode-cache prefill|random] [--json out.json] [--quick]
+      [--max-dense-length 65536] [--decode-cache prefill|random] [--recompute]
+      [--json out.json] [--quick]
 
 Three models of the same width, random weights (speed does not depend on them), float32, batch 1:
 
@@ -35,7 +36,9 @@ its peak RSS (`ru_maxrss`) is its own. For each length T:
             `--decode-cache random`, the cache's buffers filled with random numbers), 16
             single-token `call_with_cache` steps (compiled); the median ms per token;
   train     at `--train-lengths`: one compiled forward + backward (`compute_loss` and
-            `tape.gradient` over the trainable variables, no optimizer), median as above.
+            `tape.gradient` over the trainable variables, no optimizer), median as above;
+            with `--recompute`, each decoder block's activations are recomputed in the
+            backward pass (`recompute_blocks`, the trainer's `train.recompute_activations`).
 Then the exponent b of time ~ a T^b (least squares on log-log over the measured lengths).
 
 A dense-attention model (v3, or any `--set-impl dense`) is skipped past
@@ -98,9 +101,11 @@ def is_dense(family: str, config) -> bool:
     return family == "v3" or getattr(config, "attn_implementation", "dense") == "dense"
 
 
-def attention_bytes(family: str, config, queries: int, capacity: int, train: bool) -> int:
+def attention_bytes(family: str, config, queries: int, capacity: int, train: bool,
+                    recompute: bool = False) -> int:
     """Estimated peak bytes of the score matrices of one call (module docstring): float32
-    (H, queries, keys) x 4 copies; in training every layer's are kept for backward. The
+    (H, queries, keys) x 4 copies; in training every layer's are kept for backward (one
+    layer's at a time with `recompute`, block activations recomputed). The
     sparse paths count the keys each query scores (and V3.2's indexer, every key)."""
     from models.deepseek_v4.config import CSA, HCA
 
@@ -120,7 +125,7 @@ def attention_bytes(family: str, config, queries: int, capacity: int, train: boo
                           HCA: capacity // config.compress_rates[HCA] + 1}.get(t, 0)
                 for t in config.layer_types]
     per_layer = [4 * 4 * heads * queries * k for k in keys]
-    return sum(per_layer) if train else max(per_layer)
+    return sum(per_layer) if train and not recompute else max(per_layer)
 
 
 def cache_bytes(cache) -> int:
@@ -194,7 +199,7 @@ def measure_prefill(model, length: int, chunk: int, repeats: int, decode: bool =
     return got
 
 
-def measure_train(model, length: int, repeats: int) -> dict:
+def measure_train(model, length: int, repeats: int, recompute: bool = False) -> dict:
     import numpy as np
     import tensorflow as tf
 
@@ -205,7 +210,7 @@ def measure_train(model, length: int, repeats: int) -> dict:
     @tf.function
     def grad_step(x, y):
         with tf.GradientTape() as tape:
-            loss = model.compute_loss(x, y, training=True)["loss"]
+            loss = model.compute_loss(x, y, training=True, recompute_blocks=recompute)["loss"]
         grads = tape.gradient(loss, model.trainable_variables)
         return loss, tf.linalg.global_norm([g for g in grads if g is not None])
 
@@ -251,7 +256,7 @@ def run_cell(args) -> dict:
     config = configs(args.quick, args.max_len, args.set_impl)[family]
     model = build_model(family, config)
     if kind == "train":
-        got = measure_train(model, length, args.repeats)
+        got = measure_train(model, length, args.repeats, args.recompute)
     else:
         got = measure_prefill(model, length, args.chunk, args.repeats, decode=kind == "decode",
                               random_cache=args.decode_cache == "random")
@@ -265,13 +270,15 @@ def run(args) -> dict:
     cfgs = configs(args.quick, args.max_len, args.set_impl)
     limit = args.memory_gb * GIB
     result = {"configs": {f: cfgs[f].to_dict() for f in args.families}, "chunk": args.chunk,
-              "repeats": args.repeats, "prefill": [], "decode": [], "train": [],
+              "repeats": args.repeats, "recompute": args.recompute,
+              "prefill": [], "decode": [], "train": [],
               "skipped": []}
 
     def cell(kind, family, length):
         config = cfgs[family]
         queries = length if kind == "train" else min(args.chunk or length, length)
-        estimate = attention_bytes(family, config, queries, length, kind == "train")
+        estimate = attention_bytes(family, config, queries, length, kind == "train",
+                                   args.recompute)
         reason = None
         if is_dense(family, config) and length > args.max_dense_length:
             reason = f"dense attention past --max-dense-length {args.max_dense_length}"
@@ -285,6 +292,7 @@ def run(args) -> dict:
             command += ["--quick"] if args.quick else []
             command += ["--set-impl", args.set_impl] if args.set_impl else []
             command += ["--decode-cache", args.decode_cache]
+            command += ["--recompute"] if args.recompute else []
             done = subprocess.run(command, capture_output=True, text=True)
             lines = done.stdout.strip().splitlines()
             if done.returncode == 0 and lines:
@@ -371,6 +379,8 @@ def main(argv=None) -> int:
                     help="what decode steps start from: a real (untimed) prefill of T tokens, "
                          "or the same buffers filled with random numbers (decode's cost does "
                          "not depend on the values; skips a long prefill)")
+    ap.add_argument("--recompute", action="store_true",
+                    help="train steps recompute each block's activations in backward")
     ap.add_argument("--cell", default="", help=argparse.SUPPRESS)  # family:kind:length
     ap.add_argument("--max-len", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
