@@ -85,7 +85,7 @@ CHAT_CONTEXT_CAP = 32_768  # the most positions a session's MLA cache holds
 def chat_context(model) -> int:
     """The positions a session holds: the model's max_position_embeddings when its cache
     is bounded (V4: rings, and one entry per m tokens), else at most CHAT_CONTEXT_CAP (the
-    MLA cache is allocated whole, (L, 1, S, width))."""
+    MLA cache is allocated whole: per layer a (1, S, width) buffer)."""
     limit = model.config.max_position_embeddings
     return limit if getattr(model, "bounded_cache", False) else min(limit, CHAT_CONTEXT_CAP)
 
