@@ -297,7 +297,7 @@ class DeepSeekCausalLM(keras.Model):
           key k_pe; with DeepSeek Sparse Attention (V3.2) also "index_keys"
           (B, S, index_head_dim), the lightning indexer's key. config.cache_width
           numbers per token and layer. One buffer per layer and kind, so a cached call
-          writes its slots in place and copies no O(S) buffer.
+          copies each once (its scatter), with no stacking or slicing of the whole.
         """
         return tuple(init_layer_cache(self.config, batch_size, max_length,
                                       self.compute_dtype)
