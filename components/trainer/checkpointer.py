@@ -4,7 +4,8 @@ The directory itself (one per training data and config, so that a re-run
 resumes) is chosen by `checkpointing.py`. A checkpoint holds the model, the
 optimizer (slots, step, loss scale), the global step and the count of skipped
 steps (`tf.train.Checkpoint` keys model, optimizer, step, skipped_steps), and the
-loop's other counters (`extra`: the tokens and sequences per mixture source), as
+loop's other state (`extra`: the tokens and sequences per mixture source, and the
+history's records as JSON, `MetricWindow.resume`), as
 `ckpt-<step>`; the last `MAX_TO_KEEP` are kept. A checkpoint written before an
 `extra` key existed restores without it (that counter keeps its initial value).
 

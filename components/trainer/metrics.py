@@ -28,6 +28,7 @@ without the first step and without checkpoint writing).
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 
 import numpy as np
@@ -60,6 +61,7 @@ class MetricWindow:
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         self.history: list[dict] = []  # the records of the closed windows, in order
+        self.stored = None  # the checkpointed copy of `history` (`resume`)
         self.routed_pairs = 0.0  # over the closed windows of the run
         self.dropped_pairs = 0.0
         self.last_terms = None
@@ -136,10 +138,30 @@ class MetricWindow:
         """Dropped / routed (token, expert) pairs over the run's closed windows (0 if none)."""
         return self.dropped_pairs / self.routed_pairs if self.routed_pairs else 0.0
 
+    def resume(self, stored: tf.Variable) -> None:
+        """Starts `history` with the records `stored` holds and keeps it for `store`.
+
+        Args:
+          stored: a tf.string scalar variable saved in the run's checkpoints: the JSON
+            list of the records up to the checkpoint's step ("[]" for a fresh run). So a
+            run restarted after preemption, a lost worker or a kill reports the whole
+            run's history, not only its last attempt's.
+        """
+        self.stored = stored
+        self.history = json.loads(stored.numpy().decode("utf-8") or "[]")
+
+    def store(self) -> None:
+        """Writes `history` into the `resume` variable (before a checkpoint is saved)."""
+        if self.stored is not None:
+            self.stored.assign(json.dumps(self.history))
+
     @property
     def final_loss(self) -> float:
-        """The loss of the last step added, NaN when none was."""
-        return float(self.last_terms[0]) if self.last_terms is not None else NAN
+        """The loss of the last step added; without one (a run resumed at its last
+        step), the last record's; NaN when there is none."""
+        if self.last_terms is not None:
+            return float(self.last_terms[0])
+        return float(self.history[-1]["loss"]) if self.history else NAN
 
 
 class SourceCounts:

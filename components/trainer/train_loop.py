@@ -99,7 +99,7 @@ class TrainResult:
     mfu: float
     steady_mfu: float
     final_loss: float
-    history: list[dict]
+    history: list[dict]  # the whole run's window records, from step 1 across restarts
     strategy: str
     num_replicas: int
     num_workers: int
@@ -348,9 +348,13 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
     checkpoints = Checkpointer(checkpoint_dir, chief=strategy_lib.is_chief(strategy))
     state = setup(config, strategy, precision, warm_start=checkpoints.latest is None,
                   base_model=base_model, teacher_model=teacher_model, num_sources=len(names))
+    # The history's records, checkpointed with the run. Not under the strategy's scope: a
+    # string is not broadcast between workers (each holds the same records).
+    stored_history = tf.Variable("[]", dtype=tf.string, trainable=False, name="history")
     step = resumed_from = checkpoints.restore(
         state.model, state.optimizer, state.step, state.skipped,
-        {"source_tokens": state.source_tokens, "source_sequences": state.source_sequences})
+        {"source_tokens": state.source_tokens, "source_sequences": state.source_sequences,
+         "history": stored_history})
     if checkpoints.latest:
         log.info("resumed from %s (step %d)", checkpoints.latest, resumed_from)
     tid2eid = {}
@@ -369,6 +373,7 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
         strategy, dataset_fn, plan.grad_accum_steps, skip_steps=consumed // per_batch))
     window = metrics.MetricWindow(make_learning_rate_schedule(tc), tc.batch_size * tc.seq_len,
                                   plan.flops_per_token, peak_flops, figure_names)
+    window.resume(stored_history)
     tensorboard = TrainSummaries(log_dir if checkpoints.chief else None, state.model)
     clock = metrics.RunClock()
     heartbeat = Heartbeat.from_env()
@@ -382,7 +387,7 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
             heartbeat.beat(step)
             if preemption.agreed():  # every worker, after the same steps
                 with progress.suspended():
-                    _save_and_stop(step, saved, guard, checkpoints, sources)
+                    _save_and_stop(step, saved, guard, checkpoints, sources, window)
             try:
                 out = train_step(batches)
             except (tf.errors.OutOfRangeError, StopIteration):
@@ -395,6 +400,7 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
                     guard.check_losses()
                     guard.check_weights(step)
                     sources.store()
+                    window.store()
                     checkpoints.save(step)
                 break
             applied = not bool(out["skipped"])
@@ -421,6 +427,7 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
             if is_ckpt:
                 guard.check_weights(step)
                 sources.store()
+                window.store()
                 with clock.saving(), progress.suspended():  # TensorFlow logs while it saves
                     checkpoints.save(step)
                 saved = step
@@ -440,11 +447,13 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
 
 
 def _save_and_stop(step: int, saved: int, guard: FiniteGuard, checkpoints: Checkpointer,
-                   sources: metrics.SourceCounts) -> None:
-    """On preemption: checkpoints `step` (unless it is saved already) and raises `Preempted`."""
+                   sources: metrics.SourceCounts, window: metrics.MetricWindow) -> None:
+    """On preemption: checkpoints `step` (unless it is saved already) and raises `Preempted`
+    (the history keeps the records closed so far: the open window's steps have none)."""
     if saved != step:
         guard.check_weights(step)
         sources.store()
+        window.store()
         checkpoints.save(step)
     path = f"{checkpoints.checkpoint_dir.rstrip('/')}/ckpt-{step}"
     checkpoints.close()

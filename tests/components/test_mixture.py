@@ -266,8 +266,10 @@ def test_a_mixture_trains_and_resumes_on_the_batches_of_an_uninterrupted_run(tmp
         run(tmp_path / "killed", take=4)  # checkpoint at 3, no batch for step 5
     resumed = run(tmp_path / "killed")
     assert resumed.resumed_from_step == 3 and resumed.steps_run == 3
+    # The history is the whole run's: steps 1-3 come back with the checkpoint.
+    assert [h["step"] for h in resumed.history] == [h["step"] for h in reference.history]
     np.testing.assert_allclose([h["loss"] for h in resumed.history],
-                               [h["loss"] for h in reference.history][3:], rtol=1e-6)
+                               [h["loss"] for h in reference.history], rtol=1e-6)
     assert resumed.source_tokens == reference.source_tokens
     assert resumed.source_sequences == reference.source_sequences
     assert resumed.source_token_shares == reference.source_token_shares
