@@ -71,8 +71,8 @@ V4_PRESETS: dict[str, tuple[str, dict[str, dict[str, Any]]]] = {
     "cpu_small_v4": ("cpu_small", {"train": dict(train_steps=300, checkpoint_every=100)}),
     # Long context (`models/deepseek_v4/presets.py` cpu_long_v4: window 128, CSA 4 / top-128,
     # HCA 128, 131,072 positions): one 4,096-token sequence a step, the sparse attention's
-    # O(T) step. A step takes ~9.5 s on 2 cores: 60 steps (246K tokens) keep the whole run
-    # inside 15 minutes.
+    # O(T) step. A step takes ~6 s on a 2-core EPYC: 60 steps (246K tokens) ran the whole
+    # pipeline in 10.5 minutes (2026-11-28), inside 15 with room for a slower machine.
     "cpu_long_v4": ("cpu_small", {
         "train": dict(seq_len=4096, batch_size=1, train_steps=60, warmup_steps=6,
                       checkpoint_every=20, log_every=5, eval_batches=8),
