@@ -9,6 +9,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from common import memory
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -42,6 +44,7 @@ def _retained_mb(env_value):
     return int(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_a_freed_tensor_is_returned_to_the_os():
     """`use_system_allocator()` before TensorFlow loads: the 256 MB come back."""
     assert _retained_mb(None) < 32

@@ -124,6 +124,7 @@ def test_learned_tokenizer_multilingual(learned_pair, learned):
     _check(learned_pair, [t for t in MULTILINGUAL if "<｜" not in t])
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_every_whitespace_character_and_line_ending(deepseek_pair, learned_pair):
     spaces = [chr(c) for a, b in unicode_classes.ONIGURUMA_EXTRAS["s"] for c in range(a, b + 1)]
     texts = [t for s in spaces for t in (
@@ -144,6 +145,7 @@ _SETTINGS = settings(max_examples=150, deadline=None,
 
 @_SETTINGS
 @given(st.lists(st.one_of(_TEXT, _SCRIPTS), min_size=1, max_size=8))
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_random_text_deepseek(deepseek_pair, texts):
     _check(deepseek_pair, texts, round_trip="<｜" not in "".join(texts))
 

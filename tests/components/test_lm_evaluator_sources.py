@@ -98,6 +98,7 @@ def test_each_source_is_scored_on_its_own_as_numpy_scores_it(chinese_poems):
         by_source["web"]["bits_per_byte"], rel=1e-3)
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_one_source_gives_exactly_the_one_stream_figure(chinese_poems):
     """One source ("default") is packed and scored exactly as before mixtures: the same
     floats, with and without eval.max_eval_tokens, on a tiny DeepSeek model."""

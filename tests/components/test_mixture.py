@@ -176,6 +176,7 @@ def test_realized_shares_and_counter_arithmetic():
     assert counter.counts() == {"a": 15, "b": 9}
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_sources_of_one_split_are_its_records_of_each_source_name(sources, tmp_path):
     """Transform writes every source into one split: filtering it by `source_name` gives
     each source's own documents and the same stream as separate files; examples without

@@ -64,6 +64,7 @@ def shakespeare_docs(shakespeare) -> list[str]:
     return [d for d in shakespeare.split("\n\n") if d]
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_compression_at_8k_on_tiny_shakespeare(shakespeare_docs):
     train, held_out = split_90_10(shakespeare_docs)
     spec = tokenizer.learn(unit_counts(train), 8192)

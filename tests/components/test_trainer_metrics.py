@@ -164,3 +164,25 @@ def test_source_counts_add_applied_tokens_and_every_drawn_sequence():
     empty = metrics.SourceCounts(["x"], tf.Variable([0], dtype=tf.int64),
                                  tf.Variable([0], dtype=tf.int64))
     assert empty.shares() == {"x": 0.0}
+
+
+def test_the_history_comes_back_from_its_checkpointed_copy_in_any_language(clock):
+    """`store` writes the records into the checkpointed string; a window that `resume`s
+    from it (a restarted run) starts with them, keeps NaN figures and sources' names
+    byte for byte, and without a step of its own reports the last record's loss."""
+    stored = tf.Variable("[]", dtype=tf.string)
+    first = metrics.MetricWindow(schedule, tokens_per_step=256, flops_per_token=1000,
+                                 peak_flops=1e6)
+    first.resume(stored)
+    assert first.history == [] and math.isnan(first.final_loss)
+    first.add(step_out(2.0, 0.5, [[1, 1, 1, 1], [1, 1, 1, 1]], [0, 0]))
+    record, _ = first.close(1, skipped_steps=0, timed=False)  # tokens/s NaN
+    record["source_tokens"] = {"唐诗": 100, "Shakespeare": 156}
+    first.store()
+    again = metrics.MetricWindow(schedule, tokens_per_step=256, flops_per_token=1000,
+                                 peak_flops=1e6)
+    again.resume(stored)
+    assert len(again.history) == 1 and again.history[0]["source_tokens"] == {
+        "唐诗": 100, "Shakespeare": 156}
+    assert math.isnan(again.history[0]["tokens_per_second"])
+    assert again.history[0]["loss"] == 2.0 and again.final_loss == 2.0

@@ -45,6 +45,7 @@ def test_greedy_batch_of_different_lengths_equals_each_prompt_alone(tiny_model, 
     assert np.all(tokens.numpy()[0, 9:] == 0) and np.all(tokens.numpy()[1, 9:] == 0)
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_each_row_stops_at_its_own_stop_token(tiny_model):
     padded, prompts = _prompts(seed=1)
     free, free_lengths = generate(tiny_model, padded, 8, temperature=0.0,
@@ -63,6 +64,7 @@ def test_each_row_stops_at_its_own_stop_token(tiny_model):
     assert lengths[1] <= 7 + 2
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_a_sampled_row_does_not_depend_on_its_batch_mates(tiny_model):
     padded, prompts = _prompts(seed=2)
     knobs = dict(temperature=[1.0, 0.8, 1.2], top_k=[0, 10, 5], top_p=[1.0, 0.9, 0.95],
@@ -94,6 +96,7 @@ def test_per_row_knobs_mix_greedy_and_sampling(tiny_model):
     assert not np.array_equal(sampled[1:], greedy[1:])
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_batched_generate_in_tf_function(tiny_model):
     vector = lambda dtype: tf.TensorSpec([None], dtype)  # noqa: E731
 

@@ -30,6 +30,7 @@ def test_greedy_is_deterministic_and_cached_equals_uncached(tiny_model):
                                   tokens[:, 4:])
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_a_long_prompt_prefills_in_chunks(tiny_model):
     """prefill_chunk=3: the prompts (7 and 10 tokens) go through the cache 3 tokens a call,
     in a tf.function with a dynamic prompt length too; the tokens are the one-call ones."""
@@ -46,6 +47,7 @@ def test_a_long_prompt_prefills_in_chunks(tiny_model):
     np.testing.assert_array_equal(fn(prompt, lengths), whole)
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_a_short_prompt_of_unknown_width_is_one_call_not_a_padded_chunk(tiny_model,
                                                                        monkeypatch):
     """In a serving signature the prompt's width is known only at run time: a prompt
@@ -97,6 +99,7 @@ def test_stop_token_pads_and_sets_lengths(tiny_model):
     assert lengths[0] <= 6
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_generate_inside_tf_function_with_dynamic_shapes(tiny_model):
     # Every knob a tensor, as in a serving signature.
     @tf.function(input_signature=[

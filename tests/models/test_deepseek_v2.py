@@ -174,6 +174,7 @@ def test_export_writes_deepseek_v2_with_identical_tensors(tmp_path, name, form, 
 # ----------------------------------------------------------------------------- after import
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_cached_and_absorbed_decoding_of_v2_match_transformers():
     d, input_ids, expected = _fixture("v2")
     model = hf_checkpoint.load_hf_checkpoint(str(d))
@@ -233,6 +234,7 @@ def _trainer(config):
     return state, lambda n: [float(step(it)["terms"][0]) for _ in range(n)]
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_a_tiny_v2_model_trains_with_the_trainer_step():
     config = _v2_pipeline_config()
     assert config.model.topk_method == "greedy" and not config.model.uses_router_bias
@@ -242,6 +244,7 @@ def test_a_tiny_v2_model_trains_with_the_trainer_step():
     assert all(moe.gate.e_score_correction_bias is None for moe in state.model.moe_layers)
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_lora_on_a_v2_model_trains_adapters_only():
     config = _v2_pipeline_config(lora_rank=4)
     state, run = _trainer(config)
@@ -269,6 +272,7 @@ def test_v2_config_builds_and_counts_parameters(tiny_config):
         len(v3.moe_layers) * tiny_config.n_routed_experts)
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_hf_import_export_of_v2_lite_through_a_savedmodel(tmp_path):
     """hf-import -> SavedModel (its logits) -> hf-export writes deepseek_v2, same tensors."""
     from savedmodel.hf_interop import hf_export, hf_import

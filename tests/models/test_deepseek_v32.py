@@ -101,6 +101,7 @@ def test_fixtures_are_what_they_claim():
     assert scale.shape == (4, 1) and np.all(np.frexp(scale)[0] == 0.5)  # 512 rows, 2^k
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_cached_decoding_equals_the_full_forward_pass(bf16_model):
     """Prefill 290 tokens, then one token per step: the indexer scores each new query
     against the cached keys and keeps the same tokens as the full pass."""

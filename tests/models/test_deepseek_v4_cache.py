@@ -117,6 +117,7 @@ def test_chunked_prefill_crossing_windows_equals_the_full_forward(small_model):
     assert _max_diff(got, full) < TOLERANCE
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_right_padded_batch_decodes_each_row_as_if_alone(small_model):
     """One call prefills both rows, each keeping only its prompt (`lengths`); then each
     decodes at its own positions, 20 steps, past the rings' sizes."""
@@ -163,6 +164,7 @@ def test_generate_batched_prompts_of_different_lengths(small_model):
         np.testing.assert_array_equal(tokens.numpy()[b, :length + 5], alone.numpy()[0])
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_generate_prefills_a_long_prompt_in_chunks(small_model):
     """`generate(prefill_chunk=5)` runs the prompts through the cache five tokens a call
     (a while loop; the last chunk padded past each prompt) and decodes as one call."""
@@ -175,6 +177,7 @@ def test_generate_prefills_a_long_prompt_in_chunks(small_model):
     np.testing.assert_array_equal(chunked.numpy(), whole.numpy())
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_cached_csa_attends_gathered_picks_as_the_dense_mask(small_model):
     """The cached path with attn_implementation "sparse" (the picks gathered) gives the
     "dense" one's logits (the same picks masked over every entry slot)."""

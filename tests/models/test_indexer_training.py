@@ -80,6 +80,7 @@ def test_mla_refuses_the_indexer_loss_with_a_cache():
         attn(tf.zeros([1, 2, 32]), cache=cache, cache_index=0, return_indexer_loss=True)
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_indexer_loss_trains_only_the_indexer_and_moves_it():
     """indexer_loss has no
     gradient on any other weight, a non-zero one on every indexer weight; the LM loss has

@@ -99,6 +99,7 @@ def test_sparse_gradients_equal_dense():
             assert _rel(tf.convert_to_tensor(a), tf.convert_to_tensor(b)) < 1e-4, name
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_cached_prefill_in_chunks_and_decode_equal_dense(models, monkeypatch):
     """Prefill of 2,048 tokens in chunks of 512 (gathered in query blocks of
     `QUERY_BLOCK`, chunks of unknown width), then 4 decode steps: the same logits as the

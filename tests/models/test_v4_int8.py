@@ -75,6 +75,7 @@ def test_quantized_v4_logits_stay_close_to_float_and_the_weights_shrink():
             assert not Q.is_quantized(attn.indexer.compressor.kv_proj)
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_quantize_like_rebuilds_the_same_int8_layers_and_decoding_runs_on_them():
     model = random_v4_model(TINY, seed=2)
     Q.quantize_int8(model, head=False)

@@ -121,6 +121,7 @@ def _rope(layer):
     return rope_cos_sin(tf.range(SEQ), layer.inv_freq)
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_recomputed_query_chunks_equal_one_pass():
     """`attend_sequence` in chunks under tf.recompute_grad (long sequences) gives the
     one-pass values and gradients, with picks, HCA entries and a window alone."""

@@ -133,6 +133,7 @@ def test_mtp_depth_k_sees_tokens_up_to_t_plus_k(model):
         assert np.abs(x[:, first] - y[:, first]).max() > 1e-4
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_recompute_blocks_gives_the_same_loss_and_gradients(model):
     ids = _ids()
     labels = tf.roll(ids, -1, axis=1)

@@ -10,6 +10,7 @@ import cli
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf_deepseek_v3"
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_hf_import_then_export_with_the_cli(tmp_path, capsys):
     import tensorflow as tf
 

@@ -143,6 +143,7 @@ def _example_gen_config(component) -> dict:
     return config_from_exec_properties(component.exec_properties).to_dict()
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_upstream_components_get_only_their_config_sections():
     from config import PipelineConfig, get_config
 

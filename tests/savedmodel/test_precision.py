@@ -102,6 +102,7 @@ def test_a_checkpoints_precision_is_read_from_its_headers(tmp_path, stored, expe
     assert checkpoint_weight_dtype(str(tmp_path)) == expected
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_bf16_import_keeps_bf16_variables_at_half_the_size(bf16_checkpoint, bf16_import,
                                                            tmp_path):
     assert bf16_import.weight_dtype == "bfloat16"
@@ -197,6 +198,7 @@ def test_shards_are_planned_from_shapes_and_written_one_at_a_time(tmp_path, monk
     assert sorted(n for names in plan for n in names) == sorted(hf_save.model_tensors(model))
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_cli_import_dtype_and_export_default(bf16_checkpoint, tmp_path, capsys):
     assert cli.main(["hf-import", bf16_checkpoint, str(tmp_path / "a")]) == 0
     assert "weights: bfloat16" in capsys.readouterr().out
@@ -222,6 +224,7 @@ def test_a_savedmodel_without_precision_json_is_float32_and_a_bad_one_is_named(t
 
 
 @pytest.mark.parametrize("fixture", ["v2_lite", "v2"])
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_a_bf16_deepseek_v2_checkpoint_round_trips_bit_identical(fixture, tmp_path):
     # transformers' DeepseekV2ForCausalLM fixtures (tests/fixtures/hf_deepseek_v2), in bf16.
     from models.deepseek.hf_checkpoint import load_hf_checkpoint

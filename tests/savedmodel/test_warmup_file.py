@@ -173,6 +173,7 @@ def test_builder_fills_scalar_inputs_and_skips_signatures_it_cannot_fill():
 # ----------------------------------------------------------------------------- logits-only
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_logits_only_import_carries_logits_requests(tmp_path):
     from savedmodel.hf_interop import hf_import
 

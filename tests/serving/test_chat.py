@@ -108,6 +108,7 @@ def test_a_first_reply_equals_the_generate_signature(kind, knobs, subject):
         assert reply == _generate(subject.modules[kind], prompt, 12, **knobs), prompt
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_streamed_pieces_join_to_the_decode_of_the_ids(subject):
     from serving.chat import StreamDecoder
 
@@ -138,6 +139,7 @@ def test_chinese_cut_between_byte_tokens_is_printed_whole(subject, chinese_poems
     assert partial == "明".encode()[:2].decode("utf-8", errors="replace") == "\ufffd"
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_reset_clears_the_history_and_restarts_the_seed_stream(subject):
     fresh = _session(subject, "plain", temperature=1.0, seed=3).reply("the", io.StringIO())
     assert fresh == _generate(subject.modules["plain"], "the", NEW, 1.0, 20, 0.9, 3)
@@ -190,6 +192,7 @@ def test_exit_and_end_of_input_leave_with_0(subject):
     assert session.run(io.StringIO("the"), io.StringIO()) == 0  # a last line without "\n"
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_a_chat_model_wraps_the_turns_in_its_template(subject):
     from tokenization import chat_template
 
@@ -212,6 +215,7 @@ def test_a_chat_model_wraps_the_turns_in_its_template(subject):
                                             0.0, 50, 1.0, 0)
 
 
+@pytest.mark.slow  # 4 s or more on a 2-core EPYC (fast tier budget)
 def test_a_v4_session_starts_again_where_it_cannot_rewind_and_prefills_in_chunks(
         subject, monkeypatch):
     """DeepSeek-V4's cache is bounded (rings of the last positions): a prompt that leaves
