@@ -94,10 +94,11 @@ def test_grpo_on_two_workers_killed_midway_ends_as_one_worker(grpo_files, tmp_pa
     assert "killed by SIGKILL" in lost["reason"]
     assert one["train_steps"] == two["train_steps"] == STEPS
     assert two["num_workers"] == 2 and two["global_batch_size"] == one["global_batch_size"]
-    # The resumed run's windows (steps 5..12) against the uninterrupted one-worker run's.
+    # The whole run's windows against the uninterrupted one-worker run's: steps 1..4 came
+    # back with the checkpoint the restarted group resumed from, 5..12 are its own.
     rewards_1, rewards_2 = _by_step(one, "reward_mean"), _by_step(two, "reward_mean")
-    steps = sorted(rewards_2)
-    assert steps[0] == 5 and steps[-1] == STEPS, steps
+    steps = [h["step"] for h in two["history"]]
+    assert steps == list(range(1, STEPS + 1)), steps
     np.testing.assert_allclose([rewards_2[s] for s in steps], [rewards_1[s] for s in steps],
                                atol=1e-6)
     assert len({round(v, 6) for v in rewards_1.values()}) > 1  # completions differ by step
