@@ -398,9 +398,7 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
                              stopped_early, tc.train_steps)
                 if saved != step:  # the last full global batch: checkpoint it
                     guard.check_losses()
-                    guard.check_weights(step)
-                    sources.store()
-                    window.store()
+                    _before_saving(step, guard, sources, window)
                     checkpoints.save(step)
                 break
             applied = not bool(out["skipped"])
@@ -425,9 +423,7 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
                 progress.log_window(record, tc.train_steps, timed=not first)
                 tensorboard.write(record, load)
             if is_ckpt:
-                guard.check_weights(step)
-                sources.store()
-                window.store()
+                _before_saving(step, guard, sources, window)
                 with clock.saving(), progress.suspended():  # TensorFlow logs while it saves
                     checkpoints.save(step)
                 saved = step
@@ -446,14 +442,22 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
         tid2eid=tid2eid)
 
 
+def _before_saving(step: int, guard: FiniteGuard, sources: metrics.SourceCounts,
+                   window: metrics.MetricWindow) -> None:
+    """What every checkpoint write of step `step` needs first: finite weights (or
+    FloatingPointError), and the source counts and the history in their checkpointed
+    variables."""
+    guard.check_weights(step)
+    sources.store()
+    window.store()
+
+
 def _save_and_stop(step: int, saved: int, guard: FiniteGuard, checkpoints: Checkpointer,
                    sources: metrics.SourceCounts, window: metrics.MetricWindow) -> None:
     """On preemption: checkpoints `step` (unless it is saved already) and raises `Preempted`
     (the history keeps the records closed so far: the open window's steps have none)."""
     if saved != step:
-        guard.check_weights(step)
-        sources.store()
-        window.store()
+        _before_saving(step, guard, sources, window)
         checkpoints.save(step)
     path = f"{checkpoints.checkpoint_dir.rstrip('/')}/ckpt-{step}"
     checkpoints.close()
