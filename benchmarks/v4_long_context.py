@@ -51,6 +51,7 @@ one JSON object (also written to `--json`).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -160,8 +161,9 @@ def measure_prefill(model, length: int, chunk: int, repeats: int, decode: bool =
     capacity = length + (DECODE_STEPS + 1 if decode else 0)
     cache0 = model.init_cache(1, capacity)
     spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), cache0)
-    step = tf.function(model.call_with_cache, input_signature=[
-        tf.TensorSpec([1, None], tf.int32), spec, tf.TensorSpec([], tf.int32)])
+    step = tf.function(  # the cache written in place, as `generate` and chat write it
+        functools.partial(model.call_with_cache, in_place=True), input_signature=[
+            tf.TensorSpec([1, None], tf.int32), spec, tf.TensorSpec([], tf.int32)])
     size = chunk or length
     state = {}
 

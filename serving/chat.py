@@ -28,7 +28,9 @@ SavedModel's variables, `base_model.load_model`), its tokenizer (the SavedModel'
      not run again, except with a bounded cache (DeepSeek-V4's rings hold only the
      last positions: `bounded_cache`), where a prompt that leaves the cached ids
      before their end runs again from the start. A long prompt runs through the
-     cache in chunks of `generation.PREFILL_CHUNK` tokens.
+     cache in chunks of `generation.PREFILL_CHUNK` tokens. The session owns its
+     cache, so each step writes it in place (`call_with_cache(..., in_place=True)`):
+     a step's cost does not grow with the copy of a long cache.
 
 So a first reply equals the `generate` signature's completion for the same prompt
 and knobs (the same prompt ids, the same seeds and steps). Each token's bytes go
@@ -185,7 +187,8 @@ class ChatSession:
             tf.TensorSpec([], tf.int32)])
         self._chunk = PREFILL_CHUNK
         self._extend = tf.function(  # a chunk of a long prompt: the cache only
-            lambda ids, cache, index: self.model.call_with_cache(ids, cache, index)[1],
+            lambda ids, cache, index: self.model.call_with_cache(ids, cache, index,
+                                                                 in_place=True)[1],
             input_signature=[tf.TensorSpec([1, self._chunk], tf.int32), cache_spec,
                              tf.TensorSpec([], tf.int32)])
         self.turns: list[tuple[str, str]] = []  # (user text, reply) of each finished turn
@@ -293,7 +296,8 @@ class ChatSession:
     def _step_fn(self, ids, cache, index, temperature, top_k, top_p, seed, step):
         """Runs ids (1, T) at positions index.. on the cache; -> (the next token, int32
         scalar, chosen from the last position; the new cache, as `init_cache(1, S)`)."""
-        logits, cache = self.model.call_with_cache(ids, cache, index)  # (1, T, V)
+        logits, cache = self.model.call_with_cache(ids, cache, index,
+                                                   in_place=True)  # (1, T, V)
         token = next_token(logits[:, -1], temperature, top_k, top_p, seed, step)  # (1,)
         return token[0], cache
 

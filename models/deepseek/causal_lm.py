@@ -303,7 +303,8 @@ class DeepSeekCausalLM(keras.Model):
                                       self.compute_dtype)
                      for _ in range(self.config.num_hidden_layers))
 
-    def call_with_cache(self, input_ids, cache, cache_index, absorb=True, lengths=None):
+    def call_with_cache(self, input_ids, cache, cache_index, absorb=True, lengths=None,
+                        in_place=False):
         """Logits of new tokens given the cache of the tokens before them.
 
         Args:
@@ -320,6 +321,11 @@ class DeepSeekCausalLM(keras.Model):
           lengths: accepted for V4's interface (`DeepSeekV4CausalLM.call_with_cache`)
             and ignored: this cache is position-indexed, so padding written past a row's
             prompt is overwritten before any query reads it, and a rewind is safe.
+          in_place: write the new slots into `cache`'s own buffers (`tf.raw_ops.
+            InplaceUpdate`, no copy of the cache per call) for a caller that owns the
+            cache: `cache` must not be used again except as the returned cache (a rewind
+            through the returned cache stays safe). False copies each buffer once
+            (`tf.tensor_scatter_nd_update`), ~4 ms per 21 MB on CPU.
 
         Returns:
           (logits float32 (B, T, V), new_cache, as `cache`).
@@ -339,7 +345,7 @@ class DeepSeekCausalLM(keras.Model):
         new_caches = []
         for i, block in enumerate(self.decoder_layers):
             h, layer_cache, _ = block(h, cache=cache[i], cache_index=cache_index,
-                                      absorb=absorb)  # (B, T, C)
+                                      absorb=absorb, in_place=in_place)  # (B, T, C)
             new_caches.append(layer_cache)  # {"kv": (B, S, R + Dr), ...}
         return self.logits_from_hidden(self.norm(h)), tuple(new_caches)
 

@@ -71,11 +71,11 @@ class DeepSeekDecoderBlock(keras.layers.Layer):
 
     def call(self, hidden_states, positions_offset=0, cache=None, cache_index=None,
              training=False, moe_capacity_factor=None, absorb=True,
-             return_indexer_loss=False):
+             return_indexer_loss=False, in_place=False):
         attn = self.self_attn(self.input_layernorm(hidden_states),
                               positions_offset=positions_offset, cache=cache,
                               cache_index=cache_index, training=training, absorb=absorb,
-                              return_indexer_loss=return_indexer_loss)
+                              return_indexer_loss=return_indexer_loss, in_place=in_place)
         new_cache = None
         if cache is not None:
             attn, new_cache = attn

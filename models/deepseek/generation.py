@@ -120,7 +120,7 @@ def generate(model, input_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1
         if use_cache:
             index = tf.minimum(positions, cache_len - 1)  # finished rows may run past their end
             step_logits, cache = model.call_with_cache(next_token[:, None], cache, index,
-                                                       absorb=absorb)  # (B, 1, V)
+                                                       absorb=absorb, in_place=True)  # (B, 1, V)
             logits = step_logits[:, -1]  # (B, V)
         else:
             logits = _window_logits(model, tokens, positions + 1, max_positions)  # (B, V)
@@ -180,7 +180,7 @@ def _prefill(model, input_ids, prompt_lengths, cache_len, chunk: int, absorb):
     if static_width is not None and static_width <= chunk:
         cache = model.init_cache(batch, cache_len)
         logits, cache = model.call_with_cache(input_ids, cache, 0, absorb=absorb,
-                                              lengths=prompt_lengths)  # (B, P', V)
+                                              lengths=prompt_lengths, in_place=True)
         return tf.gather(logits, prompt_lengths - 1, batch_dims=1), cache  # (B, V)
     chunk = tf.maximum(tf.minimum(chunk, width), 1)  # a short prompt of unknown width: one
     # call, unpadded (no prompts, width 0: no call)
@@ -195,7 +195,7 @@ def _prefill(model, input_ids, prompt_lengths, cache_len, chunk: int, absorb):
         index = tf.minimum(start, prompt_lengths)  # (B,) a finished prompt stays put
         kept = tf.clip_by_value(prompt_lengths - start, 0, chunk)  # (B,)
         chunk_logits, cache = model.call_with_cache(ids, cache, index, absorb=absorb,
-                                                    lengths=kept)  # (B, chunk, V)
+                                                    lengths=kept, in_place=True)
         inside = (last >= start) & (last < start + chunk)  # (B,)
         here = tf.gather(chunk_logits, tf.clip_by_value(last - start, 0, chunk - 1),
                          batch_dims=1)  # (B, V)

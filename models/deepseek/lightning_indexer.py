@@ -166,11 +166,23 @@ class LightningIndexer(keras.layers.Layer):
         q = tf.reshape(q, [batch, seq, nh, d])  # (B, T, Hi, Di)
         q = self._rotate(q, positions)  # (B, T, Hi, Di)
         # `keys` come from `keys()` (its input detached): the KL loss trains wk and k_norm.
-        scores = tf.einsum("bthd,bsd->bths", tf.cast(q, tf.float32),
-                           tf.cast(keys, tf.float32))  # (B, T, Hi, S) f32
-        scores = tf.nn.relu(scores * d ** -0.5)  # (B, T, Hi, S)
+        q, keys = tf.cast(q, tf.float32), tf.cast(keys, tf.float32)
         weights = self.weights_proj(tf.cast(hidden_states, tf.float32)) * nh ** -0.5  # (B,T,Hi)
-        index = tf.einsum("bth,bths->bts", weights, scores)  # (B, T, S)
+
+        def by_query():  # (B, T, S)
+            scores = tf.nn.relu(tf.einsum("bthd,bsd->bths", q, keys) * d ** -0.5)  # (B,T,Hi,S)
+            return tf.einsum("bth,bths->bts", weights, scores)  # (B, T, S)
+
+        def one_query():  # T = 1 (a decode step): the keys read once, in their own layout
+            scores = tf.nn.relu(tf.matmul(keys, q[:, 0], transpose_b=True)
+                                * d ** -0.5)  # (B, S, Hi)
+            index = tf.matmul(scores, weights[:, 0, :, None])  # (B, S, 1)
+            return tf.reshape(index, [batch, 1, -1])  # (B, 1, S)
+
+        if q.shape[1] is not None:
+            index = one_query() if q.shape[1] == 1 else by_query()
+        else:
+            index = tf.cond(tf.equal(seq, 1), one_query, by_query)
         return tf.where(visible, index, float("-inf"))  # (B, T, S)
 
     def select(self, hidden_states, q_latent, keys, positions, visible, return_scores=False):

@@ -22,9 +22,15 @@ The KV cache holds, per token, the normalized latent c_kv (after
 kv_a_layernorm) and the already rotated k_pe: kv_lora_rank + qk_rope_head_dim
 numbers per token per layer, instead of 2 * n_h * d_h for standard MHA. A layer's
 cache is a dict of buffers (`init_layer_cache`): a cached call writes its new slots
-into each (`tf.tensor_scatter_nd_update`, which on TF 2.16's CPU copies the buffer
-once: ~4 ms per 21 MB) and reads them whole, never sliced along the last axis, so a
-decode step copies each buffer once, not three times as a stacked (L, B, S, W) cache did.
+into each and reads them whole, never sliced along the last axis. By default the write
+is `tf.tensor_scatter_nd_update`, which on TF 2.16's CPU copies the buffer (~4 ms per
+21 MB, so a decode step's cost grew with the context). With `in_place=True` (a caller
+that owns the cache: `generate`'s loop, a chat session, the decode benchmark) it is
+`tf.raw_ops.InplaceUpdate` on the buffer seen as (B*S, W) rows, which writes the T new
+rows into the buffer itself, as DeepSeek's and vLLM's static caches are written: the
+cache passed in must not be used again except as the returned one. `init_layer_cache`
+allocates with `tf.raw_ops.Empty(init=True)`, a stateful op, so no graph folds a cache
+into a constant that two calls would share.
 
 Cached calls absorb the up-projections into the query and the output
 (DeepSeek-V2 §2.1.2: "W_UK can be absorbed into W_UQ, and W_UV into W_O"; the
@@ -174,7 +180,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             self.indexer.build()
 
     def call(self, hidden_states, positions_offset=0, cache=None, cache_index=None,
-             training=False, absorb=True, return_indexer_loss=False):
+             training=False, absorb=True, return_indexer_loss=False, in_place=False):
         c = self.config
         nh, dn, dr, r = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank
         batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
@@ -221,10 +227,10 @@ class MultiHeadLatentAttention(keras.layers.Layer):
                 out, indexer_loss = out  # (B, T, H, Dv), float32 scalar
         else:
             new_cache = {"kv": _write_cache(cache["kv"], tf.concat([c_kv, k_pe], axis=-1),
-                                            index)}  # (B, S, R + Dr)
+                                            index, in_place)}  # (B, S, R + Dr)
             if index_keys is not None:
                 new_cache["index_keys"] = _write_cache(cache["index_keys"], index_keys,
-                                                       index)  # (B, S, Di)
+                                                       index, in_place)  # (B, S, Di)
             out = self._cached_attention(hidden_states, c_q, q_nope, q_pe, new_cache,
                                          q_positions, training, absorb)  # (B, T, H, Dv)
 
@@ -325,9 +331,17 @@ class MultiHeadLatentAttention(keras.layers.Layer):
                                                     causal_b[:, None], training)
 
                 def picked():  # the picks are slots < n of the whole buffer: no copy of it
-                    picks, valid = self.indexer.select(hidden_b, c_q_b,
-                                                       index_keys[:, :n_visible],
-                                                       positions_b, causal_b)  # (B, b, k)
+                    # Slicing the indexer's keys to the visible slots copies them: worth it
+                    # while it halves the slots scored (a prefill chunk), not past that (a
+                    # decode step scores every slot, the invisible ones masked).
+                    n_slots = tf.shape(index_keys)[1]
+                    keys_b, visible_b = tf.cond(
+                        n_visible * 2 > n_slots,
+                        lambda: (index_keys, tf.range(n_slots)[None, None, :]
+                                 <= positions_b[:, :, None]),  # (B, S, Di), (B, b, S)
+                        lambda: (index_keys[:, :n_visible], causal_b))  # (B, n, Di), (B, b, n)
+                    picks, valid = self.indexer.select(hidden_b, c_q_b, keys_b, positions_b,
+                                                       visible_b)  # (B, b, k)
                     return self._gathered_attention(q_nope_b, q_pe_b, latents, picks, valid,
                                                     training)  # (B, b, H, Dv)
 
@@ -518,11 +532,19 @@ def init_layer_cache(config, batch_size, max_length, dtype):
       numbers per slot in all.
     """
     c = config
-    cache = {"kv": tf.zeros([batch_size, max_length, c.kv_lora_rank + c.qk_rope_head_dim],
-                            dtype=dtype)}
+    cache = {"kv": _zeros(batch_size, max_length, c.kv_lora_rank + c.qk_rope_head_dim, dtype)}
     if c.uses_sparse_attention:
-        cache["index_keys"] = tf.zeros([batch_size, max_length, c.index_head_dim], dtype=dtype)
+        cache["index_keys"] = _zeros(batch_size, max_length, c.index_head_dim, dtype)
     return cache
+
+
+def _zeros(batch_size, max_length, width: int, dtype):
+    """A new zero buffer (B, S, width) of `dtype` at every run (`tf.raw_ops.Empty` is
+    stateful: never folded into a constant, never shared between calls), so `in_place`
+    writes never reach another call's cache."""
+    shape = tf.stack([tf.cast(batch_size, tf.int32), tf.cast(max_length, tf.int32),
+                      tf.constant(width, tf.int32)])  # (3,)
+    return tf.raw_ops.Empty(shape=shape, dtype=tf.as_dtype(dtype), init=True)
 
 
 def _check_layer_cache(cache, with_indexer: bool, layer: str):
@@ -534,11 +556,15 @@ def _check_layer_cache(cache, with_indexer: bool, layer: str):
                          f"{sorted(want)} (DeepSeekCausalLM.init_cache), got {got}")
 
 
-def _write_cache(cache, new_entries, index):
+def _write_cache(cache, new_entries, index, in_place=False):
     """cache[b, index[b]:index[b]+T] = new_entries[b] for every row b.
 
     Args:
       cache: (B, S, D). new_entries: (B, T, D). index: int32 (B,).
+      in_place: write into `cache`'s own buffer (`tf.raw_ops.InplaceUpdate` on its
+        (B*S, D) rows: O(T*D), no copy); the caller must not use `cache` again except
+        as the returned tensor. False: `tf.tensor_scatter_nd_update` (a new buffer,
+        O(S*D) on CPU).
 
     Returns:
       The updated cache (B, S, D).
@@ -547,10 +573,19 @@ def _write_cache(cache, new_entries, index):
       InvalidArgumentError (at run time): if index[b] + T > S for some b.
     """
     batch, seq = tf.shape(new_entries)[0], tf.shape(new_entries)[1]
-    tf.debugging.assert_less_equal(
+    check = tf.debugging.assert_less_equal(
         tf.reduce_max(index) + seq, tf.shape(cache)[1],
         message="KV cache overflow: cache_index + T > S")
     slots = index[:, None] + tf.range(seq)[None, :]  # (B, T)
+    new_entries = tf.cast(new_entries, cache.dtype)
+    if in_place:
+        width, n_slots = tf.shape(cache)[2], tf.shape(cache)[1]
+        rows = tf.range(batch)[:, None] * n_slots + slots  # (B, T) rows of (B*S, D)
+        with tf.control_dependencies([check] if check is not None else []):
+            flat = tf.raw_ops.InplaceUpdate(
+                x=tf.reshape(cache, [-1, width]), i=tf.reshape(rows, [-1]),
+                v=tf.reshape(new_entries, [-1, width]))  # (B*S, D), the same buffer
+        return tf.reshape(flat, tf.shape(cache))  # (B, S, D)
     rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(slots))  # (B, T)
     indices = tf.stack([rows, slots], axis=-1)  # (B, T, 2)
-    return tf.tensor_scatter_nd_update(cache, indices, tf.cast(new_entries, cache.dtype))
+    return tf.tensor_scatter_nd_update(cache, indices, new_entries)

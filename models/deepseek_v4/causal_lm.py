@@ -288,7 +288,8 @@ class DeepSeekV4CausalLM(keras.Model):
                                                self.compute_dtype)
                      for i in range(self.config.num_hidden_layers))
 
-    def call_with_cache(self, input_ids, cache, cache_index, absorb=True, lengths=None):
+    def call_with_cache(self, input_ids, cache, cache_index, absorb=True, lengths=None,
+                        in_place=False):
         """Logits of new tokens given the cache of the tokens before them.
 
         Rows of a right-padded batch run at their own positions. Unlike the MLA cache
@@ -304,6 +305,9 @@ class DeepSeekV4CausalLM(keras.Model):
             of each row (the previous call's cache_index + lengths).
           absorb: accepted for the V3 interface and ignored (V4 has no latent to absorb
             into).
+          in_place: accepted for the V3 interface and ignored: V4's bounded buffers
+            (rings of the window, the entries) are written by `tf.tensor_scatter_nd_update`,
+            a copy of each per call that does not grow past the entries (T/m).
           lengths: None (every row keeps all T), or int32 (B,), each in [0, T]: row b's
             first lengths[b] tokens are kept, the rest are padding (their logits are
             garbage and no later call sees them).
@@ -317,7 +321,7 @@ class DeepSeekV4CausalLM(keras.Model):
             the entries hold ((S // m + 1) * m for the smallest compress rate m, >= S + 1)
             in some row.
         """
-        del absorb
+        del absorb, in_place
         c = self.config
         if not isinstance(cache, (tuple, list)) or len(cache) != c.num_hidden_layers or not all(
                 isinstance(layer, dict) for layer in cache):
