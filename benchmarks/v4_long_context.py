@@ -3,7 +3,8 @@
   python benchmarks/v4_long_context.py [--lengths 1024 16384 65536 131072]
       [--train-lengths 1024 4096 16384 32768] [--decode-lengths 1024 65536 131072]
       [--families v3 v32 v4] [--chunk 1024] [--repeats 3] [--memory-gb 16]
-      [--max-dense-length 65536] [--decode-cache prefill|random] [--recompute]
+      [--max-dense-length 65536] [--max-length v32=16384 ...]
+      [--decode-cache prefill|random] [--recompute]
       [--json out.json] [--quick]
 
 Three models of the same width, random weights (speed does not depend on them), float32, batch 1:
@@ -44,7 +45,10 @@ Then the exponent b of time ~ a T^b (least squares on log-log over the measured 
 A dense-attention model (v3, or any `--set-impl dense`) is skipped past
 `--max-dense-length` tokens or when its score matrices would not fit `--memory-gb` (an
 estimate: 4 float32 copies, per layer kept for backward in training), with the reason
-printed; so is a child that fails (the reason is its last error line). Prints tables and
+printed; so are a family's prefill and training cells past its `--max-length FAMILY=T`
+(e.g. V3.2's gathered prefill, which moves T x index_topk latents, past 16K; its decode
+cells still run), and a child that fails (the reason is its
+last error line). Prints tables and
 one JSON object (also written to `--json`).
 """
 
@@ -284,6 +288,8 @@ def run(args) -> dict:
         reason = None
         if is_dense(family, config) and length > args.max_dense_length:
             reason = f"dense attention past --max-dense-length {args.max_dense_length}"
+        elif kind != "decode" and length > args.max_length.get(family, length):
+            reason = f"past --max-length {family}={args.max_length[family]}"
         elif estimate > limit:
             reason = (f"~{estimate / GIB:.1f} GiB of attention scores > --memory-gb "
                       f"{args.memory_gb}")
@@ -358,6 +364,15 @@ def print_tables(result: dict, families) -> None:
         print(f"{kind} time ~ T^b: " + ", ".join(f"{names[f]} b = {e[f]}" for f in families))
 
 
+def _family_length(ap, text: str) -> tuple[str, int]:
+    """("v32", 16384) from "v32=16384"; an argparse error naming the bad value."""
+    family, _, length = text.partition("=")
+    if family not in FAMILIES or not length.isdigit():
+        ap.error(f"--max-length {text!r}: expected FAMILY=T with FAMILY one of "
+                 f"{', '.join(FAMILIES)} and T a number of tokens")
+    return family, int(length)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", type=int, nargs="*", default=[1024, 4096, 16384, 65536, 131072])
@@ -372,6 +387,8 @@ def main(argv=None) -> int:
                     help="skip runs whose estimated attention scores exceed this")
     ap.add_argument("--max-dense-length", type=int, default=65536,
                     help="skip dense-attention models past this many tokens")
+    ap.add_argument("--max-length", nargs="*", default=[], metavar="FAMILY=T",
+                    help="skip FAMILY's prefill and training cells past T tokens")
     ap.add_argument("--set-impl", choices=["sparse", "dense"], default="",
                     help="attn_implementation of V3.2 and V4 (default: their configs')")
     ap.add_argument("--json", default="", help="also write the JSON result here")
@@ -386,6 +403,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cell", default="", help=argparse.SUPPRESS)  # family:kind:length
     ap.add_argument("--max-len", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.max_length = dict(_family_length(ap, x) for x in args.max_length)
     if args.quick and not args.cell:
         args.lengths, args.decode_lengths = [64, 256], [64, 256]
         args.train_lengths, args.repeats = [64, 128], 1
