@@ -34,7 +34,7 @@ its peak RSS (`ru_maxrss`) is its own. For each length T:
             per token; V4: its buffers, `memory_plan.allocated_cache_items`), and for V4
             also a deployment's bounded cache (`memory_plan.kv_cache_bytes`, float32) / T;
   decode    at `--decode-lengths`: after one (untimed) prefill of T tokens (or, with
-            `--decode-cache random`, the cache's buffers filled with random numbers), 16
+            `--decode-cache random`, the cache's buffers filled with random numbers), 64
             single-token `call_with_cache` steps (compiled); the median ms per token;
   train     at `--train-lengths`: one compiled forward + backward (`compute_loss` and
             `tape.gradient` over the trainable variables, no optimizer), median as above;
@@ -72,7 +72,7 @@ GIB = 2**30
 
 
 FAMILIES = ("v3", "v32", "v4")
-DECODE_STEPS = 16
+DECODE_STEPS = 64  # a median of 64 steps: 16 left +-20% between runs
 
 
 def configs(quick: bool, max_len: int, impl: str = "") -> dict:
