@@ -305,9 +305,10 @@ class DeepSeekV4CausalLM(keras.Model):
             of each row (the previous call's cache_index + lengths).
           absorb: accepted for the V3 interface and ignored (V4 has no latent to absorb
             into).
-          in_place: accepted for the V3 interface and ignored: V4's bounded buffers
-            (rings of the window, the entries) are written by `tf.tensor_scatter_nd_update`,
-            a copy of each per call that does not grow past the entries (T/m).
+          in_place: accepted for the V3 interface and ignored: V4's bounded buffers (the
+            window's ring, the T/m compressed entries and the indexer's keys) are written
+            by `tf.tensor_scatter_nd_update`, a copy of each buffer per call, so a decode
+            step still grows with the entries (T/4 at CSA).
           lengths: None (every row keeps all T), or int32 (B,), each in [0, T]: row b's
             first lengths[b] tokens are kept, the rest are padding (their logits are
             garbage and no later call sees them).
