@@ -331,17 +331,16 @@ class MultiHeadLatentAttention(keras.layers.Layer):
                                                     causal_b[:, None], training)
 
                 def picked():  # the picks are slots < n of the whole buffer: no copy of it
-                    # Slicing the indexer's keys to the visible slots copies them: worth it
-                    # while it halves the slots scored (a prefill chunk), not past that (a
-                    # decode step scores every slot, the invisible ones masked).
+                    # Slicing the indexer's keys to the visible slots copies them (a slice
+                    # of the whole buffer does not): worth it while it halves the slots
+                    # scored (a prefill chunk), not past that (a decode step scores every
+                    # slot, the invisible ones masked).
                     n_slots = tf.shape(index_keys)[1]
-                    keys_b, visible_b = tf.cond(
-                        n_visible * 2 > n_slots,
-                        lambda: (index_keys, tf.range(n_slots)[None, None, :]
-                                 <= positions_b[:, :, None]),  # (B, S, Di), (B, b, S)
-                        lambda: (index_keys[:, :n_visible], causal_b))  # (B, n, Di), (B, b, n)
-                    picks, valid = self.indexer.select(hidden_b, c_q_b, keys_b, positions_b,
-                                                       visible_b)  # (B, b, k)
+                    n_scored = tf.where(n_visible * 2 > n_slots, n_slots, n_visible)
+                    visible_b = tf.range(n_scored)[None, None, :] <= positions_b[:, :, None]
+                    picks, valid = self.indexer.select(
+                        hidden_b, c_q_b, index_keys[:, :n_scored], positions_b,
+                        visible_b)  # (B, b, k)
                     return self._gathered_attention(q_nope_b, q_pe_b, latents, picks, valid,
                                                     training)  # (B, b, H, Dv)
 
