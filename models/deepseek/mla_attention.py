@@ -30,7 +30,7 @@ that owns the cache: `generate`'s loop, a chat session, the decode benchmark) it
 rows into the buffer itself, as DeepSeek's and vLLM's static caches are written: the
 cache passed in must not be used again except as the returned one. `init_layer_cache`
 allocates with `tf.raw_ops.Empty(init=True)`, a stateful op, so no graph folds a cache
-into a constant that two calls would share.
+into a constant that two calls would share (`cache_buffers`, shared with V4's cache).
 
 Cached calls absorb the up-projections into the query and the output
 (DeepSeek-V2 §2.1.2: "W_UK can be absorbed into W_UQ, and W_UV into W_O"; the
@@ -73,6 +73,7 @@ import keras
 import tensorflow as tf
 
 from models.deepseek import initializers
+from models.deepseek.cache_buffers import write_rows, zeros_buffer
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.lightning_indexer import LightningIndexer, indexer_kl_loss
 from models.deepseek.quantization import float_kernel
@@ -531,19 +532,11 @@ def init_layer_cache(config, batch_size, max_length, dtype):
       numbers per slot in all.
     """
     c = config
-    cache = {"kv": _zeros(batch_size, max_length, c.kv_lora_rank + c.qk_rope_head_dim, dtype)}
+    cache = {"kv": zeros_buffer([batch_size, max_length, c.kv_lora_rank + c.qk_rope_head_dim],
+                              dtype)}
     if c.uses_sparse_attention:
-        cache["index_keys"] = _zeros(batch_size, max_length, c.index_head_dim, dtype)
+        cache["index_keys"] = zeros_buffer([batch_size, max_length, c.index_head_dim], dtype)
     return cache
-
-
-def _zeros(batch_size, max_length, width: int, dtype):
-    """A new zero buffer (B, S, width) of `dtype` at every run (`tf.raw_ops.Empty` is
-    stateful: never folded into a constant, never shared between calls), so `in_place`
-    writes never reach another call's cache."""
-    shape = tf.stack([tf.cast(batch_size, tf.int32), tf.cast(max_length, tf.int32),
-                      tf.constant(width, tf.int32)])  # (3,)
-    return tf.raw_ops.Empty(shape=shape, dtype=tf.as_dtype(dtype), init=True)
 
 
 def _check_layer_cache(cache, with_indexer: bool, layer: str):
@@ -576,15 +569,8 @@ def _write_cache(cache, new_entries, index, in_place=False):
         tf.reduce_max(index) + seq, tf.shape(cache)[1],
         message="KV cache overflow: cache_index + T > S")
     slots = index[:, None] + tf.range(seq)[None, :]  # (B, T)
-    new_entries = tf.cast(new_entries, cache.dtype)
-    if in_place:
-        width, n_slots = tf.shape(cache)[2], tf.shape(cache)[1]
-        rows = tf.range(batch)[:, None] * n_slots + slots  # (B, T) rows of (B*S, D)
-        with tf.control_dependencies([check] if check is not None else []):
-            flat = tf.raw_ops.InplaceUpdate(
-                x=tf.reshape(cache, [-1, width]), i=tf.reshape(rows, [-1]),
-                v=tf.reshape(new_entries, [-1, width]))  # (B*S, D), the same buffer
-        return tf.reshape(flat, tf.shape(cache))  # (B, S, D)
     rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(slots))  # (B, T)
-    indices = tf.stack([rows, slots], axis=-1)  # (B, T, 2)
-    return tf.tensor_scatter_nd_update(cache, indices, new_entries)
+    width = tf.shape(new_entries)[2]
+    with tf.control_dependencies([check] if check is not None else []):
+        return write_rows(cache, tf.reshape(rows, [-1]), tf.reshape(slots, [-1]),
+                          tf.reshape(new_entries, [-1, width]), in_place)  # (B, S, D)

@@ -254,14 +254,15 @@ class DeepSeekV4Attention(keras.layers.Layer):
             self.indexer.build()
 
     def call(self, hidden_states, training=False, cache=None, cache_index=None,
-             cache_lengths=None, return_indexer_loss=False):
+             cache_lengths=None, return_indexer_loss=False, cache_in_place=False):
         if cache is not None:
             if cache_index is None:
                 raise ValueError(f"{self.name}: cache_index is required when a cache is given")
             if return_indexer_loss:
                 raise ValueError(f"{self.name}: return_indexer_loss is for the stateless "
                                  "forward (cache=None) only")
-            return self._call_cached(hidden_states, cache, cache_index, cache_lengths, training)
+            return self._call_cached(hidden_states, cache, cache_index, cache_lengths, training,
+                                     cache_in_place)
         c = self.config
         if c.attn_implementation == "sparse":
             return self._call_sparse(hidden_states, training, return_indexer_loss)
@@ -367,8 +368,10 @@ class DeepSeekV4Attention(keras.layers.Layer):
         grouped = tf.reshape(grouped, [batch, seq, groups * c.o_lora_rank])  # (B, T, g*R)
         return self.o_b_proj(grouped)  # (B, T, C)
 
-    def _call_cached(self, hidden_states, cache, cache_index, lengths, training):
-        """The cached path (class docstring); returns ((B, T, C), the updated cache dict)."""
+    def _call_cached(self, hidden_states, cache, cache_index, lengths, training,
+                     in_place=False):
+        """The cached path (class docstring); returns ((B, T, C), the updated cache dict).
+        `in_place`: the entries are written in place (`kv_cache.update_compressed`)."""
         c = self.config
         window = c.sliding_window
         batch, seq = tf.shape(hidden_states)[0], tf.shape(hidden_states)[1]
@@ -391,13 +394,13 @@ class DeepSeekV4Attention(keras.layers.Layer):
             new_cache["comp_kv"], new_cache["comp_gate"], new_cache["entries"] = (
                 kv_cache.update_compressed(self.compressor, cache["comp_kv"],
                                            cache["comp_gate"], cache["entries"],
-                                           hidden_states, index, lengths))
+                                           hidden_states, index, lengths, in_place))
             entries = new_cache["entries"]  # (B, N, D), N = S // m + 1 slots
         if self.indexer is not None:
             new_cache["index_kv"], new_cache["index_gate"], new_cache["index_entries"] = (
                 kv_cache.update_compressed(self.indexer.compressor, cache["index_kv"],
                                            cache["index_gate"], cache["index_entries"],
-                                           hidden_states, index, lengths))
+                                           hidden_states, index, lengths, in_place))
             index_entries = new_cache["index_entries"]  # (B, N, c^I)
 
         if c.attn_implementation == "sparse":

@@ -305,10 +305,12 @@ class DeepSeekV4CausalLM(keras.Model):
             of each row (the previous call's cache_index + lengths).
           absorb: accepted for the V3 interface and ignored (V4 has no latent to absorb
             into).
-          in_place: accepted for the V3 interface and ignored: V4's bounded buffers (the
-            window's ring, the T/m compressed entries and the indexer's keys) are written
-            by `tf.tensor_scatter_nd_update`, a copy of each buffer per call, so a decode
-            step still grows with the entries (T/4 at CSA).
+          in_place: write the compressed entries and the indexer's keys (the buffers
+            that grow with the context, T/m rows) into the given cache's own buffers
+            (`models.deepseek.cache_buffers`): a caller that owns its cache (`generate`,
+            a chat session) must not use `cache` again except as the returned one. False:
+            a call that closes a window copies those buffers. The rings (O(W) rows) are
+            copied either way.
           lengths: None (every row keeps all T), or int32 (B,), each in [0, T]: row b's
             first lengths[b] tokens are kept, the rest are padding (their logits are
             garbage and no later call sees them).
@@ -322,7 +324,7 @@ class DeepSeekV4CausalLM(keras.Model):
             the entries hold ((S // m + 1) * m for the smallest compress rate m, >= S + 1)
             in some row.
         """
-        del absorb, in_place
+        del absorb
         c = self.config
         if not isinstance(cache, (tuple, list)) or len(cache) != c.num_hidden_layers or not all(
                 isinstance(layer, dict) for layer in cache):
@@ -347,8 +349,8 @@ class DeepSeekV4CausalLM(keras.Model):
         new_cache = []
         for block, layer_cache in zip(self.decoder_layers, cache, strict=True):
             streams, _, layer_cache = block(streams, input_ids=input_ids, cache=layer_cache,
-                                            cache_index=index,
-                                            cache_lengths=lengths)  # (B, T, n, C)
+                                            cache_index=index, cache_lengths=lengths,
+                                            cache_in_place=in_place)  # (B, T, n, C)
             new_cache.append(layer_cache)
         hidden = self.norm(self.hc_head(streams))  # (B, T, C) float32
         return self.logits_from_hidden(hidden), tuple(new_cache)

@@ -108,7 +108,8 @@ class DeepSeekV4DecoderBlock(keras.layers.Layer):
         self.mlp.build(shape)
 
     def call(self, streams, input_ids=None, training=False, moe_capacity_factor=None,
-             cache=None, cache_index=None, cache_lengths=None, return_indexer_loss=False):
+             cache=None, cache_index=None, cache_lengths=None, return_indexer_loss=False,
+             cache_in_place=False):
         if return_indexer_loss and cache is not None:
             raise ValueError(f"{self.name}: return_indexer_loss=True is for the stateless "
                              "forward (no cache)")
@@ -124,7 +125,8 @@ class DeepSeekV4DecoderBlock(keras.layers.Layer):
         else:
             attn, cache = self.self_attn(attn_input, training=training, cache=cache,
                                          cache_index=cache_index,
-                                         cache_lengths=cache_lengths)  # (B, T, C), dict
+                                         cache_lengths=cache_lengths,
+                                         cache_in_place=cache_in_place)  # (B, T, C), dict
         streams = mix_streams(post, comb, attn, streams)  # (B, T, n, C)
 
         post, comb, x = self.ffn_hc(streams)

@@ -34,14 +34,16 @@ one's kept tokens ended. An earlier index (a rewind) would read slots that later
 positions overwrote, so a caller that rewinds starts a new cache (serving/chat.py).
 An entry slot is written once, by the call whose kept tokens close its window (that call
 pools the whole window from the ring before attending); before that it holds zeros, and
-`ops.visible_compressed_count` keeps it from every query. So a decode step copies the
-entries only when it closes a window, once per m tokens.
+`ops.visible_compressed_count` keeps it from every query. So a decode step writes the
+entries only when it closes a window, once per m tokens: in place (`in_place=True`, a
+caller that owns its cache: `cache_buffers`), one row; else into a copy of them.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from models.deepseek.cache_buffers import write_rows, zeros_buffer
 from models.deepseek_v4.config import CSA, SLIDING, DeepSeekV4Config
 
 
@@ -71,11 +73,12 @@ def init_layer_cache(config: DeepSeekV4Config, layer_idx: int, batch_size, max_l
     coff = 2 if layer_type == CSA else 1
     cache["comp_kv"] = tf.zeros([batch_size, coff * m, coff * c.head_dim], tf.float32)
     cache["comp_gate"] = tf.zeros([batch_size, coff * m, coff * c.head_dim], tf.float32)
-    cache["entries"] = tf.zeros([batch_size, slots, c.head_dim], dtype)
+    # The entries may be written in place (`update_compressed`): a new buffer every run.
+    cache["entries"] = zeros_buffer([batch_size, slots, c.head_dim], dtype)
     if layer_type == CSA:
         cache["index_kv"] = tf.zeros([batch_size, 2 * m, 2 * c.index_head_dim], tf.float32)
         cache["index_gate"] = tf.zeros([batch_size, 2 * m, 2 * c.index_head_dim], tf.float32)
-        cache["index_entries"] = tf.zeros([batch_size, slots, c.index_head_dim], dtype)
+        cache["index_entries"] = zeros_buffer([batch_size, slots, c.index_head_dim], dtype)
     return cache
 
 
@@ -85,31 +88,13 @@ def query_positions(cache_index, batch, seq):
     return index, index[:, None] + tf.range(seq)[None, :]  # (B,), (B, T)
 
 
-def write_positions(buffer, values, positions):
-    """buffer[b, positions[b, t]] = values[b, t].
-
-    Args:
-      buffer: (B, S, W). values: (B, T, W). positions: int32 (B, T), each in [0, S), no
-        two equal in a row unless their values may land in either order.
-
-    Returns:
-      The updated buffer (B, S, W).
-
-    Raises:
-      InvalidArgumentError (at run time, on CPU): a position outside [0, S).
-    """
-    rows = tf.broadcast_to(tf.range(tf.shape(positions)[0])[:, None],
-                           tf.shape(positions))  # (B, T)
-    indices = tf.stack([rows, positions], axis=-1)  # (B, T, 2)
-    return tf.tensor_scatter_nd_update(buffer, indices, tf.cast(values, buffer.dtype))
-
-
-def _write_kept(buffer, values, slots, keep):
-    """buffer[b, slots[b, j]] = values[b, j] where keep[b, j]; the others go to a discard
-    slot. buffer (B, N, W); values (B, J, W); slots int32 (B, J); keep bool (B, J)."""
-    n_slots = tf.shape(buffer)[1]
-    padded = tf.pad(buffer, [[0, 0], [0, 1], [0, 0]])  # (B, N + 1, W): the discard slot
-    return write_positions(padded, values, tf.where(keep, slots, n_slots))[:, :n_slots]
+def _write_kept(buffer, values, slots, keep, in_place: bool = False):
+    """buffer[b, slots[b, j]] = values[b, j] where keep[b, j] (`cache_buffers.write_rows`:
+    in place, or one new buffer). buffer (B, N, W); values (B, J, W); slots int32 (B, J),
+    no two kept equal in a row; keep bool (B, J)."""
+    kept = tf.where(keep)  # (K, 2) int64: (b, j) of each kept value
+    return write_rows(buffer, kept[:, 0], tf.gather_nd(slots, kept),
+                      tf.gather_nd(values, kept), in_place)  # (B, N, W)
 
 
 def read_ring(ring, index, count: int):
@@ -146,7 +131,8 @@ def write_ring(ring, values, index, lengths):
     return _write_kept(ring, values, slots, keep)
 
 
-def update_compressed(compressor, kv_ring, gate_ring, entries, hidden_states, index, lengths):
+def update_compressed(compressor, kv_ring, gate_ring, entries, hidden_states, index, lengths,
+                      in_place: bool = False):
     """Pools every window the new tokens touch, then keeps their projections in the rings.
 
     transformers `DeepseekV4HCACache.store_compression_weights` /
@@ -170,6 +156,9 @@ def update_compressed(compressor, kv_ring, gate_ring, entries, hidden_states, in
       hidden_states: (B, T, C), the new tokens' attention input.
       index: int32 (B,), each row's first new position.
       lengths: int32 (B,), the new tokens each row keeps (`write_ring`).
+      in_place: write the closed windows into `entries`' own buffer
+        (`cache_buffers.write_rows`; the caller must not use `entries` again except as
+        the returned tensor), else into a copy. The rings (O(m) rows) are always copied.
 
     Returns:
       (kv_ring, gate_ring, entries), updated, same shapes.
@@ -210,7 +199,8 @@ def update_compressed(compressor, kv_ring, gate_ring, entries, hidden_states, in
     # and leave the entries as they are, instead of copying them (O(context) per step).
     closed = (slots + 1) * m <= (index + lengths)[:, None]  # (B, J)
     keep = closed & (slots < tf.shape(entries)[1])
-    entries = tf.cond(tf.reduce_any(keep), lambda: _write_kept(entries, pooled, slots, keep),
+    entries = tf.cond(tf.reduce_any(keep),
+                      lambda: _write_kept(entries, pooled, slots, keep, in_place),
                       lambda: tf.identity(entries))
     return (write_ring(kv_ring, new_kv, index, lengths),
             write_ring(gate_ring, new_gate, index, lengths), entries)

@@ -210,14 +210,27 @@ def _index_scores(q, weights, keys, positions, compress_rate: int):
     batch, seq = tf.shape(q)[0], tf.shape(q)[1]
     keys = tf.cast(keys, tf.float32)
     weights = weights * q.shape[-1] ** -0.5  # (B, T, n^I), c^I^-0.5 folded in
-    # A head at a time, summed: no (B, T, n^I, N) tensor, and one pass over (B, T, N) per
-    # head instead of four. Measured 2026-11-28 on a 1,024-query block of 4,096 entries at
-    # n^I 4, with the top-k: 110 -> 58 ms.
-    index_scores = None
-    for h in range(q.shape[2]):
-        head = tf.nn.relu(tf.matmul(q[:, :, h], keys, transpose_b=True))  # (B, T, N)
-        head = head * weights[:, :, h, None]
-        index_scores = head if index_scores is None else index_scores + head  # (B, T, N)
+
+    def by_head():  # (B, T, N)
+        # A head at a time, summed: no (B, T, n^I, N) tensor, and one pass over (B, T, N)
+        # per head instead of four. Measured 2026-11-28 on a 1,024-query block of 4,096
+        # entries at n^I 4, with the top-k: 110 -> 58 ms.
+        index_scores = None
+        for h in range(q.shape[2]):
+            head = tf.nn.relu(tf.matmul(q[:, :, h], keys, transpose_b=True))  # (B, T, N)
+            head = head * weights[:, :, h, None]
+            index_scores = head if index_scores is None else index_scores + head
+        return index_scores
+
+    def one_query():  # T = 1 (a decode step): the keys read once, in their own layout
+        scores = tf.nn.relu(tf.matmul(keys, q[:, 0], transpose_b=True))  # (B, N, n^I)
+        index_scores = tf.matmul(scores, weights[:, 0, :, None])  # (B, N, 1)
+        return tf.reshape(index_scores, [batch, 1, -1])  # (B, 1, N)
+
+    if q.shape[1] is not None:
+        index_scores = one_query() if q.shape[1] == 1 else by_head()
+    else:  # known at run time only (a (B, None) decode step's signature)
+        index_scores = tf.cond(tf.equal(seq, 1), one_query, by_head)
     visible = visible_compressed_count(positions, compress_rate)  # (T,) or (B, T)
     visible = tf.broadcast_to(visible, [batch, seq])[..., None]  # (B, T, 1)
     future = tf.range(tf.shape(keys)[1])[None, None, :] >= visible  # (B, T, N)

@@ -4,15 +4,25 @@ reference (`"dense"`: the whole score matrix masked to the picks), at 2,048 toke
 the lightning indexer keeps 256 = 1/8 of them.
 
 Near-ties of the indexer. The stateless paths score the (query, key) pairs with the same
-`LightningIndexer.index_scores` on the same (T, T) inputs and take the same
-`tf.math.top_k`, so their picks are the same set by construction, ties included (top_k
-keeps the lower index in both): no query is excluded there. The cached paths differ: the
-dense one scores each query against every cache slot, the sparse one against the slots up
-to its block's last query, and a matmul of another shape may round a score differently.
-Rule (as tests/models/test_v4_sparse_attention.py): a query is a near-tie when it sees
-more than k keys and its k-th and (k + 1)-th best index scores (the dense path's) differ by
-less than `TIE_GAP` relative, in any layer; its position is excluded from the cached
-comparison, and everything else must agree to 1e-4.
+`LightningIndexer.index_scores` and take the same `tf.math.top_k`, so in the first layer
+their picks are the same set by construction, ties included. From the second layer on,
+their inputs are the previous layers' outputs, which the gathered and the masked attention
+round differently (summation order): seen on an AMD EPYC on 2026-11-29 (two indexer
+heads), query 1,748's 256th and 257th picks of layer 1 swapped, a logit moved by 4e-3. The cached paths differ
+from the first layer: the dense one scores each query against every cache slot, the
+sparse one against the slots up to its block's last query, and a matmul of another shape
+may round a score differently.
+Rule: let delta = `TIE_GAP` x a query's largest |index score| (the dense path's), in any
+layer. A query that sees more than k keys is a near-tie when its k-th and (k + 1)-th best
+scores differ by less than delta (an exact tie included), except an exact tie at 0; there
+it is a near-tie only when some key scores in (-delta, 0), or in (0, delta) at an index
+past the first 0 that top_k leaves out (`_zero_tie_is_fragile`). Keys ReLU'd
+to exactly 0 in every head score exactly 0 in both paths, and `tf.math.top_k` keeps the
+lower index of a tie in both; a key whose score rounds to either side of 0 can join or
+leave such a tie. A near-tie's position is excluded from the comparisons (at most 1/20 of
+them: 56 and 42 of 2,048 here), and everything else must agree to 1e-4. Four indexer heads,
+not two, so that fewer queries' k-th score falls among exact 0s (a key is ReLU'd to 0 in
+every head with probability 1/16, not 1/4).
 """
 
 import keras
@@ -33,7 +43,7 @@ CONFIG = DeepSeekConfig(
     num_hidden_layers=2, num_attention_heads=2, q_lora_rank=16, kv_lora_rank=16,
     qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=4, n_group=2,
     topk_group=1, num_experts_per_tok=2, max_position_embeddings=SEQ + 64,
-    num_nextn_predict_layers=0, index_topk=TOP_K, index_n_heads=2, index_head_dim=8,
+    num_nextn_predict_layers=0, index_topk=TOP_K, index_n_heads=4, index_head_dim=8,
     initializer_range=0.3)  # large weights: peaked attention, so a wrong pick shows
 TIE_GAP = 1e-5
 
@@ -63,15 +73,40 @@ def models():
     return _models()
 
 
-def test_sparse_logits_equal_dense_at_every_position(models):
+def test_sparse_logits_equal_dense_at_every_position(models, monkeypatch):
+    """The stateless forward at every position but near-ties (module docstring)."""
     assert CONFIG.attn_implementation == "sparse" and TOP_K * 8 <= SEQ
     ids = _ids()
-    got, want = models["sparse"](ids).numpy(), models["dense"](ids).numpy()  # (1, T, V)
+    got = models["sparse"](ids).numpy()  # (1, T, V)
+    recorded = _record_index_scores(monkeypatch)
+    want = models["dense"](ids).numpy()
+    monkeypatch.undo()
+    assert len(recorded) == CONFIG.num_hidden_layers
+    ties = np.zeros(SEQ, bool)
+    for first, scores in recorded:
+        ties |= near_ties(scores[0], first)
+    assert ties.sum() <= SEQ // 20, f"{ties.sum()} near-ties"
     per_position = np.abs(got - want).max(axis=(0, 2))  # (T,)
-    assert per_position.max() < 1e-4, np.nonzero(per_position > 1e-4)[0][:10]
+    assert per_position[~ties].max() < 1e-4, np.nonzero(per_position > 1e-4)[0][:10]
     # The picks matter: attending every visible token gives other logits past TOP_K.
     everything = _models(index_topk=SEQ)["dense"](ids).numpy()
     assert np.abs(everything - want)[0, TOP_K + 1:].max() > 1e-2
+
+
+def _record_index_scores(monkeypatch) -> list:
+    """Spies on `LightningIndexer.index_scores` (eager calls): the returned list fills
+    with (first query position, float (B, t, S) scores) per call."""
+    recorded = []
+    index_scores = LightningIndexer.index_scores
+
+    def recording(self, hidden_states, q_latent, keys, positions, visible):
+        got = index_scores(self, hidden_states, q_latent, keys, positions, visible)
+        first = positions[0, 0] if len(positions.shape) == 2 else positions[0]
+        recorded.append((int(first), got.numpy()))
+        return got
+
+    monkeypatch.setattr(LightningIndexer, "index_scores", recording)
+    return recorded
 
 
 def test_sparse_gradients_equal_dense():
@@ -108,22 +143,14 @@ def test_cached_prefill_in_chunks_and_decode_equal_dense(models, monkeypatch):
     assert 512 > mla_attention.QUERY_BLOCK
     ids = _ids(seed=3, seq=SEQ + 4)
     starts = list(range(0, SEQ, 512)) + list(range(SEQ, SEQ + 4))
-    recorded = []  # the dense path's index scores: (first position, float (1, t, S))
-    index_scores = LightningIndexer.index_scores
-
-    def recording(self, hidden_states, q_latent, keys, positions, visible):
-        got = index_scores(self, hidden_states, q_latent, keys, positions, visible)
-        recorded.append((int(positions[0, 0]), got.numpy()))
-        return got
-
     results = {}
     for impl in ("dense", "sparse"):
         model = models[impl]
         step = model.call_with_cache  # eager: the spy sees values
         if impl == "sparse":
             monkeypatch.undo()
-        else:
-            monkeypatch.setattr(LightningIndexer, "index_scores", recording)
+        else:  # the dense path's index scores: (first position, float (1, t, S))
+            recorded = _record_index_scores(monkeypatch)
         cache, logits = model.init_cache(1, SEQ + 8), []
         if impl == "sparse":  # the cache's length known at run time only, as in serving
             step = tf.function(model.call_with_cache, input_signature=[
@@ -139,7 +166,7 @@ def test_cached_prefill_in_chunks_and_decode_equal_dense(models, monkeypatch):
     ties = np.zeros(SEQ + 4, bool)
     for first, scores in recorded:
         ties[first:first + scores.shape[1]] |= near_ties(scores[0], first)
-    assert ties.sum() <= (SEQ + 4) // 100, f"{ties.sum()} near-ties"
+    assert ties.sum() <= (SEQ + 4) // 20, f"{ties.sum()} near-ties"
     per_position = np.abs(results["sparse"] - results["dense"]).max(axis=(0, 2))  # (T+4,)
     assert per_position[~ties].max() < 1e-4, np.nonzero(per_position > 1e-4)[0][:10]
     full = models["sparse"](ids).numpy()
@@ -149,12 +176,35 @@ def test_cached_prefill_in_chunks_and_decode_equal_dense(models, monkeypatch):
 def near_ties(scores, first: int) -> np.ndarray:
     """bool (t,): the queries at positions first .. of float (t, S) index scores (-inf
     where not visible) that the module docstring's rule excludes."""
-    best = np.sort(np.asarray(scores, np.float64), axis=-1)[:, ::-1]  # best first
+    scores = np.asarray(scores, np.float64)
+    best = np.sort(scores, axis=-1)[:, ::-1]  # best first
     visible = first + np.arange(scores.shape[0]) + 1  # keys each query sees
-    kth, next_ = best[:, TOP_K - 1], best[:, TOP_K]
+    kth, next_ = best[:, TOP_K - 1:TOP_K], best[:, TOP_K:TOP_K + 1]  # (t, 1) each
+    finite = np.isfinite(scores)
+    delta = TIE_GAP * np.abs(np.where(finite, scores, 0.0)).max(axis=-1)  # (t,)
+    kth, next_ = kth[:, 0], next_[:, 0]  # (t,)
     with np.errstate(invalid="ignore"):  # -inf - -inf where fewer than k + 1 are visible
-        gap = np.abs(kth - next_) / np.maximum(np.abs(kth), 1e-30)
-    return (visible > TOP_K) & (gap > 0) & (gap < TIE_GAP)
+        gap = kth - next_
+    zero_tie = (kth == 0) & (next_ == 0)  # (t,): keys ReLU'd to exactly 0 at the boundary
+    fragile = (gap >= 0) & (gap < delta) & ~zero_tie
+    for row in np.nonzero(zero_tie & (visible > TOP_K))[0]:
+        fragile[row] = _zero_tie_is_fragile(scores[row], delta[row])
+    return (visible > TOP_K) & fragile
+
+
+def _zero_tie_is_fragile(scores, delta: float) -> bool:
+    """Whether rounding within delta can change the picks of a query whose k-th and
+    (k + 1)-th best scores are both exactly 0 (float64 (S,), -inf where not visible): a
+    negative score within delta of 0 can round to 0 or above and displace the last picked
+    0 (or any, above it); a positive one can round to 0 and lose its place to the first
+    unpicked 0 when its index is past it (top_k keeps the lower indices of a tie)."""
+    zeros = np.nonzero(scores == 0)[0]  # ascending
+    picked = TOP_K - int((scores > 0).sum())  # the zeros top_k keeps: the lowest indices
+    first_unpicked = zeros[picked]
+    if ((scores < 0) & (scores > -delta)).any():
+        return True
+    return bool(((scores > 0) & (scores < delta) & (np.arange(len(scores)) > first_unpicked)
+                 ).any())
 
 
 def test_query_blocks_of_a_ragged_width_equal_one_pass():
