@@ -174,10 +174,7 @@ class LightningIndexer(keras.layers.Layer):
             return tf.einsum("bth,bths->bts", weights, scores)  # (B, T, S)
 
         def one_query():  # T = 1 (a decode step): the keys read once, in their own layout
-            scores = tf.nn.relu(tf.matmul(keys, q[:, 0], transpose_b=True)
-                                * d ** -0.5)  # (B, S, Hi)
-            index = tf.matmul(scores, weights[:, 0, :, None])  # (B, S, 1)
-            return tf.reshape(index, [batch, 1, -1])  # (B, 1, S)
+            return one_query_index_scores(q[:, 0] * d ** -0.5, weights[:, 0], keys)
 
         if q.shape[1] is not None:
             index = one_query() if q.shape[1] == 1 else by_query()
@@ -276,3 +273,21 @@ def _scatter_true(indices, size):
                       [-1, 1])  # (B*T*k, 1)
     hits = tf.scatter_nd(flat, tf.ones(tf.shape(flat)[:1], tf.int8), [rows * size])  # (B*T*S,)
     return tf.reshape(hits > 0, [shape[0], shape[1], size])  # (B, T, S)
+
+
+def one_query_index_scores(q, weights, keys):
+    """sum_h weights[b, h] * ReLU(q[b, h] . keys[b, s]) of one query per row: float32
+    (B, 1, S), the keys read once (a decode step's indexer, V3.2's and V4's).
+
+    Args: q float32 (B, H, D), any scale folded in; weights float32 (B, H); keys float32
+      (B, S, D).
+
+    As q @ keys^T, (H, D) @ (D, S), one plain matmul when B is 1: measured 2026-11-29 on
+    a 2-core EPYC at S = 65,536, D = 32, H = 4, 0.24 ms against 0.51 ms for keys @ q^T
+    as a batched matmul (MKL is slow at an output 4 wide).
+    """
+    if q.shape[0] == 1:
+        scores = tf.nn.relu(tf.matmul(q[0], keys[0], transpose_b=True))  # (H, S)
+        return tf.matmul(weights, scores)[:, None, :]  # (1, H) @ (H, S) -> (1, 1, S)
+    scores = tf.nn.relu(tf.matmul(q, keys, transpose_b=True))  # (B, H, S)
+    return tf.matmul(weights[:, None, :], scores)  # (B, 1, H) @ (B, H, S) -> (B, 1, S)

@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from models.deepseek import initializers
+from models.deepseek.lightning_indexer import one_query_index_scores
 from models.deepseek_v4.compressor import KVCompressor
 from models.deepseek_v4.config import CSA, DeepSeekV4Config
 from models.deepseek_v4.ops import apply_rope, rope_cos_sin, visible_compressed_count
@@ -222,10 +223,8 @@ def _index_scores(q, weights, keys, positions, compress_rate: int):
             index_scores = head if index_scores is None else index_scores + head
         return index_scores
 
-    def one_query():  # T = 1 (a decode step): the keys read once, in their own layout
-        scores = tf.nn.relu(tf.matmul(keys, q[:, 0], transpose_b=True))  # (B, N, n^I)
-        index_scores = tf.matmul(scores, weights[:, 0, :, None])  # (B, N, 1)
-        return tf.reshape(index_scores, [batch, 1, -1])  # (B, 1, N)
+    def one_query():  # T = 1 (a decode step): the keys read once
+        return one_query_index_scores(q[:, 0], weights[:, 0], keys)  # (B, 1, N)
 
     if q.shape[1] is not None:
         index_scores = one_query() if q.shape[1] == 1 else by_head()

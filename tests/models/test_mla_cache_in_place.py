@@ -87,3 +87,7 @@ def test_one_query_index_scores_equal_the_by_query_scores():
     finite = np.isfinite(one)
     np.testing.assert_allclose(one[finite], by_query[:, :1][finite], rtol=1e-5, atol=1e-6)
     assert (one[finite] > 0).any()  # not all relu'd away
+    # B = 1 (a chat's or the benchmark's step) takes a plain matmul: the same scores.
+    alone = indexer.index_scores(x[:1, :1], c_q[:1, :1], keys[:1], positions[:1, :1],
+                                 visible[:1, :1]).numpy()
+    np.testing.assert_allclose(alone, one[:1], rtol=1e-5, atol=1e-6)

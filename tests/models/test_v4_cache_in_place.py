@@ -89,3 +89,6 @@ def test_one_query_index_scores_equal_the_by_head_scores():
     finite = np.isfinite(one)
     np.testing.assert_allclose(one[finite], by_head[:, :1][finite], rtol=1e-5, atol=1e-6)
     assert (one[finite] != 0).any()  # not all relu'd away
+    # B = 1 (a chat's or the benchmark's step) takes a plain matmul: the same scores.
+    alone = _index_scores(q[:1], weights[:1], keys[:1], positions[:1, :1], 4).numpy()
+    np.testing.assert_allclose(alone, one[:1], rtol=1e-5, atol=1e-6)
