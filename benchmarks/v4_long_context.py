@@ -35,7 +35,10 @@ its peak RSS (`ru_maxrss`) is its own. For each length T:
             also a deployment's bounded cache (`memory_plan.kv_cache_bytes`, float32) / T;
   decode    at `--decode-lengths`: after one (untimed) prefill of T tokens (or, with
             `--decode-cache random`, the cache's buffers filled with random numbers), 64
-            single-token `call_with_cache` steps (compiled); the median ms per token;
+            single-token `call_with_cache` steps (compiled); the median ms per token; and,
+            in the same process, the same at 1,024 tokens, the steps of the two caches
+            alternating in rounds of 8, for the ratio T : 1,024 (the "x 1K" column: two
+            processes' medians drift up to 25% apart, one process's ratio does not);
   train     at `--train-lengths`: one compiled forward + backward (`compute_loss` and
             `tape.gradient` over the trainable variables, no optimizer), median as above;
             with `--recompute`, each decoder block's activations are recomputed in the
@@ -73,6 +76,7 @@ GIB = 2**30
 
 FAMILIES = ("v3", "v32", "v4")
 DECODE_STEPS = 64  # a median of 64 steps: 16 left +-20% between runs
+DECODE_REFERENCE = 1024  # each decode cell also times this length, interleaved (the ratio)
 
 
 def configs(quick: bool, max_len: int, impl: str = "") -> dict:
@@ -153,56 +157,87 @@ def timed(fn, repeats: int, warm_up: bool = True) -> list[float]:
 
 def measure_prefill(model, length: int, chunk: int, repeats: int, decode: bool = False,
                     random_cache: bool = False) -> dict:
-    """Prefill ms (median) and KV bytes per token; with `decode`, also ms per decoded token
-    after the prefill (median of DECODE_STEPS single-token steps), or with `random_cache`
-    after filling the cache's buffers with random numbers instead of a prefill."""
+    """Prefill ms (median) and KV bytes per token; with `decode`, ms per decoded token
+    instead (`measure_decode`)."""
     import numpy as np
     import tensorflow as tf
 
+    if decode:
+        return measure_decode(model, length, chunk, random_cache)
     vocab = model.config.vocab_size
     tokens = tf.constant(np.random.default_rng(length).integers(0, vocab, (1, length)),
                          tf.int32)
-    capacity = length + (DECODE_STEPS + 1 if decode else 0)
-    cache0 = model.init_cache(1, capacity)
-    spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), cache0)
-    step = tf.function(  # the cache written in place, as `generate` and chat write it
-        functools.partial(model.call_with_cache, in_place=True), input_signature=[
-            tf.TensorSpec([1, None], tf.int32), spec, tf.TensorSpec([], tf.int32)])
+    step = _compiled_step(model, length)
     size = chunk or length
-    state = {}
 
     def prefill():
-        cache = model.init_cache(1, capacity)
+        cache = model.init_cache(1, length)
         for start in range(0, length, size):
             logits, cache = step(tokens[:, start:start + size], cache,
                                  tf.constant(start, tf.int32))
         logits.numpy()
-        state["cache"] = cache
 
-    if decode and random_cache:  # the buffers a prefill fills, with random numbers
-        rng = np.random.default_rng(0)
-        state["cache"] = tf.nest.map_structure(
-            lambda t: tf.constant(rng.standard_normal(t.shape.as_list()), t.dtype), cache0)
-        got = {}
-    elif decode:  # one prefill, untimed, then the timed steps
-        prefill()
-        got = {}
-    else:
-        # The warm-up compiles the step: one chunk, not a whole (long) prefill.
-        step(tokens[:, :size], model.init_cache(1, capacity), tf.constant(0, tf.int32))
-        times = timed(prefill, repeats, warm_up=False)
-        got = {"ms": round(1000 * statistics.median(times), 2),
-               "kv_bytes_per_token": cache_bytes(model.init_cache(1, length)) / length}
-    if decode:
-        cache, per_token = state["cache"], []
-        token = tokens[:, -1:]
-        for i in range(DECODE_STEPS + 1):  # the first compiles the (1, 1) shape
-            start = time.perf_counter()
-            logits, cache = step(token, cache, tf.constant(length + i, tf.int32))
-            logits.numpy()
-            per_token.append(time.perf_counter() - start)
-        got["decode_ms_per_token"] = round(1000 * statistics.median(per_token[1:]), 3)
-    return got
+    # The warm-up compiles the step: one chunk, not a whole (long) prefill.
+    step(tokens[:, :size], model.init_cache(1, length), tf.constant(0, tf.int32))
+    times = timed(prefill, repeats, warm_up=False)
+    return {"ms": round(1000 * statistics.median(times), 2),
+            "kv_bytes_per_token": cache_bytes(model.init_cache(1, length)) / length}
+
+
+def _compiled_step(model, capacity: int):
+    """`call_with_cache` compiled for caches of `capacity` positions, (1, T) tokens of any
+    T, the cache written in place, as `generate` and chat write it."""
+    import tensorflow as tf
+
+    spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
+                                 model.init_cache(1, capacity))
+    return tf.function(functools.partial(model.call_with_cache, in_place=True),
+                       input_signature=[tf.TensorSpec([1, None], tf.int32), spec,
+                                        tf.TensorSpec([], tf.int32)])
+
+
+def measure_decode(model, length: int, chunk: int, random_cache: bool) -> dict:
+    """ms per decoded token after T = `length` tokens, and after DECODE_REFERENCE tokens in
+    the same process: DECODE_STEPS single-token steps at each, in rounds of 8 that
+    alternate between the two caches, so the ratio carries no drift between processes
+    (measured up to 25% between two runs of one cell). Each cache starts from a prefill
+    of its T random tokens (untimed, chunks of `chunk`), or with `random_cache` from its
+    buffers filled with random numbers (decode's cost does not depend on the values)."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(length)
+    runs = []
+    for n in dict.fromkeys([length, DECODE_REFERENCE]):  # the cell's length first
+        capacity = n + DECODE_STEPS + 1
+        step = _compiled_step(model, capacity)
+        tokens = tf.constant(rng.integers(0, model.config.vocab_size, (1, n)), tf.int32)
+        if random_cache:
+            cache = tf.nest.map_structure(
+                lambda t: tf.constant(rng.standard_normal(t.shape.as_list()), t.dtype),
+                model.init_cache(1, capacity))
+        else:
+            cache = model.init_cache(1, capacity)
+            for start in range(0, n, chunk or n):
+                _, cache = step(tokens[:, start:start + (chunk or n)], cache,
+                                tf.constant(start, tf.int32))
+        # The first step compiles the (1, 1) shape, untimed.
+        _, cache = step(tokens[:, -1:], cache, tf.constant(n, tf.int32))
+        runs.append({"n": n, "step": step, "cache": cache, "at": n + 1, "times": []})
+    token = tf.constant([[1]], tf.int32)
+    for _ in range(DECODE_STEPS // 8):
+        for run in runs:
+            for _ in range(8):
+                start = time.perf_counter()
+                logits, run["cache"] = run["step"](token, run["cache"],
+                                                   tf.constant(run["at"], tf.int32))
+                logits.numpy()
+                run["times"].append(time.perf_counter() - start)
+                run["at"] += 1
+    ms = [1000 * statistics.median(run["times"]) for run in runs]
+    return {"decode_ms_per_token": round(ms[0], 3),
+            f"decode_ms_per_token_at_{DECODE_REFERENCE}": round(ms[-1], 3),
+            "decode_ratio": round(ms[0] / ms[-1], 3)}
 
 
 def measure_train(model, length: int, repeats: int, recompute: bool = False) -> dict:
@@ -324,6 +359,8 @@ def run(args) -> dict:
                 row[f"{family}_ms"] = got.get("decode_ms_per_token" if kind == "decode"
                                               else "ms")
                 row[f"{family}_peak_rss_gb"] = got.get("peak_rss_gb")
+                if kind == "decode":
+                    row[f"{family}_ratio"] = got.get("decode_ratio")
                 if kind == "prefill":
                     row[f"{family}_kv_bytes_per_token"] = got.get("kv_bytes_per_token")
             if kind == "prefill" and "v4" in args.families:
@@ -349,11 +386,15 @@ def print_tables(result: dict, families) -> None:
             extra = "".join(f" {names[f]} KV B/token |" for f in families)
             extra += " V4 KV B/token (bounded) |" if "v4" in families else ""
         head = "".join(f" {names[f]} {unit} | {names[f]} GB |" for f in families)
+        if kind == "decode":
+            extra = "".join(f" {names[f]} x 1K (same process) |" for f in families)
         print(f"\n| length |{head}{extra}")
         print("|---:|" + "---:|" * (2 * len(families) + extra.count("|")))
         for r in result[kind]:
             cells = "".join(f" {fmt(r[f'{f}_ms'], ',.2f' if kind == 'decode' else ',.0f')} |"
                             f" {fmt(r[f'{f}_peak_rss_gb'], '.2f')} |" for f in families)
+            if kind == "decode":
+                cells += "".join(f" {fmt(r[f'{f}_ratio'], '.2f')} |" for f in families)
             if kind == "prefill":
                 cells += "".join(f" {fmt(r[f'{f}_kv_bytes_per_token'], ',.0f')} |"
                                  for f in families)
