@@ -15,8 +15,7 @@ constant that two calls would share and both write.
 
 `tf.raw_ops` is public API, but that InplaceUpdate writes through to its input is the
 kernel's behaviour, not a documented promise:
-`tests/models/test_mla_cache_in_place.py` and `tests/models/test_v4_cache_in_place.py`
-fail loudly if a release makes it copy.
+`tests/models/test_cache_in_place.py` fails loudly if a release makes it copy.
 """
 
 from __future__ import annotations

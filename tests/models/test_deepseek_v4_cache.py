@@ -18,22 +18,16 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from v4_random_model import random_v4_model
+from v4_random_model import SMALL_V4, random_v4_model
 
 from models.deepseek import generation
 from models.deepseek_v4.compressor import KVCompressor
-from models.deepseek_v4.config import CSA, HCA, SLIDING, DeepSeekV4Config
+from models.deepseek_v4.config import CSA, HCA
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf_deepseek_v4" / "tiny"
 TOLERANCE = 1e-4
 
-SMALL = DeepSeekV4Config(
-    vocab_size=64, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=4,
-    num_attention_heads=4, head_dim=16, q_lora_rank=16, qk_rope_head_dim=4,
-    n_routed_experts=4, num_experts_per_tok=2, layer_types=(SLIDING, CSA, HCA, CSA),
-    compress_rates={CSA: 4, HCA: 8}, mlp_layer_types=("hash_moe", "moe", "moe", "moe"),
-    hc_mult=2, sliding_window=6, o_groups=2, o_lora_rank=8, index_n_heads=2,
-    index_head_dim=8, index_topk=3, swiglu_limit=1.0, max_position_embeddings=64)
+SMALL = SMALL_V4
 
 
 @pytest.fixture(scope="module")
