@@ -251,12 +251,15 @@ def _scores_at(q, weights, keys, picks):
 
 
 def _top_k_picks(index_scores, index_topk: int, n_entries, positions, compress_rate: int):
-    """int32 (B, T, min(index_topk, N)) best entries of each query, -1 where not complete."""
+    """int32 (B, T, min(index_topk, N)) best entries of each query, in no particular order,
+    -1 where not complete."""
     if isinstance(n_entries, int):
         top_k = min(index_topk, n_entries)
     else:
         top_k = tf.minimum(index_topk, n_entries)
-    indices = tf.math.top_k(index_scores, k=top_k).indices  # (B, T, k)
+    # Unsorted: the attention does not care for the order, and at 512 of 3,584 entries
+    # unsorted measured 6.2 against 7.8 ms for 128 queries (2026-11-29, 2-core EPYC).
+    indices = tf.math.top_k(index_scores, k=top_k, sorted=False).indices  # (B, T, k)
     visible = visible_compressed_count(positions, compress_rate)  # (T,) or (B, T)
     visible = tf.broadcast_to(visible, tf.shape(indices)[:2])[..., None]  # (B, T, 1)
     return tf.where(indices >= visible, -1, indices)  # (B, T, k), -1 = not usable
