@@ -155,15 +155,11 @@ def timed(fn, repeats: int, warm_up: bool = True) -> list[float]:
     return times
 
 
-def measure_prefill(model, length: int, chunk: int, repeats: int, decode: bool = False,
-                    random_cache: bool = False) -> dict:
-    """Prefill ms (median) and KV bytes per token; with `decode`, ms per decoded token
-    instead (`measure_decode`)."""
+def measure_prefill(model, length: int, chunk: int, repeats: int) -> dict:
+    """Prefill ms (median of `repeats`) and KV bytes per token."""
     import numpy as np
     import tensorflow as tf
 
-    if decode:
-        return measure_decode(model, length, chunk, random_cache)
     vocab = model.config.vocab_size
     tokens = tf.constant(np.random.default_rng(length).integers(0, vocab, (1, length)),
                          tf.int32)
@@ -298,9 +294,10 @@ def run_cell(args) -> dict:
     model = build_model(family, config)
     if kind == "train":
         got = measure_train(model, length, args.repeats, args.recompute)
+    elif kind == "decode":
+        got = measure_decode(model, length, args.chunk, args.decode_cache == "random")
     else:
-        got = measure_prefill(model, length, args.chunk, args.repeats, decode=kind == "decode",
-                              random_cache=args.decode_cache == "random")
+        got = measure_prefill(model, length, args.chunk, args.repeats)
     got["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 3)
     return got
 

@@ -179,10 +179,9 @@ def near_ties(scores, first: int) -> np.ndarray:
     scores = np.asarray(scores, np.float64)
     best = np.sort(scores, axis=-1)[:, ::-1]  # best first
     visible = first + np.arange(scores.shape[0]) + 1  # keys each query sees
-    kth, next_ = best[:, TOP_K - 1:TOP_K], best[:, TOP_K:TOP_K + 1]  # (t, 1) each
+    kth, next_ = best[:, TOP_K - 1], best[:, TOP_K]  # (t,) each
     finite = np.isfinite(scores)
     delta = TIE_GAP * np.abs(np.where(finite, scores, 0.0)).max(axis=-1)  # (t,)
-    kth, next_ = kth[:, 0], next_[:, 0]  # (t,)
     with np.errstate(invalid="ignore"):  # -inf - -inf where fewer than k + 1 are visible
         gap = kth - next_
     zero_tie = (kth == 0) & (next_ == 0)  # (t,): keys ReLU'd to exactly 0 at the boundary
