@@ -96,7 +96,8 @@ def detect() -> Accelerator:
 # TensorFlow's CPU matmul runs fastest (measured on a 2-core AMD EPYC: 2048^3
 # ~125 GFLOP/s, 1024x4096x1024 and 2048x8192x256 ~155-170 GFLOP/s).
 PROBE_SHAPES = ((1024, 1024, 1024), (2048, 2048, 2048), (1024, 4096, 1024), (2048, 8192, 256))
-PROBE_WARMUP_S = 1.0  # per shape, before timing: thread pools up, caches and clocks settled
+PROBE_WARMUP_S = 1.0  # once, before the first shape: thread pools up, clocks settled
+PROBE_SHAPE_WARMUP_RUNS = 2  # untimed runs of every shape before its timed ones (caches)
 PROBE_REPEATS = 9  # timed runs per shape; the shape's figure is their median
 
 
@@ -108,7 +109,8 @@ class PeakProbe:
       peak_flops: FLOP/s, the best over `shapes` of each shape's median rate.
       dtype: the matmuls' dtype ("float32", "bfloat16", "float16").
       shapes: {"MxKxN": [median, min, max] GFLOP/s over the timed runs}.
-      warmup_s: seconds each shape ran untimed first.
+      warmup_s: seconds the first shape ran untimed (each shape then ran
+        `PROBE_SHAPE_WARMUP_RUNS` untimed runs of its own).
       repeats: timed runs per shape.
       wall_s: seconds the probe took.
     """
@@ -136,19 +138,21 @@ def probe_matmul_peak(dtype: str = "float32", shapes=PROBE_SHAPES, repeats: int 
                       warmup_s: float = PROBE_WARMUP_S, device: str | None = None) -> PeakProbe:
     """Peak FLOP/s of TensorFlow matmuls (2 m k n FLOPs each), made to repeat run to run.
 
-    For each (m, k, n) of `shapes`: untimed runs for `warmup_s` seconds (thread
-    pools started, caches warm, clocks settled), then `repeats` timed runs; the
-    shape's rate is their median (one slow or lucky run does not move it). The
-    peak is the best shape's median. Both the Trainer (`run_fn`, once per run,
-    before training) and `benchmarks/train_throughput.py` call this, so their
-    MFUs share a denominator. It measures what this process can get: run it when
-    the machine is otherwise idle. About 1.5 s per shape on a 2-core CPU.
+    First, untimed runs of the first shape for `warmup_s` seconds (thread pools
+    started, clocks settled: once, they stay so). Then for each (m, k, n) of
+    `shapes`: PROBE_SHAPE_WARMUP_RUNS untimed runs (its operands in cache), then
+    `repeats` timed runs; the shape's rate is their median (one slow or lucky run
+    does not move it). The peak is the best shape's median. Both the Trainer
+    (`run_fn`, once per run, before training) and `benchmarks/train_throughput.py`
+    call this, so their MFUs share a denominator. It measures what this process can
+    get: run it when the machine is otherwise idle. About 3.5 s on a 2-core CPU (a
+    warm-up per shape took 6.2 s for the same peak: `benchmarks/peak_probe.py`).
 
     Args:
       dtype: "float32", "bfloat16" or "float16".
       shapes: (m, k, n) of the matmuls tried.
       repeats: timed runs per shape (>= 1).
-      warmup_s: untimed seconds per shape (at least one untimed run).
+      warmup_s: untimed seconds before the first shape's timed runs.
       device: e.g. "/GPU:0"; default: TensorFlow's placement.
 
     Returns:
@@ -171,8 +175,9 @@ def probe_matmul_peak(dtype: str = "float32", shapes=PROBE_SHAPES, repeats: int 
             a = tf.Variable(tf.cast(tf.random.normal([m, k]), dtype))
             b = tf.Variable(tf.cast(tf.random.normal([k, n]), dtype))
             matmul = tf.function(lambda a=a, b=b: tf.matmul(a, b))
-            warm_end = time.perf_counter() + warmup_s
-            matmul().numpy()
+            warm_end = time.perf_counter() + (warmup_s if not per_shape else 0.0)
+            for _ in range(PROBE_SHAPE_WARMUP_RUNS):
+                matmul().numpy()
             while time.perf_counter() < warm_end:
                 matmul().numpy()
             rates = []
