@@ -46,8 +46,10 @@ Reported per variant:
                       models/deepseek/flops.py (v3) or models/deepseek_v4/flops.py (V4,
                       "attended" keys), peak the Trainer's float32 matmul probe
                       (`components/trainer/hardware.peak_flops`) unless --peak-gflops
-  mfu_computed        the same with the attention this implementation executes (V4: dense
-                      masked scores over all T tokens and entries, `counted="computed"`)
+  mfu_computed        the same with the attention this implementation executes
+                      (`counted="computed"`, by `attn_implementation`: V4's sparse path, the
+                      default, scores 2 x sliding_window window keys per query plus its CSA
+                      picks or every HCA entry; "dense" scores all T tokens and entries)
 Prints a Markdown table and one JSON object (also written to `--json`).
 """
 
