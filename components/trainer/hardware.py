@@ -145,8 +145,8 @@ def probe_matmul_peak(dtype: str = "float32", shapes=PROBE_SHAPES, repeats: int 
     does not move it). The peak is the best shape's median. Both the Trainer
     (`run_fn`, once per run, before training) and `benchmarks/train_throughput.py`
     call this, so their MFUs share a denominator. It measures what this process can
-    get: run it when the machine is otherwise idle. About 3.5 s on a 2-core CPU (a
-    warm-up per shape took 6.2 s for the same peak: `benchmarks/peak_probe.py`).
+    get: run it when the machine is otherwise idle. About 3.3 s on a 2-core CPU (a
+    warm-up per shape took 6.1 s for the same peak: `benchmarks/peak_probe.py`).
 
     Args:
       dtype: "float32", "bfloat16" or "float16".
