@@ -170,12 +170,12 @@ def probe_matmul_peak(dtype: str = "float32", shapes=PROBE_SHAPES, repeats: int 
     begin = time.perf_counter()
     per_shape, best = {}, 0.0
     with tf.device(device) if device else contextlib.nullcontext():
-        for m, k, n in shapes:
+        for i, (m, k, n) in enumerate(shapes):
             # Variables, so that graph optimizations cannot fold the product away.
             a = tf.Variable(tf.cast(tf.random.normal([m, k]), dtype))
             b = tf.Variable(tf.cast(tf.random.normal([k, n]), dtype))
             matmul = tf.function(lambda a=a, b=b: tf.matmul(a, b))
-            warm_end = time.perf_counter() + (warmup_s if not per_shape else 0.0)
+            warm_end = time.perf_counter() + (warmup_s if i == 0 else 0.0)  # once
             for _ in range(PROBE_SHAPE_WARMUP_RUNS):
                 matmul().numpy()
             while time.perf_counter() < warm_end:
