@@ -174,13 +174,13 @@ class ChatSession:
         self.surfaces = tokenizer.surfaces()
         encoder = BytePairEncoder(tokenizer.pre_tokenizer_config, tokenizer.added_tokens,
                                   tokenizer, self.surfaces)
-        self._encode = tf.function(lambda text: encoder.encode(text),
+        self._encode = tf.function(lambda text: encoder.encode(text), autograph=False,
                                    input_signature=[tf.TensorSpec([None], tf.string)])
         # The cache's structure is the model's own (one tensor for MLA; a tuple of dicts
         # of buffers for DeepSeek-V4): its specs come from an empty cache.
         cache_spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
                                            model.init_cache(1, self.context))
-        self._step = tf.function(self._step_fn, input_signature=[
+        self._step = tf.function(self._step_fn, autograph=False, input_signature=[
             tf.TensorSpec([1, None], tf.int32), cache_spec, tf.TensorSpec([], tf.int32),
             tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
             tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
@@ -189,7 +189,7 @@ class ChatSession:
         self._extend = tf.function(  # a chunk of a long prompt: the cache only
             lambda ids, cache, index: self.model.call_with_cache(ids, cache, index,
                                                                  in_place=True)[1],
-            input_signature=[tf.TensorSpec([1, self._chunk], tf.int32), cache_spec,
+            autograph=False, input_signature=[tf.TensorSpec([1, self._chunk], tf.int32), cache_spec,
                              tf.TensorSpec([], tf.int32)])
         self.turns: list[tuple[str, str]] = []  # (user text, reply) of each finished turn
         self._stop = False  # set by Ctrl-C while a reply is made: stop at the next step

@@ -23,7 +23,10 @@
 character) becomes U+FFFD, as `tokenizers`' ByteLevel decoder does.
 
 Only `tensorflow` and `tensorflow_text` ops: the transform graph and the pushed
-SavedModel load without `tokenizers`.
+SavedModel load without `tokenizers`. Its control flow is explicit (`tf.while_loop`),
+so `encode` and `decode` are marked `tf.autograph.experimental.do_not_convert`: a
+tf.function that calls them (Transform's, the SavedModel's signatures) does not
+transpile them, which cost ~2.8 s per function that encodes.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class BytePairEncoder(tf.Module):
         self._surfaces = None if surfaces is None else tf.constant(surfaces, tf.string)
 
     # -- encoding ---------------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert
     def encode(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """Text to ids.
 
@@ -156,6 +160,7 @@ class BytePairEncoder(tf.Module):
                                             tf.gather(done_word, order), num_words)
 
     # -- decoding ---------------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert
     def decode(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
         """Ids to text.
 

@@ -198,6 +198,7 @@ class PreTokenizer:
         if not self.steps:
             raise UnsupportedTokenizerError("the pre-tokenizer has no Split step")
 
+    @tf.autograph.experimental.do_not_convert  # explicit control flow: no transpiling
     def __call__(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """Pre-tokenizes.
 

@@ -2,7 +2,9 @@
 
 Usable eagerly or inside a `tf.function` (e.g. a serving signature): the output
 buffer has its final size from the start, and the loop stops early once every
-row has finished.
+row has finished. The control flow is explicit (tf.while_loop, tf.cond), so
+`generate` is marked `do_not_convert`: a calling tf.function does not transpile it
+and the model code under it with autograph.
 
 One batch holds prompts of different lengths, right-padded: row b's prompt is
 input_ids[b, :prompt_lengths[b]] and its new tokens follow it in place, so
@@ -32,6 +34,7 @@ _INT32_MAX = 2**31 - 1
 PREFILL_CHUNK = 1024
 
 
+@tf.autograph.experimental.do_not_convert
 def generate(model, input_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
              seed=None, stop_token_id=None, use_cache=True, prompt_lengths=None, absorb=True,
              prefill_chunk=PREFILL_CHUNK):
