@@ -1,4 +1,4 @@
-"""DeepSeekMoE: shared experts plus top-k routed experts, two dispatches.
+"""DeepSeekMoE: shared experts plus top-k routed experts, three dispatches.
 
 DeepSeek-V3 (arXiv 2412.19437) §2.1.2 eq. 12:
 
@@ -7,10 +7,14 @@ DeepSeek-V3 (arXiv 2412.19437) §2.1.2 eq. 12:
 (the residual u_t is added by the decoder block). The N_s shared experts are
 fused into one SwiGLU of width moe_intermediate_size * n_shared_experts, as in
 HF. Routed compute scales with num_experts_per_tok, not n_routed_experts. The
-N*K (token, expert) pairs of the N tokens of a call are dispatched one of two
+N*K (token, expert) pairs of the N tokens of a call are dispatched one of three
 ways:
 
-- dropless (the default): the pairs are sorted by expert into an (E, M, C)
+- dropless (the default), with at most `GROUPED_MAX_EXPERTS` experts: the pairs
+  are sorted by expert and each expert runs on its own contiguous rows, a matmul
+  per expert (`grouped_dispatch`), so no work is padded; each output row, times
+  its gating weight, is summed into its token. No pair is dropped.
+- dropless with more experts: the pairs are sorted by expert into an (E, M, C)
   buffer padded to the busiest expert's count M = max_e count_e, and the experts
   run on it as one batched SwiGLU over their stacked kernels (`RoutedExperts`);
   each pair then reads its slot back, times its gating weight, and the K pairs
@@ -33,8 +37,11 @@ ways:
   capacity", as in MaxText's dense_matmul; there the top-1 choices of all
   tokens take slots before any top-2 choice, here earlier tokens come first).
 
-Both dispatches are one code path (`_dispatch`), with S = M for dropless: the
-graph has no loop over experts, and its size does not depend on E.
+The padded dispatches are one code path (`dispatch_to_experts`), with S = M for
+dropless: the graph has no loop over experts, and its size does not depend on E.
+The grouped one holds E matmuls per projection, which is why it serves small E
+only. A fresh router is unbalanced, so M is well above the mean count: at 8
+experts the padding cost the main job 15% of its speed (issue 49).
 
 Also computed, for training: the per-expert load (tokens routed to each
 expert, the input of the auxiliary-loss-free bias update) and the
@@ -59,6 +66,14 @@ from models.deepseek.config import DeepSeekConfig
 from models.deepseek.mlp import SwiGLU
 from models.deepseek.routed_experts import RoutedExperts
 from models.deepseek.router import DeepSeekTopKRouter
+
+# The most routed experts for which the dropless dispatch runs a matmul per expert
+# (`grouped_dispatch`) rather than padding every expert to the busiest one's count.
+# `benchmarks/moe_scaling.py` (hidden 64, expert width 16, 1,008 pairs): at 8 experts
+# grouped 25.8 ms a step against 33.6 padded; at 16 and 32 the two were within the
+# noise (29-40 ms), grouped paying ~1.5 s more on the first call; from 64 on, the padded
+# graph does not grow with E. Wider experts (gpu_base's 16 of width 512) favour grouped.
+GROUPED_MAX_EXPERTS = 16
 
 
 def expert_balance_loss(topk_indices, scores, batch, seq, n_routed_experts: int,
@@ -142,21 +157,29 @@ def expert_counts(topk_indices, n_experts: int):
                                     weights=tf.zeros([0], tf.int32))  # (E,) int32
 
 
-def dispatch_to_experts(experts, x, topk_indices, topk_weights, counts, slots):
+def dispatch_to_experts(experts, x, topk_indices, topk_weights, counts, slots=None):
     """Routed output (N, C) of `experts` with S = `slots` per expert; pairs past S dropped.
 
     The dispatch of `DeepSeekMoE` (module docstring), shared with DeepSeek-V4's MoE.
+    Dropless (`slots` None) with at most `GROUPED_MAX_EXPERTS` float experts, the pairs
+    go to `grouped_dispatch` (no padding); else to an (E, S, C) buffer, S = max(counts)
+    for dropless.
 
     Args:
       experts: a RoutedExperts, called on an (E, S, C) buffer.
       x: (N, C) tokens.
       topk_indices: int (N, K) chosen experts; topk_weights: float (N, K) their weights.
       counts: int32 (E,) pairs per expert (`expert_counts`).
-      slots: S, a Python int or int32 scalar tensor (max(counts) for dropless).
+      slots: S, a Python int or int32 scalar tensor; None for dropless.
 
     Returns:
       (N, C) in the experts' output dtype: sum over the K pairs of weight * expert output.
     """
+    if slots is None:
+        if (len(experts) <= GROUPED_MAX_EXPERTS
+                and all(p.quantization_mode is None for p in experts.projections)):
+            return grouped_dispatch(experts, x, topk_indices, topk_weights, counts)
+        slots = tf.reduce_max(counts)
     top_k = topk_indices.shape[-1]
     hidden_size = x.shape[-1]
     n_pairs = tf.size(topk_indices)  # N*K
@@ -194,6 +217,30 @@ def dispatch_to_experts(experts, x, topk_indices, topk_weights, counts, slots):
     y_pairs *= tf.cast(tf.reshape(topk_weights, [-1]), y.dtype)[:, None]  # (N*K, C)
     return tf.reduce_sum(tf.reshape(y_pairs, [-1, top_k, hidden_size]),
                          axis=1)  # (N, K, C) -> (N, C)
+
+
+def grouped_dispatch(experts, x, topk_indices, topk_weights, counts):
+    """Dropless routed output (N, C) with no padding: each expert on its own pairs.
+
+    The N*K (token, expert) pairs are sorted by expert (stable), their tokens
+    gathered into (N*K, C), and each expert runs on its contiguous rows
+    (`RoutedExperts.call_grouped`: a matmul per expert and projection, the "grouped
+    GEMM" of MegaBlocks, Gale et al. 2022, arXiv 2211.15841, as E matmuls); each
+    output row, times its gating weight, is summed into its token
+    (`unsorted_segment_sum`). The work is N*K rows whatever the routing, where the
+    padded buffer does E * max(counts); the graph holds E matmuls per projection,
+    which is why `dispatch_to_experts` takes it only for small E.
+
+    Args, returns: as `dispatch_to_experts` (dropless).
+    """
+    top_k = topk_indices.shape[-1]
+    flat_expert = tf.reshape(topk_indices, [-1])  # (N*K,) pair p = token p // K
+    order = tf.argsort(flat_expert, stable=True)  # (N*K,) sorted position -> pair
+    token = order // top_k  # (N*K,) the token of each sorted pair
+    y = experts.call_grouped(tf.gather(x, token), counts)  # (N*K, C) sorted by expert
+    weight = tf.gather(tf.reshape(topk_weights, [-1]), order)  # (N*K,)
+    y *= tf.cast(weight, y.dtype)[:, None]  # (N*K, C)
+    return tf.math.unsorted_segment_sum(y, token, tf.shape(x)[0])  # (N, C)
 
 
 def sequence_balance_loss(topk_indices, scores, batch, seq, n_routed_experts: int,
@@ -306,8 +353,8 @@ class DeepSeekMoE(keras.layers.Layer):
         return out, expert_load, balance_loss, dropped
 
     def _dropless(self, x, topk_indices, topk_weights, counts):
-        """Routed output (N, C): every pair in a buffer of max(counts) slots per expert."""
-        return self._dispatch(x, topk_indices, topk_weights, counts, tf.reduce_max(counts))
+        """Routed output (N, C), every pair kept (`dispatch_to_experts` with no slots)."""
+        return self._dispatch(x, topk_indices, topk_weights, counts, None)
 
     def _with_capacity(self, x, topk_indices, topk_weights, counts, capacity_factor):
         """Routed output (N, C) and dropped pairs (float32 scalar), S slots per expert.

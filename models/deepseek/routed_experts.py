@@ -70,6 +70,23 @@ class RoutedExperts(keras.layers.Layer):
         h = swiglu(self.gate_proj(x), self.up_proj(x), self.swiglu_limit)  # (E, S, F)
         return self.down_proj(h)  # (E, S, C)
 
+    def call_grouped(self, x, group_sizes):
+        """The experts on rows grouped by expert, with no padding: a matmul per expert
+        on its contiguous rows (`ExpertProjection.call_grouped`), so the graph holds
+        E of each matmul. Float and LoRA kernels; not int8.
+
+        Args:
+          x: float (P, C), the rows of expert 0, then those of expert 1, ...
+          group_sizes: int32 (E,) rows per expert, summing to P.
+
+        Returns:
+          (P, C), the dtype of `x`.
+        """
+        gate = self.gate_proj.call_grouped(x, group_sizes)  # E x (n_e, F)
+        up = self.up_proj.call_grouped(x, group_sizes)  # E x (n_e, F)
+        h = [swiglu(g, u, self.swiglu_limit) for g, u in zip(gate, up, strict=True)]
+        return tf.concat(self.down_proj.call_grouped(h), axis=0)  # (P, C)
+
     def __len__(self) -> int:
         return self.num_experts
 

@@ -82,7 +82,7 @@ class DeepSeekV4MoE(keras.layers.Layer):
         topk_indices, topk_weights, scores = self.gate(x, input_ids)  # (N,K), (N,K), (N,E)
         counts = expert_counts(topk_indices, c.n_routed_experts)  # (E,)
         if capacity_factor is None:
-            slots, dropped = tf.reduce_max(counts), tf.constant(0.0)
+            slots, dropped = None, tf.constant(0.0)  # dropless
         else:
             n_tokens = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
             slots = expert_capacity(n_tokens, c.n_routed_experts, c.num_experts_per_tok,

@@ -3,11 +3,14 @@
 The MoE layer's routed output must equal what one SwiGLU per expert gives, each on
 its own tokens, mixed with the gating weights: checked for the sigmoid router with
 and without groups and the softmax routers (greedy, group-limited), with experts
-that get no token, for both dispatches. int8 experts equal Keras' own int8 Dense
-built from each expert's kernel; LoRA adapters are per expert. Tolerances follow
-tests/numerics.py: the reference runs one (1, C) x (C, F) matmul per pair, the layer
-one batched matmul over a padded buffer, the same sums over C and F terms in
-another kernel.
+that get no token, for every dispatch: grouped (dropless, 8 experts), padded
+(dropless, 64 experts) and capacity. The grouped and the padded dispatch agree with each
+other on the same pairs, forward and gradients, with LoRA and V4's clamped SwiGLU;
+int8 experts take the padded one. int8 experts equal Keras' own int8 Dense built from
+each expert's kernel; LoRA adapters are per expert. Tolerances follow tests/numerics.py:
+the reference runs one (1, C) x (C, F) matmul per pair, the layer one matmul per expert
+or one batched matmul over a padded buffer, the same sums over C and F terms in another
+kernel.
 """
 
 import keras
@@ -17,7 +20,13 @@ import tensorflow as tf
 from numerics import assert_float32_close
 
 from models.deepseek.hf_names import ExpertSlice, hf_weight_map
-from models.deepseek.moe import DeepSeekMoE
+from models.deepseek.moe import (
+    GROUPED_MAX_EXPERTS,
+    DeepSeekMoE,
+    dispatch_to_experts,
+    expert_counts,
+    grouped_dispatch,
+)
 
 ROUTERS = {
     "sigmoid, 4 groups": {},
@@ -111,6 +120,79 @@ def test_dropless_gradients_equal_the_reference_gradients(tiny_config):
                       tape.gradient(objective, [x, *kernels])])
     for ours, ref, name in zip(*grads, ["x", "gate_proj", "up_proj", "down_proj"], strict=True):
         assert_float32_close(ours, ref, ulps=8, err_msg=name)
+
+
+def _grouped_and_padded(moe, x, indices):
+    """(grouped, padded) routed outputs (N, C) and their gradients d(sum(out * probe))/d(x,
+    trainable expert weights), on the same (N, K) expert choices `indices`."""
+    weights = tf.nn.softmax(tf.cast(indices, tf.float32) * 0.3 + 0.1)  # (N, K)
+    counts = expert_counts(indices, len(moe.experts))
+    probe = tf.cos(tf.range(x.shape[-1], dtype=tf.float32))
+    results = []
+    for dispatch in (lambda: grouped_dispatch(moe.experts, x, indices, weights, counts),
+                     lambda: dispatch_to_experts(moe.experts, x, indices, weights, counts,
+                                                 tf.reduce_max(counts))):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = dispatch()
+            objective = tf.reduce_sum(out * probe)
+        grads = tape.gradient(objective, [x, *moe.experts.trainable_variables])
+        results.append((out, [tf.convert_to_tensor(g) for g in grads]))
+    return results
+
+
+@pytest.mark.parametrize("variant", ["float", "lora", "swiglu_limit"])
+def test_grouped_dispatch_equals_the_padded_dispatch(tiny_config, variant):
+    """The same pairs through both dropless dispatches: outputs within float32 rounding
+    (the same products summed in other kernels), gradients too, with a skewed routing
+    where most experts get no pair and one gets most."""
+    moe = _moe(tiny_config, seed=10)
+    if variant == "lora":
+        for projection in moe.experts.projections:
+            projection.enable_lora(2)
+            projection.lora_kernel_b.assign(
+                np.random.default_rng(11).normal(size=projection.lora_kernel_b.shape) * 0.1)
+    if variant == "swiglu_limit":
+        moe.experts.swiglu_limit = 0.05  # clamps many of the tiny model's pre-activations
+    rng = np.random.default_rng(12)
+    x = tf.constant(rng.normal(size=(20, 32)), tf.float32)
+    skewed = np.stack([np.full(20, 3), rng.choice([0, 5], size=20)], axis=1)  # (N, K)
+    for indices in (rng.permuted(np.tile(np.arange(8), (20, 1)), axis=1)[:, :2], skewed):
+        (grouped, grouped_grads), (padded, padded_grads) = _grouped_and_padded(
+            moe, x, tf.constant(indices, tf.int32))
+        assert_float32_close(grouped, padded, ulps=4, err_msg=variant)
+        names = ["x"] + [v.path for v in moe.experts.trainable_variables]
+        assert len(names) == (7 if variant == "lora" else 4)
+        for ours, ref, name in zip(grouped_grads, padded_grads, names, strict=True):
+            assert_float32_close(ours, ref, ulps=8, err_msg=f"{variant}: {name}")
+
+
+def test_dropless_dispatch_chooses_grouped_for_few_float_experts(tiny_config, monkeypatch):
+    """Dropless (no slots): grouped for <= GROUPED_MAX_EXPERTS float experts, padded
+    for int8 experts (their matmul is the stacked int8 one) and for more experts."""
+    import models.deepseek.moe as moe_module
+
+    calls = []
+    real = moe_module.grouped_dispatch
+    monkeypatch.setattr(moe_module, "grouped_dispatch",
+                        lambda *a: calls.append(len(a[0])) or real(*a))
+    x = tf.constant(np.random.default_rng(13).normal(size=(1, 6, 32)), tf.float32)
+    assert GROUPED_MAX_EXPERTS >= 8
+    moe = _moe(tiny_config, seed=14)
+    expected, _ = _per_expert_reference(moe, x)
+    np.testing.assert_allclose(np.asarray(moe(x)[0])[0], expected, rtol=0, atol=1e-6)
+    assert calls == [8]
+    moe_module.dispatch_to_experts(  # more experts than the limit: padded
+        _moe(tiny_config.replace(n_routed_experts=GROUPED_MAX_EXPERTS + 8, n_group=1,
+                                 topk_group=1), seed=15).experts,
+        x[0], tf.zeros([6, 2], tf.int32) + [0, 1], tf.ones([6, 2]),
+        tf.constant([6, 6] + [0] * (GROUPED_MAX_EXPERTS + 6), tf.int32))
+    assert calls == [8]
+    for projection in moe.experts.projections:
+        projection.quantize("int8")
+    out = moe(x)[0]  # int8: padded
+    assert calls == [8]
+    np.testing.assert_allclose(np.asarray(out)[0], expected, rtol=0, atol=0.05)
 
 
 @pytest.mark.slow
