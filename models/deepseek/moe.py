@@ -10,12 +10,13 @@ HF. Routed compute scales with num_experts_per_tok, not n_routed_experts. The
 N*K (token, expert) pairs of the N tokens of a call are dispatched one of three
 ways:
 
-- dropless (the default), with at most `GROUPED_MAX_EXPERTS` experts: the pairs
-  are sorted by expert and each expert runs on its own contiguous rows, a matmul
-  per expert (`grouped_dispatch`), so no work is padded; each output row, times
-  its gating weight, is summed into its token. No pair is dropped.
-- dropless with more experts: the pairs are sorted by expert into an (E, M, C)
-  buffer padded to the busiest expert's count M = max_e count_e, and the experts
+- dropless (the default), with at most `GROUPED_MAX_EXPERTS` float (not int8)
+  experts: the pairs are sorted by expert and each expert runs on its own
+  contiguous rows, a matmul per expert (`grouped_dispatch`), so no work is
+  padded; each output row, times its gating weight, is summed into its token.
+  No pair is dropped.
+- dropless with more experts, or int8 ones: the pairs are sorted by expert into
+  an (E, M, C) buffer padded to the busiest expert's count M = max_e count_e, and the experts
   run on it as one batched SwiGLU over their stacked kernels (`RoutedExperts`);
   each pair then reads its slot back, times its gating weight, and the K pairs
   of a token are summed. No pair is dropped. Memory: the buffer is E*M*C and
