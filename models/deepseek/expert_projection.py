@@ -106,22 +106,20 @@ class ExpertProjection(keras.layers.Layer):
     def call(self, x):
         return tf.matmul(x, tf.cast(self.kernel, x.dtype))  # (E, S, in) @ (E, in, out)
 
-    def call_grouped(self, x, group_sizes=None) -> list[tf.Tensor]:
+    def call_grouped(self, pieces: list[tf.Tensor]) -> list[tf.Tensor]:
         """Each expert on its own rows, one matmul per expert (float or LoRA kernel).
 
         Args:
-          x: float (P, in), expert 0's rows first, with `group_sizes` int32 (E,)
-            rows per expert; or, with `group_sizes` None, a list of E (n_e, in).
+          pieces: E float tensors (n_e, in), expert e's rows in pieces[e].
 
         Returns:
-          E tensors (n_e, out), the dtype of `x`.
+          E tensors (n_e, out), the dtype of the pieces.
 
         Raises:
           ValueError: the kernel is int8 (the stacked `call` runs int8).
         """
         if self.quantization_mode == INT8:
             raise ValueError(f"{self.path} is int8: call it on an (E, S, in) buffer")
-        pieces = x if group_sizes is None else tf.split(x, group_sizes, num=self.num_experts)
         # unstack, not kernel[e]: its gradient is one stack, not E zero-padded kernels.
         kernels = tf.unstack(tf.cast(self.kernel, pieces[0].dtype), num=self.num_experts)
         return [tf.matmul(p, k) for p, k in zip(pieces, kernels, strict=True)]  # (n_e, out)

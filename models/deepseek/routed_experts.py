@@ -82,8 +82,9 @@ class RoutedExperts(keras.layers.Layer):
         Returns:
           (P, C), the dtype of `x`.
         """
-        gate = self.gate_proj.call_grouped(x, group_sizes)  # E x (n_e, F)
-        up = self.up_proj.call_grouped(x, group_sizes)  # E x (n_e, F)
+        pieces = tf.split(x, group_sizes, num=self.num_experts)  # E x (n_e, C)
+        gate = self.gate_proj.call_grouped(pieces)  # E x (n_e, F)
+        up = self.up_proj.call_grouped(pieces)  # E x (n_e, F)
         h = [swiglu(g, u, self.swiglu_limit) for g, u in zip(gate, up, strict=True)]
         return tf.concat(self.down_proj.call_grouped(h), axis=0)  # (P, C)
 
