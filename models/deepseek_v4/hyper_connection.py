@@ -56,6 +56,16 @@ def sinkhorn_knopp(comb, iters: int, eps: float):
     return comb
 
 
+# `sinkhorn_knopp` as one function for every layer: traced once per shape, dtype, iters and
+# eps, and called, where unrolled it would add its ~120 small ops (~500 with their
+# gradients) to the graph at every layer. In training it is compiled with XLA: the
+# iterations on (B, T, n, n) become one fused kernel forward and one backward. Inference
+# keeps the plain graph function, which TensorFlow Serving runs without XLA.
+_sinkhorn_graph = tf.function(sinkhorn_knopp, autograph=False, reduce_retracing=True)
+_sinkhorn_xla = tf.function(sinkhorn_knopp, autograph=False, reduce_retracing=True,
+                            jit_compile=True)
+
+
 @keras.saving.register_keras_serializable(package="deepseek_v4")
 class HyperConnection(keras.layers.Layer):
     """The mHC weights of one sub-block (attention or MoE) and the collapse of the streams.
@@ -74,6 +84,7 @@ class HyperConnection(keras.layers.Layer):
 
     Call args:
       streams: float tensor (B, T, n, C).
+      training: Sinkhorn-Knopp compiled with XLA (module note above `HyperConnection`).
 
     Returns:
       (post float32 (B, T, n), comb float32 (B, T, n, n), collapsed float32 (B, T, C);
@@ -99,7 +110,7 @@ class HyperConnection(keras.layers.Layer):
         self.base = self.add_weight(name="base", shape=(mixes,), initializer="zeros")
         self.scale = self.add_weight(name="scale", shape=(3,), initializer="ones")
 
-    def call(self, streams):
+    def call(self, streams, training=False):
         n = self.hc_mult
         batch, seq = tf.shape(streams)[0], tf.shape(streams)[1]
         flat = tf.reshape(tf.cast(streams, tf.float32),
@@ -114,7 +125,8 @@ class HyperConnection(keras.layers.Layer):
         pre = tf.sigmoid(pre_w * self.scale[0] + pre_b) + self.hc_eps  # (B, T, n)
         post = 2.0 * tf.sigmoid(post_w * self.scale[1] + post_b)  # (B, T, n)
         comb = tf.nn.softmax(comb_w * self.scale[2] + comb_b, axis=-1) + self.hc_eps
-        comb = sinkhorn_knopp(comb, self.hc_sinkhorn_iters, self.hc_eps)  # (B, T, n, n)
+        sinkhorn = _sinkhorn_xla if training else _sinkhorn_graph
+        comb = sinkhorn(comb, self.hc_sinkhorn_iters, self.hc_eps)  # (B, T, n, n)
 
         collapsed = tf.reduce_sum(pre[..., None] * tf.cast(streams, tf.float32), axis=2)
         return post, comb, tf.cast(collapsed, streams.dtype)  # (B, T, C)
