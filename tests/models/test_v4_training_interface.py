@@ -181,6 +181,15 @@ def test_hyper_connections_stay_float32_and_train(dtype):
         assert np.all(np.isfinite(g.numpy())) and np.abs(g.numpy()).max() > 0, v.path
 
 
+def _random_hyper_connection(rng, n: int, c: int) -> HyperConnection:
+    """An mHC layer (20 Sinkhorn-Knopp iterations) with random `fn` and `base`."""
+    layer = HyperConnection(n, c, 20, 1e-6, 1e-6)
+    layer.build()
+    layer.fn.assign(rng.normal(0, 0.5, layer.fn.shape).astype(np.float32))
+    layer.base.assign(rng.normal(0, 0.5, layer.base.shape).astype(np.float32))
+    return layer
+
+
 def test_sinkhorn_gradient_matches_finite_differences():
     # float64: Sinkhorn-Knopp itself, every input entry.
     rng = np.random.default_rng(0)
@@ -204,10 +213,7 @@ def test_sinkhorn_gradient_matches_finite_differences():
     # float32: the mHC layer's comb scale and a comb base entry, which reach its outputs only
     # through softmax and the 20 Sinkhorn-Knopp iterations.
     n, c = 3, 8
-    layer = HyperConnection(n, c, 20, 1e-6, 1e-6)
-    layer.build()
-    layer.fn.assign(rng.normal(0, 0.5, layer.fn.shape).astype(np.float32))
-    layer.base.assign(rng.normal(0, 0.5, layer.base.shape).astype(np.float32))
+    layer = _random_hyper_connection(rng, n, c)
     streams = tf.constant(rng.normal(size=(2, 4, n, c)).astype(np.float32))
     w_comb = tf.constant(rng.normal(size=(2, 4, n, n)).astype(np.float32))
 
@@ -239,10 +245,7 @@ def test_mhc_in_training_equals_mhc_in_inference_with_its_gradients():
     # function: the same outputs and the same gradients to float32 rounding.
     rng = np.random.default_rng(1)
     n, c = 4, 16
-    layer = HyperConnection(n, c, 20, 1e-6, 1e-6)
-    layer.build()
-    layer.fn.assign(rng.normal(0, 0.5, layer.fn.shape).astype(np.float32))
-    layer.base.assign(rng.normal(0, 0.5, layer.base.shape).astype(np.float32))
+    layer = _random_hyper_connection(rng, n, c)
     streams = tf.constant(rng.normal(size=(2, 6, n, c)).astype(np.float32))
     weights = [tf.constant(rng.normal(size=shape).astype(np.float32))
                for shape in ((2, 6, n), (2, 6, n, n), (2, 6, c))]
