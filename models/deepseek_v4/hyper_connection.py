@@ -57,7 +57,7 @@ def sinkhorn_knopp(comb, iters: int, eps: float):
 
 
 # `sinkhorn_knopp` as one function for every layer: traced once per shape, dtype, iters and
-# eps, and called, where unrolled it would add its ~120 small ops (~500 with their
+# eps, and called, where unrolled it would add its ~120 small ops (~780 with their
 # gradients) to the graph at every layer. In training it is compiled with XLA: the
 # iterations on (B, T, n, n) become one fused kernel forward and one backward. Inference
 # keeps the plain graph function, which TensorFlow Serving runs without XLA.
