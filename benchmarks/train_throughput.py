@@ -15,7 +15,8 @@ own), one after the other, and prints one JSON object: the runs side by side.
   tokens_per_second  global batch x seq_len / step_time_s
   mfu                tokens_per_second x flops_per_token / peak, where
                      flops_per_token = 6 N_active + attention
-                     (models/deepseek/flops.py) and peak = the matmul probe of
+                     (models/deepseek/flops.py; models/deepseek_v4/flops.py for
+                     V4 presets, as the Trainer counts them) and peak = the matmul probe of
                      the run's compute dtype (`hardware.probe_matmul_peak`,
                      warmed up, repeated, best shape's median), taken once per
                      run before training: the same probe and rule as the
@@ -72,7 +73,7 @@ def run_one(args: argparse.Namespace) -> dict:
     timed = [tokens_per_step / h["tokens_per_second"] for h in result.history[args.skip:]]
     step_time = statistics.median(timed)
     tps = tokens_per_step / step_time
-    fpt = flops.flops_per_token(config.model, tc.seq_len)
+    fpt = train_loop.flops_per_token(config.model, tc.seq_len)  # V3 or V4, as the Trainer
     if accelerator.kind == "gpu":
         peak_memory = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
     else:
@@ -116,11 +117,14 @@ def main() -> None:
         print("RESULT " + json.dumps(run_one(args)))
         return
 
-    from components.trainer import hardware
+    from components.trainer import hardware, train_loop
     from config import get_config
+    from models import checkpoints
     from models.deepseek import flops
+    from models.deepseek_v4 import flops as v4_flops
 
     config = get_config(args.preset)
+    counts = v4_flops if checkpoints.is_v4(config.model) else flops
     runs = []
     for policy in args.precision.split(","):
         for jit in args.jit_compile.split(","):
@@ -141,8 +145,8 @@ def main() -> None:
         "seq_len": config.train.seq_len,
         "grad_accum_steps": args.grad_accum_steps,
         "recompute_activations": args.recompute,
-        "flops_per_token": flops.flops_per_token(config.model, config.train.seq_len),
-        "activated_params": flops.activated_params(config.model, include_mtp=True),
+        "flops_per_token": train_loop.flops_per_token(config.model, config.train.seq_len),
+        "activated_params": counts.activated_params(config.model, include_mtp=True),
         "timed_steps": args.steps,
         "runs": runs,
     }, indent=2))
