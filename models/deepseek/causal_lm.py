@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 
 from models.deepseek import initializers
-from models.deepseek._tracking import with_layer_lists
+from models.deepseek._tracking import no_default_save_signature, with_layer_lists
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.decoder_block import DeepSeekDecoderBlock
 from models.deepseek.losses import causal_lm_loss
@@ -355,6 +355,9 @@ class DeepSeekCausalLM(keras.Model):
         # Let tf.train.Checkpoint see the layers held in lists (see _tracking.py).
         children = super()._trackable_children(save_type, **kwargs)
         return with_layer_lists(self, children, save_type)
+
+    # No trace of `call` in SavedModels that hold the model (see _tracking.py).
+    _default_save_signature = property(no_default_save_signature)
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

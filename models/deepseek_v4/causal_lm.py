@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from models.deepseek import initializers
-from models.deepseek._tracking import with_layer_lists
+from models.deepseek._tracking import no_default_save_signature, with_layer_lists
 from models.deepseek.losses import causal_lm_loss
 from models.deepseek.rms_norm import RMSNorm
 from models.deepseek_v4 import kv_cache
@@ -361,6 +361,9 @@ class DeepSeekV4CausalLM(keras.Model):
         # Let tf.train.Checkpoint see the layers held in lists (models/deepseek/_tracking.py).
         children = super()._trackable_children(save_type, **kwargs)
         return with_layer_lists(self, children, save_type)
+
+    # No trace of `call` in SavedModels that hold the model (see _tracking.py).
+    _default_save_signature = property(no_default_save_signature)
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

@@ -13,7 +13,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from models.deepseek._tracking import with_layer_lists
+from models.deepseek._tracking import no_default_save_signature, with_layer_lists
 
 ISSUE = "keras-team/keras#19425"
 
@@ -154,3 +154,51 @@ def test_the_keras_internals_of_expert_projection_are_as_pinned():
     assert projection.quantization_mode == "int8", what.format("quantize set no int8 policy")
     assert projection.kernel_variable().dtype == "int8" and len(projection.weights) == 2, \
         what.format("the int8 policy quantized the layer a second time")
+
+
+class _Model(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+class _ModelWithoutSignature(_Model):
+    """`_Model` with the override of causal_lm.py."""
+
+    _default_save_signature = property(no_default_save_signature)
+
+
+def _saved_functions(model, tmp_path) -> list[str]:
+    """The names of the functions a SavedModel holds on `model`, saved as a child of a
+    module (as savedmodel/export.py saves our causal LMs)."""
+    model(tf.zeros((1, 3)))
+    module = tf.Module()
+    module.model = model
+    tf.saved_model.save(module, str(tmp_path))
+    loaded = tf.saved_model.load(str(tmp_path)).model
+    return [name for name in dir(loaded)
+            if isinstance(getattr(loaded, name, None), (tf.types.experimental.GenericFunction,
+                                                        tf.types.experimental.ConcreteFunction))]
+
+
+def test_keras_still_traces_a_default_signature_that_the_override_removes(tmp_path):
+    """Keras' TF backend gives every built Model `_default_save_signature`, a tf.function
+    of its `call`, which TensorFlow traces into any SavedModel holding the model; our
+    causal LMs replace the property with `no_default_save_signature` (_tracking.py)."""
+    from models.deepseek.causal_lm import DeepSeekCausalLM
+    from models.deepseek_v4.causal_lm import DeepSeekV4CausalLM
+
+    what = ("Keras' private `_default_save_signature` property ({}): if Keras no longer "
+            "traces a built Model's `call` into SavedModels, delete the overrides in "
+            "models/deepseek/causal_lm.py and models/deepseek_v4/causal_lm.py and "
+            "`no_default_save_signature` in _tracking.py; if it renamed the property, "
+            "override the new name")
+    assert _saved_functions(_Model(name="plain"), tmp_path / "keras") == ["_default_save_signature"], \
+        what.format("a plain Model saved no default signature, or others")
+    assert _saved_functions(_ModelWithoutSignature(name="ours"), tmp_path / "ours") == [], \
+        what.format("the override left functions in the SavedModel")
+    for cls in (DeepSeekCausalLM, DeepSeekV4CausalLM):
+        assert cls._default_save_signature.fget is no_default_save_signature, cls.__name__
