@@ -104,6 +104,37 @@ def generate(model, input_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1
         cache = tf.zeros([0])  # unused loop variable
         logits = _window_logits(model, tokens, prompt_lengths, max_positions)  # (B, V)
 
+    tokens, lengths = _decode(
+        model, tokens, cache, logits, prompt_lengths, new_tokens, (temperature, top_k, top_p, seeds),
+        stop_token_id, pad_id, cache_len if use_cache else None, absorb)  # (B, P' + N), (B,)
+    return tf.where(columns < lengths[:, None], tokens, pad_id), lengths
+
+
+def _decode(model, tokens, cache, logits, prompt_lengths, new_tokens, sampling, stop_token_id,
+            pad_id, cache_len, absorb):
+    """`generate`'s decoding loop: one token per unfinished row and step (`tf.while_loop`),
+    until every row has emitted `stop_token_id` or its `new_tokens`.
+
+    Args:
+      model: as in `generate`.
+      tokens: int32 (B, P' + N), the prompts, each followed by `pad_id` to the end.
+      cache: the prompts' cache (`_prefill`), or any tensor when `cache_len` is None.
+      logits: float32 (B, V), the scores of each row's first new token.
+      prompt_lengths, new_tokens: int32 (B,).
+      sampling: (temperature, top_k, top_p, seeds (B,)), as in `generate`.
+      stop_token_id, pad_id: as in `generate`; pad_id fills finished rows.
+      cache_len: the cache's positions; None = no cache (each step re-runs the model on
+        each row's last max_position_embeddings tokens).
+      absorb: as in `generate`.
+
+    Returns:
+      (tokens int32 (B, P' + N) with the new tokens written after each prompt,
+       lengths int32 (B,): prompt + new tokens, up to and including a stop token).
+    """
+    temperature, top_k, top_p, seeds = sampling
+    max_positions = model.config.max_position_embeddings
+    columns = tf.range(tf.shape(tokens)[1])[None, :]  # (1, P' + N)
+
     def cond(step, tokens, cache, logits, finished, lengths):
         return tf.logical_not(tf.reduce_all(finished))
 
@@ -120,7 +151,7 @@ def generate(model, input_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1
         write = tf.logical_and(tf.equal(columns, positions[:, None]), active[:, None])
         tokens = tf.where(write, next_token[:, None], tokens)  # (B, P' + N)
         # Logits for the following step (computed, unused, after the last one).
-        if use_cache:
+        if cache_len is not None:
             index = tf.minimum(positions, cache_len - 1)  # finished rows may run past their end
             step_logits, cache = model.call_with_cache(next_token[:, None], cache, index,
                                                        absorb=absorb, in_place=True)  # (B, 1, V)
@@ -129,9 +160,10 @@ def generate(model, input_ids, max_new_tokens, temperature=1.0, top_k=0, top_p=1
             logits = _window_logits(model, tokens, positions + 1, max_positions)  # (B, V)
         return step + 1, tokens, cache, logits, finished, lengths
 
+    finished = tf.zeros([tf.shape(tokens)[0]], tf.bool)  # (B,)
     _, tokens, _, _, _, lengths = tf.while_loop(
-        cond, body, (tf.constant(0), tokens, cache, logits, tf.zeros([batch], tf.bool), ends))
-    return tf.where(columns < lengths[:, None], tokens, pad_id), lengths
+        cond, body, (tf.constant(0), tokens, cache, logits, finished, prompt_lengths + new_tokens))
+    return tokens, lengths
 
 
 def next_token(logits, temperature=0.0, top_k=0, top_p=1.0, seed=0, step=0):
