@@ -28,7 +28,8 @@ the fix here leans on internals, Keras' `Layer._tracked` and
 `_default_save_signature`.
 tests/models/test_tracking.py pins each of them on the pinned Keras and fails,
 naming the issue and what to do, when an upgrade changes one or fixes the bug
-(then this module and the two overrides go).
+(then `with_layer_lists` and the two `_trackable_children` overrides go; the
+`_default_save_signature` overrides go when Keras stops tracing `call` into SavedModels).
 """
 
 import tensorflow as tf
