@@ -20,6 +20,7 @@ from models.deepseek.losses import causal_lm_loss
 from models.deepseek.mla_attention import init_layer_cache
 from models.deepseek.mtp import MultiTokenPredictionLayer
 from models.deepseek.rms_norm import RMSNorm
+from models.deepseek.training_outputs import training_outputs
 
 
 @keras.saving.register_keras_serializable(package="deepseek")
@@ -193,8 +194,17 @@ class DeepSeekCausalLM(keras.Model):
             if len(outs) > 1:
                 moe_stats.append(outs[1:])
         logits = self.logits_from_hidden(self.norm(h))  # (B, T, V)
+        mtp_logits = self._mtp_forward(h, embeddings, moe_kwargs, with_indexer,
+                                       recompute_blocks, moe_stats, indexer_losses)
+        return training_outputs(logits, mtp_logits, moe_stats, indexer_losses,
+                                self.config.n_routed_experts)
 
-        # MTP (DeepSeek-V3 §2.2): depth k combines h^{k-1}_i with Emb(t_{i+k}).
+    def _mtp_forward(self, h, embeddings, moe_kwargs, with_indexer, recompute_blocks,
+                     moe_stats, indexer_losses):
+        """`forward_train`'s MTP depths (DeepSeek-V3 §2.2): depth k combines h^{k-1}_i with
+        Emb(t_{i+k}). h: float (B, T, C), the last decoder block's output; embeddings:
+        (B, T, C). Appends each depth's MoE statistics and indexer loss to `moe_stats` and
+        `indexer_losses`; returns the list of MTP logits, float32 (B, T-k, V) each."""
         mtp_logits = []
         for k, mtp in enumerate(self.mtp_layers, start=1):
             next_embeddings = embeddings[:, k:]  # (B, T-k, C)  Emb(t_{i+k})
@@ -215,27 +225,7 @@ class DeepSeekCausalLM(keras.Model):
                 outs = outs[:2] + outs[3:]
             if len(outs) > 2:
                 moe_stats.append(outs[2:])
-
-        n_experts = self.config.n_routed_experts
-        if moe_stats:
-            loads, balance_losses, dropped = (list(t) for t in zip(*moe_stats, strict=True))
-            expert_load = tf.stack(loads)  # (M, E)
-            balance_loss = tf.add_n(balance_losses)
-            moe_dropped = tf.stack(dropped)  # (M,)
-        else:
-            expert_load = tf.zeros([0, n_experts])
-            balance_loss = tf.constant(0.0)
-            moe_dropped = tf.zeros([0])
-        return {
-            "logits": logits,
-            "mtp_logits": mtp_logits,
-            "balance_loss": balance_loss,
-            "expert_load": expert_load,
-            "moe_dropped": moe_dropped,
-            "moe_pairs": tf.reduce_sum(expert_load, axis=-1),  # (M,) N*K per layer
-            "indexer_loss": (tf.add_n(indexer_losses) if indexer_losses
-                             else tf.constant(0.0, tf.float32)),
-        }
+        return mtp_logits
 
     def compute_loss(self, input_ids, labels, training=True, recompute_blocks=False,
                      moe_capacity_factor=None):

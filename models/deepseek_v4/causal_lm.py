@@ -24,6 +24,7 @@ from models.deepseek import initializers
 from models.deepseek._tracking import no_default_save_signature, with_layer_lists
 from models.deepseek.losses import causal_lm_loss
 from models.deepseek.rms_norm import RMSNorm
+from models.deepseek.training_outputs import training_outputs
 from models.deepseek_v4 import kv_cache
 from models.deepseek_v4.config import DeepSeekV4Config
 from models.deepseek_v4.decoder_block import DeepSeekV4DecoderBlock
@@ -222,17 +223,8 @@ class DeepSeekV4CausalLM(keras.Model):
             indexer_losses.append(outs[2])
             moe_stats.append(outs[3:])
 
-        loads, balance_losses, dropped = (list(t) for t in zip(*moe_stats, strict=True))
-        expert_load = tf.stack(loads)  # (M, E)
-        return {
-            "logits": logits,
-            "mtp_logits": mtp_logits,
-            "balance_loss": tf.add_n(balance_losses),
-            "expert_load": expert_load,
-            "moe_dropped": tf.stack(dropped),  # (M,)
-            "moe_pairs": tf.reduce_sum(expert_load, axis=-1),  # (M,) N*K per layer
-            "indexer_loss": tf.add_n([tf.cast(x, tf.float32) for x in indexer_losses]),
-        }
+        return training_outputs(logits, mtp_logits, moe_stats, indexer_losses,
+                                c.n_routed_experts)
 
     def compute_loss(self, input_ids, labels, training=True, recompute_blocks=False,
                      moe_capacity_factor=None):
