@@ -62,6 +62,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"{serve.batch_timeout_micros} ({serve.batch_timeout_micros / 1000:g} ms), "
           f"max_enqueued_batches {serve.max_enqueued_batches}, num_batch_threads "
           f"{serve.num_batch_threads}", flush=True)
+    for server in servers.values():
+        if server.engine is not None:
+            e = server.engine
+            print(f"  engine ('{server.name}'): decode_slots {e.slots}, slot_positions "
+                  f"{e.max_len}, max_waiting_requests {e.max_waiting}", flush=True)
     print(f"  limits: max_body_bytes {serve.max_body_bytes}, max_response_bytes "
           f"{serve.max_response_bytes}, timeout_keep_alive {serve.timeout_keep_alive} s, "
           f"timeout_request_body {serve.timeout_request_body} s", flush=True)
@@ -112,6 +117,11 @@ _SERVE_FIELDS = {
     "timeout_keep_alive": ("S", "seconds an idle connection stays open (part of the "
                                 "headers by then: 408)"),
     "timeout_request_body": ("S", "seconds a body may take after its headers (then 408)"),
+    "decode_slots": ("N", "requests the engine decodes at once (continuous batching; 0: "
+                          "the OpenAI routes use the batcher)"),
+    "max_waiting_requests": ("N", "requests waiting for a decode slot (more: 503)"),
+    "slot_positions": ("N", "positions per decode slot, prompt + max_tokens (0: the "
+                            "model's context)"),
 }
 
 

@@ -64,6 +64,13 @@ class ServeConfig:
         then get a 408.
       timeout_request_body: seconds a request's body may take to arrive once its
         headers have; later is a 408 and the connection is closed.
+      decode_slots: requests the serving engine decodes at once (continuous batching,
+        `serving/engine.py`): the OpenAI routes' generation. 0 turns the engine off
+        (they then go through the batcher, replaying a finished reply when streamed).
+      max_waiting_requests: requests waiting for a decode slot; more get a 503.
+      slot_positions: positions (prompt + max_tokens) a decode slot holds; 0 = the
+        model's context (max_position_embeddings). Each running request's cache takes
+        this many positions (the README gives bytes per slot).
     """
 
     max_batch_size: int = 32
@@ -74,17 +81,21 @@ class ServeConfig:
     max_response_bytes: int = 64 * 1024 * 1024
     timeout_keep_alive: int = 5
     timeout_request_body: int = 30
+    decode_slots: int = 32
+    max_waiting_requests: int = 256
+    slot_positions: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_enqueued_batches", "num_batch_threads",
                      "max_body_bytes", "max_response_bytes", "timeout_keep_alive",
-                     "timeout_request_body"):
+                     "timeout_request_body", "max_waiting_requests"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"serve.{name}={value} must be an integer >= 1")
-        if not isinstance(self.batch_timeout_micros, int) or self.batch_timeout_micros < 0:
-            raise ValueError(
-                f"serve.batch_timeout_micros={self.batch_timeout_micros} must be an integer >= 0")
+        for name in ("batch_timeout_micros", "decode_slots", "slot_positions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"serve.{name}={value} must be an integer >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

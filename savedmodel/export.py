@@ -80,6 +80,7 @@ from common.json_file import write_json
 from config import GenerationConfig, PipelineConfig
 from config.data import CHAT_TASKS
 from models import checkpoints
+from models.deepseek.engine_steps import decode_rows, prefill_rows
 from models.deepseek.generation import generate
 from savedmodel.hf_generation import generation_config_to_hf
 from savedmodel.layout import (
@@ -118,6 +119,30 @@ GENERATE_SIGNATURE = [
 ]
 
 
+# The serving engine's per-row inputs besides the tokens (`models.deepseek.engine_steps`):
+# sampling knobs, then the constraints (an allowed-token bitmask, logit_bias entries).
+ENGINE_ROW_SIGNATURE = [
+    tf.TensorSpec([None], tf.float32, name="temperature"),
+    tf.TensorSpec([None], tf.int32, name="top_k"),
+    tf.TensorSpec([None], tf.float32, name="top_p"),
+    tf.TensorSpec([None], tf.int32, name="seed"),
+    tf.TensorSpec([None, None], tf.int32, name="bitmask"),
+    tf.TensorSpec([None, None], tf.int32, name="bias_ids"),
+    tf.TensorSpec([None, None], tf.float32, name="bias_values"),
+]
+
+
+def cache_spec(model):
+    """The structure of `model.init_cache(B, S)` as TensorSpecs, batch and length-dependent
+    dimensions None: two small eager caches (1 row; 64 and 128 positions) are compared."""
+    small, large = model.init_cache(1, 64), model.init_cache(1, 128)
+    return tf.nest.map_structure(
+        lambda a, b: tf.TensorSpec(
+            [None] + [x if x == y else None for x, y in zip(a.shape[1:], b.shape[1:],
+                                                            strict=True)], a.dtype),
+        small, large)
+
+
 class ServingModule(tf.Module):
     """Wraps a trained model and its tokenizer into serving signatures.
 
@@ -147,6 +172,19 @@ class ServingModule(tf.Module):
         self.max_context = model.config.max_position_embeddings
         self.generation = generation
         self.chat_prompt = chat_prompt
+        # The serving engine's two steps (`serving/engine.py`): tf.functions of the
+        # module, not signatures (their cache is the caller's state between calls).
+        self.engine_prefill = tf.function(
+            self._engine_prefill, autograph=False, input_signature=[
+                tf.TensorSpec([None, None], tf.int32, name="input_ids"),
+                tf.TensorSpec([None], tf.int32, name="prompt_lengths"),
+                tf.TensorSpec([], tf.int32, name="cache_len"), *ENGINE_ROW_SIGNATURE])
+        self.engine_decode = tf.function(
+            self._engine_decode, autograph=False, input_signature=[
+                tf.TensorSpec([None], tf.int32, name="tokens"),
+                tf.TensorSpec([None], tf.int32, name="positions"),
+                cache_spec(model),
+                tf.TensorSpec([None], tf.int32, name="steps"), *ENGINE_ROW_SIGNATURE])
         if chat_prompt is not None:
             # Only a chat model has it: every tf.function of the module is traced when
             # it is saved, and this one is a whole second decoding loop.
@@ -252,6 +290,21 @@ class ServingModule(tf.Module):
     @tf.function(autograph=False, input_signature=GENERATE_SIGNATURE)
     def generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
         return self._generate(prompt, max_new_tokens, temperature, top_k, top_p, seed)
+
+    # -- the serving engine's steps (models/deepseek/engine_steps.py) ---------------
+    def _engine_prefill(self, input_ids, prompt_lengths, cache_len, temperature, top_k, top_p,
+                        seed, bitmask, bias_ids, bias_values):
+        token, cache = prefill_rows(self.model, input_ids, prompt_lengths, cache_len,
+                                    (temperature, top_k, top_p, seed),
+                                    (bitmask, bias_ids, bias_values))
+        return {"token": token, "cache": cache}
+
+    def _engine_decode(self, tokens, positions, cache, steps, temperature, top_k, top_p, seed,
+                       bitmask, bias_ids, bias_values):
+        token, cache = decode_rows(self.model, tokens, positions, cache,
+                                   (temperature, top_k, top_p, seed), steps,
+                                   (bitmask, bias_ids, bias_values))
+        return {"token": token, "cache": cache}
 
     def _generate_raw(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
         """`generate_raw` (chat models only): `generate` on the prompt as given."""

@@ -13,6 +13,19 @@ or `--model-name`):
 | `deepseek_tfx_completion_tokens_total` | counter | model | tokens out: tokens the model generated |
 | `deepseek_tfx_batch_size` | histogram | model | rows (prompts) per model call of the batcher |
 | `deepseek_tfx_queue_depth` | gauge | model | rows queued in the batcher, not yet in a model call |
+| `deepseek_tfx_time_to_first_token_seconds` | histogram | model | engine: from a request's arrival to its first token |
+| `deepseek_tfx_inter_token_latency_seconds` | histogram | model | engine: between two tokens of one request |
+| `deepseek_tfx_e2e_request_latency_seconds` | histogram | model | engine: from a request's arrival to its last token |
+| `deepseek_tfx_request_queue_time_seconds` | histogram | model | engine: from arrival to a decode slot |
+| `deepseek_tfx_num_requests_running` | gauge | model | engine: requests in decode slots |
+| `deepseek_tfx_num_requests_waiting` | gauge | model | engine: requests waiting for a slot |
+| `deepseek_tfx_kv_cache_usage_perc` | gauge | model | engine: the share of decode slots in use, 0-1 |
+
+The engine's metrics are vLLM's (`vllm:time_to_first_token_seconds`,
+`vllm:inter_token_latency_seconds`, `vllm:e2e_request_latency_seconds`,
+`vllm:request_queue_time_seconds`, `vllm:num_requests_running`, `...waiting`,
+`vllm:kv_cache_usage_perc`) under this server's prefix; a slot holds a whole request's
+cache, so slot usage is cache usage.
 
 Errors are `deepseek_tfx_requests_total` with a 4xx or 5xx `code`, not a second counter:
 Prometheus' naming guide asks for one metric with a label over one metric per outcome
@@ -43,6 +56,9 @@ UNMATCHED_ROUTE = "(unmatched)"
 # ones up to two minutes.
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                       10.0, 20.0, 30.0, 60.0, 120.0, float("inf"))
+# Seconds between tokens and to the first one: vLLM's buckets for both, cut at 60 s.
+TOKEN_LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                           1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 60.0, float("inf"))
 # Rows per model call: powers of two up to 1024 (ServeConfig.max_batch_size is 32 by default).
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, float("inf"))
 
@@ -95,11 +111,36 @@ class ServerMetrics:
             f"{PREFIX}_queue_depth", "Rows (prompts) queued in the request batcher and not "
             "yet in a model call, by served model; beyond serve.max_enqueued_batches x "
             "serve.max_batch_size requests get 503.", ["model"], registry=r)
+        token_histograms = {
+            "time_to_first_token": "Seconds from a request's arrival to its first token "
+                                   "(serving engine), by served model.",
+            "inter_token_latency": "Seconds between two consecutive tokens of one request "
+                                   "(serving engine), by served model.",
+            "e2e_request_latency": "Seconds from a request's arrival to its last token "
+                                   "(serving engine), by served model.",
+            "request_queue_time": "Seconds a request waited for a decode slot (serving "
+                                  "engine), by served model.",
+        }
+        self.engine_latency = {
+            name: Histogram(f"{PREFIX}_{name}_seconds", doc, ["model"],
+                            buckets=TOKEN_LATENCY_BUCKETS_S, registry=r)
+            for name, doc in token_histograms.items()}
+        self.engine_gauges = {
+            "running": Gauge(f"{PREFIX}_num_requests_running", "Requests in decode slots "
+                             "of the serving engine, by served model.", ["model"], registry=r),
+            "waiting": Gauge(f"{PREFIX}_num_requests_waiting", "Requests waiting for a "
+                             "decode slot, by served model.", ["model"], registry=r),
+            "usage": Gauge(f"{PREFIX}_kv_cache_usage_perc", "The share of the engine's "
+                           "decode slots (each one request's KV cache) in use, 0-1, by "
+                           "served model.", ["model"], registry=r),
+        }
         for model in sorted(self.models):  # exported at 0 before the first request
             self.prompt_tokens.labels(model)
             self.completion_tokens.labels(model)
             self.batch_size.labels(model)
             self.queue_depth.labels(model)
+            for metric in (*self.engine_latency.values(), *self.engine_gauges.values()):
+                metric.labels(model)
 
     # ------------------------------------------------------------------ request path
     def model_label(self, model: str | None) -> str:
@@ -180,7 +221,35 @@ class ServerMetrics:
         batcher.on_batch = self.batch_observer(model)
         self.track_queue_depth(model, batcher.queued_rows)
 
+    # ------------------------------------------------------------------ the engine
+    def watch_engine(self, model: str, engine) -> None:
+        """Hooks a `serving.engine.Engine` to `model`'s latency histograms (its
+        `observer`) and makes the running, waiting and slot-usage gauges read its
+        `stats()` at every scrape."""
+        label = self.model_label(model)
+        latency = {name: h.labels(label) for name, h in self.engine_latency.items()}
+        engine.observer = EngineObserver(latency["request_queue_time"].observe,
+                                         latency["time_to_first_token"].observe,
+                                         latency["inter_token_latency"].observe,
+                                         latency["e2e_request_latency"].observe)
+        gauges = {name: g.labels(label) for name, g in self.engine_gauges.items()}
+        gauges["running"].set_function(lambda: float(engine.stats()["running"]))
+        gauges["waiting"].set_function(lambda: float(engine.stats()["waiting"]))
+        gauges["usage"].set_function(
+            lambda: engine.stats()["running"] / max(engine.stats()["slots"], 1))
+
     # ------------------------------------------------------------------ /metrics
     def render(self) -> tuple[bytes, str]:
         """`(body, content_type)` of `/metrics`: Prometheus' text format 0.0.4."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class EngineObserver:
+    """The hooks `serving.engine.Engine` calls (seconds each): `queued` (arrival to a
+    slot), `first_token` (arrival to the first token), `next_token` (since the request's
+    previous token) and `finished` (arrival to the end)."""
+
+    def __init__(self, queued: Callable[[float], None], first_token: Callable[[float], None],
+                 next_token: Callable[[float], None], finished: Callable[[float], None]):
+        self.queued, self.first_token = queued, first_token
+        self.next_token, self.finished = next_token, finished

@@ -6,7 +6,7 @@
   POST /v1/chat/completions   messages rendered with the model's chat template
 
 Request fields are OpenAI's (`serving/openai_schema.py` lists what is refused and what is
-ignored); every call goes through `ModelServer.run`, so requests are validated and
+ignored); tokenization and scoring go through `ModelServer.run`, so they are validated and
 batched with the TF Serving routes' requests. Defaults are OpenAI's: temperature 1,
 top_p 1, completions max_tokens 16; a chat reply's max_tokens defaults to the model's
 generation default (generation_config.json), at most what the context leaves. A request
@@ -63,17 +63,21 @@ last position's logits, computed with the logprobs in the same batched calls, wi
 `generate` call; it needs no position of its own, so its prompt may fill the context too,
 and the harness's `max_length` is the model's context.
 
-Stop sequences: the text is cut before the first occurrence of any of them, and
-`finish_reason` is "stop"; it is also "stop" when the model ended with [EOS], else
-"length". Generation is one TF call: it always runs to [EOS] or max_tokens, and
-`usage.completion_tokens` counts every token it generated (also those after a stop).
+Generation. A model whose SavedModel has the serving engine's functions (every export
+since the engine; `serve --decode-slots 0` turns it off) answers completions and chat
+requests without logprobs through the engine (`serving/openai_engine.py`,
+`serving/engine.py`): continuous batching, tokens streamed as they are made, stop strings
+that stop generation at the token completing them (`usage.completion_tokens` counts up
+to it), `n` choices (choice j samples with seed + j; at most the decode slots) and
+`logit_bias`. Requests with logprobs, and models without the engine, go through the
+batcher's `generate` call: there the reply is generated whole, a stop sequence cuts the
+text after the fact (`usage.completion_tokens` counts every token generated), a stream
+replays the finished reply in pieces of whole UTF-8 characters, and `n` must be 1.
+`finish_reason` is "stop" (a stop sequence, or [EOS]) or "length".
 
-Streaming (`stream: true`): server-sent events `data: {chunk}` ... `data: [DONE]`. The
-reply is generated whole by the one TF call first, then sent in pieces, one per
-completion token, each piece whole UTF-8 characters (a character split between byte
-tokens is sent with its last byte); so the first piece comes when the whole reply is
-done. `stream_options.include_usage` adds a last chunk with `usage`. `logprobs` with
-`stream` is refused.
+Streaming (`stream: true`): server-sent events `data: {chunk}` ... `data: [DONE]`, each
+piece whole UTF-8 characters; `stream_options.include_usage` adds a last chunk with
+`usage`. `logprobs` with `stream` is refused.
 
 Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400
 `invalid_request_error` naming the field, 404 `model_not_found`, 503 when the batch queue
@@ -82,6 +86,7 @@ is full, 500 `server_error`.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import json
 import logging
@@ -102,7 +107,9 @@ from starlette.concurrency import run_in_threadpool
 from savedmodel.layout import read_tokenizer
 from savedmodel.task_scoring import cut_at_stop
 from serving.batcher import Unavailable
+from serving.engine import EngineOverloaded, Sampling
 from serving.http_body import HTTPError
+from serving.openai_engine import EngineReply, EngineRows
 from serving.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -385,10 +392,11 @@ def _check_room(server: ModelServer, prompt_tokens: int, max_tokens: int, param:
 # ----------------------------------------------------------------------------- completions
 
 
-def _completion(server: ModelServer, req: CompletionRequest) -> dict:
-    text = _text_of(server)
+def _completion_prompts(server: ModelServer, req: CompletionRequest,
+                        text: _Text) -> tuple[list[str], list[list[int]], int, bool]:
+    """(prompts as text, what the model reads of each ([EOS] + ids), max_tokens, whether
+    it is one greedy token), the prompts checked (count, ids, room in the context)."""
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
-    signature = "generate_raw" if "generate_raw" in server.signatures else "generate"
     given_ids = not isinstance(req.prompt[0], str)
     serve = getattr(server, "serve", None)
     if serve is not None and len(req.prompt) > serve.max_batch_size:
@@ -415,6 +423,13 @@ def _completion(server: ModelServer, req: CompletionRequest) -> dict:
         if not (greedy_one and server.context and len(ids) <= server.context):
             _check_room(server, len(ids), max_tokens, "prompt",
                         f" {i}" if len(contexts) > 1 else "")
+    return prompts, contexts, max_tokens, greedy_one
+
+
+def _completion(server: ModelServer, req: CompletionRequest) -> dict:
+    text = _text_of(server)
+    prompts, contexts, max_tokens, greedy_one = _completion_prompts(server, req, text)
+    signature = "generate_raw" if "generate_raw" in server.signatures else "generate"
     completions, generated = [""] * len(prompts), [0] * len(prompts)
     known_ids: list[list[int] | None] = [None] * len(prompts)  # completion ids, when known
     memo: dict[tuple[int, ...], np.ndarray] = {}  # logits of a sequence, computed once
@@ -545,13 +560,10 @@ def _render(server: ModelServer, text: _Text, req: ChatCompletionRequest) -> tup
     return "generate_raw", rendered
 
 
-def _chat(server: ModelServer, req: ChatCompletionRequest) -> tuple[dict, list[str]]:
-    """(the chat.completion, the reply's pieces of whole characters for streaming)."""
-    if req.logprobs and req.stream:
-        raise OpenAIError(400, "logprobs with stream is not supported", param="logprobs")
-    if req.top_logprobs is not None and not req.logprobs:
-        raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    text = _text_of(server)
+def _chat_prompt(server: ModelServer, text: _Text,
+                 req: ChatCompletionRequest) -> tuple[str, str, list[int], int]:
+    """(signature, prompt, what the model reads (ids), max_tokens) of a chat request, its
+    room in the context checked."""
     signature, prompt = _render(server, text, req)
     if signature == "generate":
         prefix, suffix = server.chat_prompt
@@ -567,6 +579,83 @@ def _chat(server: ModelServer, req: ChatCompletionRequest) -> tuple[dict, list[s
     _check_room(server, len(context), asked, "messages")
     if asked == 0:
         raise OpenAIError(400, "max_tokens must be at least 1", param="max_tokens")
+    return signature, prompt, context, asked
+
+
+def _chat_context(server: ModelServer, req: ChatCompletionRequest) -> tuple[list[int], int]:
+    """(what the model reads, max_tokens) of a chat request (`_chat_prompt`)."""
+    _, _, context, asked = _chat_prompt(server, _text_of(server), req)
+    return context, asked
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+def _engine_of(server: ModelServer, req):
+    """The model's serving engine when it can answer `req` (no logprobs), else None."""
+    engine = getattr(server, "engine", None)
+    if engine is None or (req.logprobs is not None and req.logprobs is not False):
+        return None
+    return engine
+
+
+def _include_usage(req) -> bool:
+    return bool(req.stream and req.stream_options and req.stream_options.include_usage)
+
+
+def _one_choice(req) -> None:
+    """The batcher's path (no engine, or logprobs) takes neither n > 1 nor logit_bias."""
+    if req.n != 1:
+        raise OpenAIError(400, f"n={req.n}: this model serves one choice per prompt here "
+                          "(the serving engine, off or not usable with logprobs, makes n > 1)",
+                          param="n")
+    if req.logit_bias:
+        raise OpenAIError(400, "logit_bias needs the serving engine (off, or not usable with "
+                          "logprobs)", param="logit_bias")
+
+
+def _engine_rows(server: ModelServer, req, loop, contexts: list[list[int]],
+                 max_tokens: int) -> EngineRows:
+    """One engine request per prompt and choice (`n`): choice j of a prompt samples with
+    seed + j. Refuses n beyond the free decode slots (400) and a full queue (503)."""
+    engine = server.engine
+    rows = len(contexts) * req.n
+    if rows > engine.slots:
+        raise OpenAIError(400, f"n x prompts = {rows} choices: at most {engine.slots} (the "
+                          "decode slots, serve --decode-slots)", param="n")
+    seed = req.seed if req.seed is not None else secrets.randbelow(2**31 - req.n)
+    bias = _logit_bias(server, req)
+    sampling = [Sampling(req.temperature, req.top_k, req.top_p, seed + j, bias)
+                for _ in contexts for j in range(req.n)]
+    try:
+        return EngineRows(engine, loop, [c for c in contexts for _ in range(req.n)],
+                          max_tokens, sampling, req.stop)
+    except EngineOverloaded as e:
+        raise OpenAIError(503, str(e), "server_error", code="overloaded") from e
+    except ValueError as e:
+        raise OpenAIError(400, str(e), param="max_tokens") from e
+
+
+def _logit_bias(server: ModelServer, req) -> dict[int, float]:
+    """OpenAI's logit_bias ({"token id": bias in [-100, 100]}) as {id: bias}."""
+    vocab = server.vocab_size or len(_text_of(server).surfaces)
+    bias = {}
+    for key, value in (req.logit_bias or {}).items():
+        if not key.isdigit() or not 0 <= int(key) < vocab:
+            raise OpenAIError(400, f"logit_bias keys must be token ids in [0, {vocab}); "
+                              f"got {key!r}", param="logit_bias")
+        bias[int(key)] = float(value)
+    return bias
+
+
+def _chat(server: ModelServer, req: ChatCompletionRequest) -> tuple[dict, list[str]]:
+    """(the chat.completion, the reply's pieces of whole characters for streaming)."""
+    if req.logprobs and req.stream:
+        raise OpenAIError(400, "logprobs with stream is not supported", param="logprobs")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    text = _text_of(server)
+    signature, prompt, context, asked = _chat_prompt(server, text, req)
     [reply], [generated] = _generate(server, signature, [prompt], asked, req)
     reply, stopped = _cut(reply, req.stop)
     finish = "stop" if stopped or generated < asked else "length"
@@ -677,6 +766,7 @@ def make_openai_router(models: ModelRegistry,
                               code="model_not_found") from None
 
     async def answer(request: Request, schema, work):
+        loop = asyncio.get_running_loop()
         try:
             req = parse(schema, await body_of(request))
         except RequestError as e:
@@ -686,7 +776,8 @@ def make_openai_router(models: ModelRegistry,
         try:
             server = pick(req.model, req.user or request.headers.get(SESSION_HEADER))
             request.state.model = server.name
-            return await run_in_threadpool(work, server, req)
+            reply = await run_in_threadpool(work, server, req, loop)
+            return await reply.response() if isinstance(reply, EngineReply) else reply
         except OpenAIError as e:
             return e.response()
         except Exception as e:  # noqa: BLE001 (a server keeps serving)
@@ -704,9 +795,23 @@ def make_openai_router(models: ModelRegistry,
                          "owned_by": OWNED_BY})
         return JSONResponse({"object": "list", "data": data})
 
-    def completions_work(server, req: CompletionRequest):
+    def engine_usage(server: ModelServer) -> Callable[[dict], None]:
+        return lambda usage: counted(server, {"usage": usage})
+
+    def completions_work(server, req: CompletionRequest, loop):
         if req.stream and req.logprobs is not None:
             raise OpenAIError(400, "logprobs with stream is not supported", param="logprobs")
+        if _engine_of(server, req) is not None:
+            text = _text_of(server)
+            prompts, contexts, max_tokens, _ = _completion_prompts(server, req, text)
+            if max_tokens and all(len(c) + max_tokens <= server.engine.max_len
+                                  for c in contexts):
+                rows = _engine_rows(server, req, loop, contexts, max_tokens)
+                return EngineReply(rows, "completion", server.name, req.stream,
+                                   _include_usage(req), engine_usage(server),
+                                   echo=[p for p in prompts for _ in range(req.n)]
+                                   if req.echo else None)
+        _one_choice(req)
         completion = _completion(server, req)
         counted(server, completion)
         if not req.stream:
@@ -720,7 +825,14 @@ def make_openai_router(models: ModelRegistry,
         return StreamingResponse(_completion_events(completion, pieces, usage),
                                  media_type="text/event-stream")
 
-    def chat_work(server, req: ChatCompletionRequest):
+    def chat_work(server, req: ChatCompletionRequest, loop):
+        if _engine_of(server, req) is not None:
+            context, asked = _chat_context(server, req)
+            if context is not None and len(context) + asked <= server.engine.max_len:
+                rows = _engine_rows(server, req, loop, [context], asked)
+                return EngineReply(rows, "chat", server.name, req.stream,
+                                   _include_usage(req), engine_usage(server))
+        _one_choice(req)
         completion, pieces = _chat(server, req)
         counted(server, completion)
         if not req.stream:

@@ -7,8 +7,9 @@ Field names, defaults and ranges are OpenAI's (API reference, "Completions" (leg
     integer is checked against int32 before any tensor is built, a float must be finite;
   - unknown fields are refused by name (400); the OpenAI fields in `IGNORED_FIELDS` are
     accepted and ignored (they ask for storage or billing this server does not have);
-  - `n` and `best_of` must be 1; `frequency_penalty` and `presence_penalty` must be 0,
-    `logit_bias` empty, `suffix` null, `tools` / `tool_choice` / `functions` absent and
+  - `n` (1 to 128, and at most the decode slots) and `logit_bias` (at most 300 token ids,
+    each bias in [-100, 100]) need the serving engine; `best_of` must be 1;
+    `frequency_penalty` and `presence_penalty` must be 0, `suffix` null, `tools` / `tool_choice` / `functions` absent and
     `response_format` `{"type": "text"}`: the model has no such controls;
   - `top_k` (an int >= 0, 0 = no top-k filter) is accepted as an extension, as vLLM does.
 
@@ -31,6 +32,8 @@ MAX_STOP = 32
 MAX_STOP_CHARS = 1024
 MAX_LOGPROBS = 5  # completions: OpenAI's largest `logprobs`
 MAX_TOP_LOGPROBS = 20  # chat: OpenAI's largest `top_logprobs`
+MAX_N = 128  # choices per prompt; the engine's free decode slots bound it further
+MAX_LOGIT_BIAS = 300  # OpenAI's most logit_bias entries
 # OpenAI fields that are accepted and have no effect here (no storage, no tiers).
 IGNORED_FIELDS = ("store", "metadata", "service_tier", "parallel_tool_calls", "name")
 
@@ -98,8 +101,9 @@ class _Sampling(_Strict):
     @field_validator("n")
     @classmethod
     def _n(cls, value):
-        if value != 1:
-            raise ValueError(f"n={value}: only n=1 is supported (one choice per prompt)")
+        if not 1 <= value <= MAX_N:
+            raise ValueError(f"n={value} must be in [1, {MAX_N}] (and at most the free "
+                             "decode slots)")
         return value
 
     @field_validator("frequency_penalty", "presence_penalty")
@@ -111,9 +115,18 @@ class _Sampling(_Strict):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, value):
-        if value:
-            raise ValueError("is not supported (the model takes no logit bias)")
+    def _bias(cls, value):
+        """{"token id": bias}: at most MAX_LOGIT_BIAS entries, each bias a finite number
+        in [-100, 100] (OpenAI's); the ids are checked against the model's vocabulary
+        later."""
+        if not value:
+            return value
+        if len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"has {len(value)} entries; at most {MAX_LOGIT_BIAS}")
+        for key, bias in value.items():
+            if (not isinstance(bias, int | float) or isinstance(bias, bool)
+                    or not -100 <= bias <= 100):
+                raise ValueError(f"[{key!r}] must be a number in [-100, 100] (got {bias!r})")
         return value
 
 

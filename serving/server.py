@@ -102,8 +102,10 @@ from savedmodel.layout import (
     read_hf_generation_config,
     read_model_config,
     read_pipeline_config,
+    read_tokenizer,
 )
 from serving.batcher import Batcher, Unavailable
+from serving.engine import Engine, Request, Sampling
 from serving.request_limits import (
     BadRequest,
     PredictRequest,
@@ -191,12 +193,29 @@ class ModelServer:
         self._warm_up_stats: dict = {}
         self._ready = threading.Event()
         self.batcher = Batcher(self._call, self.serve)
+        self.engine = self._start_engine()
         if warm:
             self.warm_up()
 
+    def _start_engine(self) -> Engine | None:
+        """The serving engine (`serving/engine.py`) when the SavedModel has its functions,
+        a tokenizer and a known context, and `serve.decode_slots` > 0; else None."""
+        if not (self.serve.decode_slots and self.has_tokenizer and self.context
+                and Engine.has_engine(self.model)):
+            return None
+        tokenizer = read_tokenizer(self.path)
+        return Engine(self.model, tokenizer.surfaces(), tokenizer.eos_id,
+                      min(self.serve.slot_positions or self.context, self.context),
+                      slots=self.serve.decode_slots,
+                      max_waiting=self.serve.max_waiting_requests,
+                      vocab_size=self.vocab_size)
+
     def close(self) -> None:
-        """Stops the batch threads (queued requests get Unavailable)."""
+        """Stops the batch threads and the engine (queued requests get Unavailable, or
+        end as cancelled)."""
         self.batcher.close()
+        if self.engine is not None:
+            self.engine.close()
 
     def stats(self) -> dict:
         """The batcher's counts since warm-up ended: requests, calls, rows,
@@ -238,6 +257,12 @@ class ModelServer:
                 failed += 1
                 log.warning("warm-up: %s at %d rows failed: %s", name, rows,
                             str(e).splitlines()[0] if str(e) else type(e).__name__)
+        if self.engine is not None:  # both engine functions, greedy and sampled
+            for temperature in (0.0, 1.0):
+                calls += 1
+                ended = self.engine.run(Request([0, 1], 2, Sampling(temperature),
+                                                lambda event: None))
+                failed += ended.reason == "error"
         self._warm_up_stats = self.batcher.stats()
         self.state = "AVAILABLE"
         self._ready.set()

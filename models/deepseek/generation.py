@@ -344,11 +344,14 @@ def _sample(logits, seeds, step):
     """Inverse-CDF sampling: row b takes the first token whose cumulative probability
     exceeds u_b * total, u_b = stateless_uniform(seed=(seeds[b], step)).
 
-    Args: logits float32 (B, V) (-inf = excluded); seeds int32 (B,); step int32 scalar.
+    Args: logits float32 (B, V) (-inf = excluded); seeds int32 (B,); step int32 scalar,
+      or (B,) (the serving engine's rows are at different steps).
     Returns: int32 (B,); a token of probability 0 is never chosen (its cumulative
       probability equals its predecessor's).
     """
-    u = tf.map_fn(lambda s: tf.random.stateless_uniform([], tf.stack([s, step])), seeds,
+    steps = tf.broadcast_to(tf.cast(step, tf.int32), tf.shape(seeds))  # (B,)
+    u = tf.map_fn(lambda pair: tf.random.stateless_uniform([], pair),
+                  tf.stack([seeds, steps], axis=1),
                   fn_output_signature=tf.float32)  # (B,) one draw per row, batch-independent
     cdf = tf.cumsum(tf.nn.softmax(logits, axis=-1), axis=-1)  # (B, V)
     target = u[:, None] * cdf[:, -1:]  # (B, 1), below the total

@@ -47,6 +47,13 @@ def test_every_metric_is_documented_named_and_typed_as_prometheus_expects():
         "deepseek_tfx_completion_tokens": "counter",
         "deepseek_tfx_batch_size": "histogram",
         "deepseek_tfx_queue_depth": "gauge",
+        "deepseek_tfx_time_to_first_token_seconds": "histogram",
+        "deepseek_tfx_inter_token_latency_seconds": "histogram",
+        "deepseek_tfx_e2e_request_latency_seconds": "histogram",
+        "deepseek_tfx_request_queue_time_seconds": "histogram",
+        "deepseek_tfx_num_requests_running": "gauge",
+        "deepseek_tfx_num_requests_waiting": "gauge",
+        "deepseek_tfx_kv_cache_usage_perc": "gauge",
     }
     assert all(len(f.documentation) > 30 for f in families.values())
     text = body.decode()

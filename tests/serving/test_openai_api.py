@@ -265,7 +265,10 @@ def _post(served, path: str, body) -> httpx.Response:
     ({"model": NAME, "prompt": "x", "temperature": "1"}, "temperature", "number"),
     ({"model": NAME, "prompt": "x", "temperature": 3}, "temperature", "2"),
     ({"model": NAME, "prompt": "x", "top_p": 0}, "top_p", "greater than 0"),
-    ({"model": NAME, "prompt": "x", "n": 2}, "n", "only n=1"),
+    ({"model": NAME, "prompt": "x", "n": 129}, "n", "[1, 128]"),
+    ({"model": NAME, "prompt": "x", "n": 33}, "n", "decode slots"),
+    ({"model": NAME, "prompt": "x", "logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
+    ({"model": NAME, "prompt": "x", "logit_bias": {"x": 1}}, "logit_bias", "token ids"),
     ({"model": NAME, "prompt": "x", "logprobs": 6}, "logprobs", "5"),
     ({"model": NAME, "prompt": "x", "stop": [str(i) for i in range(33)]}, "stop", "at most 32"),
     ({"model": NAME, "prompt": "x", "stop": ["a" * 1025]}, "stop", "1024 characters"),
@@ -572,3 +575,65 @@ def test_cli_generate_takes_a_prompt_file_byte_for_byte(chat_model, served, tmp_
                               "tokens (") and "\n" not in message
     assert f"over the {CONTEXT}-position context (max_position_embeddings) of the model " \
            f"{chat_model}" in message
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+def _eos(served) -> int:
+    from savedmodel.layout import read_tokenizer
+
+    return read_tokenizer(served[1].path).eos_id
+
+
+def test_a_stream_sends_tokens_as_they_are_made(served):
+    engine = served[1].engine
+    body = {"model": NAME, "prompt": "the", "max_tokens": 40, "seed": 4, "stream": True,
+            "logit_bias": {str(_eos(served)): -100}}  # no early [EOS]: 40 tokens
+    running_at_first, pieces = None, []
+    with httpx.stream("POST", served[0] + "/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                if choice["text"] and running_at_first is None:
+                    running_at_first = engine.stats()["running"]
+                pieces.append(choice["text"])
+    assert running_at_first == 1  # the first piece came while the reply was being made
+    whole = _post(served, "/completions", {**body, "stream": False}).json()
+    assert "".join(pieces) == whole["choices"][0]["text"]
+    assert whole["usage"]["completion_tokens"] == 40
+
+
+def test_a_client_that_disconnects_frees_its_slot(served):
+    engine = served[1].engine
+    body = {"model": NAME, "prompt": "the", "max_tokens": 60, "seed": 5, "stream": True,
+            "logit_bias": {str(_eos(served)): -100}}
+    with httpx.stream("POST", served[0] + "/completions", json=body, timeout=60) as r:
+        next(line for line in r.iter_lines() if line.startswith('data: {"'))
+        steps = engine.stats()["steps"]
+    for _ in range(200):  # the server sees the disconnect, then the engine's next step
+        if engine.stats()["running"] == 0:
+            break
+        time.sleep(0.02)
+    assert engine.stats()["running"] == 0
+    assert engine.stats()["steps"] - steps < 50  # cancelled, not run to its 60 tokens
+
+
+def test_n_choices_and_logit_bias(client, served):
+    kwargs = dict(model=NAME, prompt="the quick", max_tokens=6, seed=9)
+    three = client.completions.create(**kwargs, n=3)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    alone = [client.completions.create(**{**kwargs, "seed": 9 + j}).choices[0].text
+             for j in range(3)]
+    assert [c.text for c in three.choices] == alone  # choice j samples with seed + j
+    forced = client.completions.create(model=NAME, prompt="the", max_tokens=5, temperature=0,
+                                       logit_bias={"40": 100})
+    assert forced.usage.completion_tokens == 5
+    assert forced.choices[0].text == _decode_ids(served, [40] * 5)
+
+
+def _decode_ids(served, ids) -> str:
+    from savedmodel.layout import read_tokenizer
+
+    surfaces = read_tokenizer(served[1].path).surfaces()
+    return b"".join(surfaces[i] for i in ids).decode("utf-8", "replace")

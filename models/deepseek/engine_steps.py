@@ -1,0 +1,110 @@
+"""The two graph steps of a serving engine (iteration-level scheduling): `prefill_rows`
+puts new prompts into a cache of their own and samples their first tokens, and
+`decode_rows` advances every running row by one token. Between steps the caller owns the
+rows' caches and may add rows to them (concatenate along the batch axis) or take rows out
+(gather), so a request joins and leaves at any step instead of waiting for a batch to end:
+the scheduling of Orca (Yu et al., OSDI 2022) and vLLM, with JetStream's split into
+`prefill`/`insert` and `generate` over a pool of decode slots
+(`serving/engine.py` is the host side).
+
+Both steps choose tokens as `generation.generate` does, in the graph: row b's t-th new
+token (t from 0; `prefill_rows` chooses t = 0) is `generate`'s rule (greedy at temperature
+0, else top-k / top-p sampling with the stateless seed (seed_b, t)) applied to its logits,
+so a row decodes the tokens `generate` gives it, whatever its batch-mates. Before the rule,
+each row's logits get its own constraints (`constrain_logits`): an allowed-token bitmask
+(grammar-constrained decoding: JSON output, forced tool calls) and OpenAI's `logit_bias`.
+Only the chosen tokens leave the graph, never (rows, vocab) logits.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from models.deepseek.generation import PREFILL_CHUNK, _choose, _prefill
+
+
+def constrain_logits(logits, bitmask, bias_ids, bias_values):
+    """Each row's logits with its logit_bias added and its disallowed tokens at -inf.
+
+    Args:
+      logits: float32 (B, V).
+      bitmask: int32 (B, W) with W = ceil(V / 32): bit v % 32 of word v // 32 set = token
+        v allowed (llguidance's and vLLM's layout); W = 0 = every token allowed. A row of
+        all-ones words allows every token.
+      bias_ids: int32 (B, K) token ids (-1 = no entry), K >= 0.
+      bias_values: float32 (B, K), added to logits[b, bias_ids[b, k]] (OpenAI's
+        `logit_bias`, -100..100).
+
+    Returns:
+      float32 (B, V).
+    """
+    logits = tf.cast(logits, tf.float32)
+    vocab = tf.shape(logits)[1]
+    entries = tf.where(bias_ids >= 0)  # (N, 2) int64: (row, k) of each real entry
+    rows = tf.cast(entries[:, 0], tf.int32)  # (N,)
+    tokens = tf.gather_nd(bias_ids, entries)  # (N,)
+    inside = tokens < vocab  # ids past the vocabulary are ignored
+    logits = tf.tensor_scatter_nd_add(
+        logits, tf.stack([tf.boolean_mask(rows, inside), tf.boolean_mask(tokens, inside)], 1),
+        tf.boolean_mask(tf.gather_nd(bias_values, entries), inside))  # (B, V)
+
+    def masked():
+        ids = tf.range(vocab)  # (V,)
+        words = tf.gather(bitmask, ids // 32, axis=1)  # (B, V) each token's word
+        allowed = tf.bitwise.bitwise_and(tf.bitwise.right_shift(words, ids % 32), 1) > 0
+        return tf.where(allowed, logits, float("-inf"))  # (B, V)
+
+    return tf.cond(tf.shape(bitmask)[1] > 0, masked, lambda: logits)
+
+
+def prefill_rows(model, input_ids, prompt_lengths, cache_len, sampling, constraints):
+    """New prompts into a new cache, and each row's first token.
+
+    Args:
+      model: a DeepSeekCausalLM or DeepSeekV4CausalLM.
+      input_ids: int32 (B, P), the prompts, right-padded (any id).
+      prompt_lengths: int32 (B,), each in [1, P].
+      cache_len: int32 scalar, the positions the cache holds (every row's prompt + new
+        tokens must fit). A multiple of `PREFILL_CHUNK` when P > PREFILL_CHUNK, so the
+        chunked prefill leaves the cache at cache_len (`generation._prefill`).
+      sampling: (temperature float32 (B,), top_k int32 (B,), top_p float32 (B,), seed
+        int32 (B,)), as in `generate`.
+      constraints: (bitmask, bias_ids, bias_values), see `constrain_logits`.
+
+    Returns:
+      (tokens int32 (B,): each row's first new token (its step 0); the cache, as
+       `model.init_cache(B, cache_len)`: the prompts at positions [0, prompt_lengths)).
+    """
+    temperature, top_k, top_p, seed = sampling
+    logits, cache = _prefill(model, input_ids, prompt_lengths, cache_len, PREFILL_CHUNK,
+                             absorb=True)  # (B, V), the prompts in the cache
+    logits = constrain_logits(logits, *constraints)
+    token = _choose(logits, temperature, top_k, top_p, seed, tf.zeros_like(seed))  # (B,)
+    return token, cache
+
+
+def decode_rows(model, tokens, positions, cache, sampling, steps, constraints):
+    """One decoding step of every row: feed each row's last token, choose its next.
+
+    Args:
+      model: as in `prefill_rows`.
+      tokens: int32 (B,), each row's newest token (not yet in the cache).
+      positions: int32 (B,), its position (the tokens already in row b's cache).
+      cache: the rows' cache (`prefill_rows`'s, rows concatenated or gathered along
+        axis 0). Written in place: the caller must use only the returned cache after.
+      sampling: as in `prefill_rows`.
+      steps: int32 (B,), the index of the token to choose in each row's continuation
+        (1 for the token after the first).
+      constraints: as in `prefill_rows`.
+
+    Returns:
+      (next tokens int32 (B,), the cache with `tokens` at `positions`).
+
+    Raises:
+      InvalidArgumentError (at run time): a position outside the cache.
+    """
+    temperature, top_k, top_p, seed = sampling
+    logits, cache = model.call_with_cache(tokens[:, None], cache, positions, absorb=True,
+                                          in_place=True)  # (B, 1, V)
+    logits = constrain_logits(logits[:, -1], *constraints)  # (B, V)
+    return _choose(logits, temperature, top_k, top_p, seed, steps), cache
