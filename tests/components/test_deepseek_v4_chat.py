@@ -193,7 +193,7 @@ def test_the_response_follows_the_prompt(messages, content, reasoning, mode):
 
 # --- what it refuses --------------------------------------------------------------------
 
-@pytest.mark.parametrize("role", ["tool", "developer", "latest_reminder", "function", None])
+@pytest.mark.parametrize("role", ["developer", "latest_reminder", "function", None])
 def test_unsupported_roles_raise_naming_the_role(role):
     messages = [{"role": "user", "content": "q"}, {"role": role, "content": "x"},
                 {"role": "user", "content": "q2"}]
