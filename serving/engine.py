@@ -16,9 +16,11 @@ running requests, passed into each step and written there in place
 (`cache_buffers.write_rows`), so a step copies nothing. A request that joins is
 concatenated onto it and one that leaves is gathered out: one copy of the pool per change
 of membership, none per step. So a step runs exactly the running rows (a lone request
-decodes as `generate` would alone), the pool's memory is what the running requests use
-(`slot_bytes` each: every layer's cache at `max_len` positions), and TF Serving, which
-keeps no state between calls, still serves the stateless `generate` signature.
+decodes as `generate` would alone), and the pool's memory is what the running requests
+use: each row holds `cache_positions(n)` positions, n the longest prompt + max_tokens
+among them (the next power of two; a model's full context is never allocated unless a
+request asks for it). TF Serving, which keeps no state between calls, still serves the
+stateless `generate` signature.
 
 The tokens are `generate`'s: the same rule, seeds and steps in the graph
 (`engine_steps`), so greedy decoding gives the `generate` signature's tokens and a seed
@@ -47,6 +49,19 @@ import tensorflow as tf
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 1024  # models.deepseek.generation.PREFILL_CHUNK (no model import here)
+
+
+def cache_positions(need: int) -> int:
+    """The positions of a cache that holds `need`: the next power of two, at least 64 (few
+    sizes: each new one is a new shape for the kernels). A power of two past 1,024 is a
+    multiple of the chunked prefill's 1,024 (`generation._prefill`'s cache size)."""
+    return max(64, 1 << max(need - 1, 1).bit_length())
+
+
+def _pad_like(buffer, like):
+    """`buffer` (rows, ...) zero-padded at the end of each axis to `like`'s shape past rows."""
+    grow = [[0, 0]] + [[0, b - a] for a, b in zip(buffer.shape[1:], like.shape[1:], strict=True)]
+    return tf.pad(buffer, grow)
 
 
 class EngineOverloaded(RuntimeError):
@@ -144,8 +159,9 @@ class Engine:
       surfaces: the bytes of each token id (`ByteLevelBpe.surfaces()`: special tokens
         b""); ids past it decode to nothing.
       eos_id: the end-of-sequence id.
-      max_len: positions per slot (prompt + max_tokens of a request); rounded up to a
-        multiple of 1,024 past 1,024 (the chunked prefill's cache size).
+      max_len: the most positions (prompt + max_tokens) of a request. The running rows
+        share one cache of `cache_positions(longest need)` positions, grown (zero-padded)
+        when a longer request joins and reset when none runs.
       slots: decode slots (requests running at once).
       max_waiting: requests queued beyond the slots; more get `EngineOverloaded`.
       vocab_size: the model's vocabulary (the bitmask's width, ceil(V/32) words).
@@ -160,11 +176,11 @@ class Engine:
             raise ValueError(f"slots={slots} must be >= 1 and max_len={max_len} >= 2")
         self._prefill_fn, self._decode_fn = module.engine_prefill, module.engine_decode
         self.surfaces, self.eos_id = list(surfaces), eos_id
-        self.max_len = max_len if max_len <= PREFILL_CHUNK else -(-max_len // PREFILL_CHUNK) * PREFILL_CHUNK
+        self.max_len = max_len
         self.slots, self.max_waiting = slots, max_waiting
         self.mask_words = -(-(vocab_size or len(self.surfaces)) // 32)
         self.observer = observer
-        self.slot_bytes: int | None = None  # known after the first prefill
+        self.cache_len = 0  # positions of the running rows' cache (0: no rows)
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._cache = None  # the running rows' cache (first axis: self._running)
@@ -226,10 +242,14 @@ class Engine:
         return done[0]
 
     def stats(self) -> dict:
-        """running, waiting, slots, slot_bytes, steps."""
+        """running, waiting, slots, steps; cache_len and cache_bytes: the running rows'
+        cache, its positions per row and its bytes."""
         with self._cond:
+            cache = self._cache
             return {"running": len(self._running), "waiting": len(self._waiting),
-                    "slots": self.slots, "slot_bytes": self.slot_bytes, "steps": self.steps}
+                    "slots": self.slots, "steps": self.steps, "cache_len": self.cache_len,
+                    "cache_bytes": 0 if cache is None else sum(
+                        int(np.prod(t.shape)) * t.dtype.size for t in tf.nest.flatten(cache))}
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stops the engine thread; unfinished requests end as "cancelled"."""
@@ -295,15 +315,18 @@ class Engine:
         ids = np.zeros([len(rows), lengths.max()], np.int32)
         for i, r in enumerate(rows):
             ids[i, :lengths[i]] = r.prompt_ids
+        need = max(len(r.prompt_ids) + r.max_tokens for r in rows)
+        cache_len = max(self.cache_len, cache_positions(need))
         out = self._prefill_fn(input_ids=ids, prompt_lengths=lengths,
-                               cache_len=np.int32(self.max_len), **self._knobs(rows))
-        if self.slot_bytes is None:
-            self.slot_bytes = sum(int(np.prod(t.shape[1:])) * t.dtype.size
-                                  for t in tf.nest.flatten(out["cache"]))
+                               cache_len=np.int32(cache_len), **self._knobs(rows))
+        if self._cache is not None and cache_len > self.cache_len:  # the pool grows
+            self._cache = tf.nest.map_structure(_pad_like, self._cache, out["cache"])
+        self.cache_len = cache_len
         kept = self._take_tokens(rows, out["token"].numpy())
         cache = out["cache"]
         if len(kept) < len(rows):
-            cache = tf.nest.map_structure(lambda t: tf.gather(t, kept), cache)
+            cache = tf.nest.map_structure(lambda t: tf.gather(t, np.array(kept, np.int32)),
+                                          cache)
         with self._cond:
             self._running.extend(rows[i] for i in kept)
         self._cache = cache if self._cache is None else tf.nest.map_structure(
@@ -329,6 +352,8 @@ class Engine:
             self._running = [self._running[i] for i in kept]
         self._cache = (None if not kept else tf.nest.map_structure(
             lambda t: tf.gather(t, np.array(kept, np.int32)), self._cache))
+        if not kept:
+            self.cache_len = 0
 
     def _drop_cancelled(self) -> None:
         kept = [i for i, r in enumerate(self._running) if not self._end_if_cancelled(r)]

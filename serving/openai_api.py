@@ -107,7 +107,9 @@ from starlette.concurrency import run_in_threadpool
 from savedmodel.layout import read_tokenizer
 from savedmodel.task_scoring import cut_at_stop
 from serving.batcher import Unavailable
+from serving.deepseek_chat import ChatPlan, ChatPlanError, plan_chat
 from serving.engine import EngineOverloaded, Sampling
+from serving.grammar import TokenGrammar
 from serving.http_body import HTTPError
 from serving.openai_engine import EngineReply, EngineRows
 from serving.openai_schema import (
@@ -190,6 +192,7 @@ class _Text:
         self.surfaces = tokenizer.surfaces(skip_special=False)
         self.plain_surfaces = tokenizer.surfaces()  # special tokens as b"", as `generate` decodes
         self.eos_id = tokenizer.eos_id
+        self.added = {t.content for t in tokenizer.added_tokens}
         self.bos_token, self.eos_token = chat_template.special_tokens(tokenizer)
         self.template = None  # the full chat template, when its affixes are the model's
         if server.chat_prompt is not None and tokenizer.chat_template:
@@ -412,7 +415,7 @@ def _completion_prompts(server: ModelServer, req: CompletionRequest,
         prompt_ids = [list(ids) for ids in req.prompt]
         prompts = [_decode(text, ids) for ids in prompt_ids]
     else:
-        prompts = list(req.prompt)
+        prompts = [_fim(text, p, req.suffix) for p in req.prompt]
         prompt_ids = _tokenize(server, prompts)
     contexts = [[text.eos_id, *ids] for ids in prompt_ids]  # what generate prepends
     # One greedy token is the argmax of the last position's logits: no `generate` call,
@@ -424,6 +427,22 @@ def _completion_prompts(server: ModelServer, req: CompletionRequest,
             _check_room(server, len(ids), max_tokens, "prompt",
                         f" {i}" if len(contexts) > 1 else "")
     return prompts, contexts, max_tokens, greedy_one
+
+
+# DeepSeek's fill-in-the-middle tokens (DeepSeek-Coder, V2, V3: `suffix` on /beta/completions).
+FIM_BEGIN, FIM_HOLE, FIM_END = "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"
+
+
+def _fim(text: _Text, prompt: str, suffix: str | None) -> str:
+    """`prompt`, or with a `suffix` DeepSeek's FIM prompt: begin + prompt + hole + suffix +
+    end (the reply is the middle). 400 naming the FIM tokens the tokenizer lacks."""
+    if suffix is None:
+        return prompt
+    missing = [t for t in (FIM_BEGIN, FIM_HOLE, FIM_END) if t not in text.added]
+    if missing:
+        raise OpenAIError(400, f"suffix (fill in the middle) needs DeepSeek's FIM tokens; this "
+                          f"model's tokenizer lacks {', '.join(missing)}", param="suffix")
+    return FIM_BEGIN + prompt + FIM_HOLE + suffix + FIM_END
 
 
 def _completion(server: ModelServer, req: CompletionRequest) -> dict:
@@ -527,20 +546,33 @@ def _completion_logprobs(server: ModelServer, text: _Text, context: list[int],
 # ----------------------------------------------------------------------------- chat
 
 
-def _render(server: ModelServer, text: _Text, req: ChatCompletionRequest) -> tuple[str, str]:
+def _plan(server: ModelServer, text: _Text, req: ChatCompletionRequest) -> ChatPlan:
+    """The request's DeepSeek features (`serving/deepseek_chat.py`), checked against the
+    model's template."""
+    try:
+        return plan_chat(req, text.template, server.name, lambda: _grammar_of(server))
+    except ChatPlanError as e:
+        raise OpenAIError(400, str(e), param=e.param) from e
+
+
+def _render(server: ModelServer, text: _Text, req: ChatCompletionRequest,
+            plan: ChatPlan) -> tuple[str, str]:
     """(signature, prompt) for the messages (see the module docstring)."""
     if server.chat_prompt is None:
         raise OpenAIError(400, f"model '{server.name}' is a plain language model (no chat "
                           "template): use /v1/completions", param="model")
     prefix, suffix = server.chat_prompt
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
-                for m in req.messages]
+    messages = plan.messages
     if text.template is not None:
         try:
-            rendered = chat_template.render_prompt(text.template, messages, text.bos_token,
-                                                   text.eos_token)
+            rendered = chat_template.render_prompt(
+                text.template, messages, text.bos_token, text.eos_token,
+                template_kwargs=plan.template_kwargs or None) + plan.prefix
         except chat_template.ChatTemplateError as e:
             raise OpenAIError(400, str(e), param="messages") from e
+    elif plan.prefix or any(m["role"] == "system" for m in messages):
+        raise OpenAIError(400, f"model '{server.name}''s chat template is not available: "
+                          "no system messages nor prefix completion", param="messages")
     else:
         rendered = ""
         for i, m in enumerate(messages):
@@ -560,11 +592,11 @@ def _render(server: ModelServer, text: _Text, req: ChatCompletionRequest) -> tup
     return "generate_raw", rendered
 
 
-def _chat_prompt(server: ModelServer, text: _Text,
-                 req: ChatCompletionRequest) -> tuple[str, str, list[int], int]:
+def _chat_prompt(server: ModelServer, text: _Text, req: ChatCompletionRequest,
+                 plan: ChatPlan) -> tuple[str, str, list[int], int]:
     """(signature, prompt, what the model reads (ids), max_tokens) of a chat request, its
     room in the context checked."""
-    signature, prompt = _render(server, text, req)
+    signature, prompt = _render(server, text, req, plan)
     if signature == "generate":
         prefix, suffix = server.chat_prompt
         context = _tokenize(server, [prefix + prompt + suffix])[0]
@@ -582,10 +614,18 @@ def _chat_prompt(server: ModelServer, text: _Text,
     return signature, prompt, context, asked
 
 
-def _chat_context(server: ModelServer, req: ChatCompletionRequest) -> tuple[list[int], int]:
-    """(what the model reads, max_tokens) of a chat request (`_chat_prompt`)."""
-    _, _, context, asked = _chat_prompt(server, _text_of(server), req)
-    return context, asked
+_grammars: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _grammar_of(server: ModelServer) -> TokenGrammar:
+    """The model's `TokenGrammar` (llguidance over its tokenizer.json), built once."""
+    with _texts_lock:
+        if server not in _grammars:
+            tokenizer = read_tokenizer(server.path)
+            _grammars[server] = TokenGrammar(tokenizer.to_json_string(),
+                                             server.vocab_size or len(tokenizer.surfaces()),
+                                             tokenizer.eos_id)
+        return _grammars[server]
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -615,7 +655,7 @@ def _one_choice(req) -> None:
 
 
 def _engine_rows(server: ModelServer, req, loop, contexts: list[list[int]],
-                 max_tokens: int) -> EngineRows:
+                 max_tokens: int, constraint=None) -> EngineRows:
     """One engine request per prompt and choice (`n`): choice j of a prompt samples with
     seed + j. Refuses n beyond the free decode slots (400) and a full queue (503)."""
     engine = server.engine
@@ -629,7 +669,7 @@ def _engine_rows(server: ModelServer, req, loop, contexts: list[list[int]],
                 for _ in contexts for j in range(req.n)]
     try:
         return EngineRows(engine, loop, [c for c in contexts for _ in range(req.n)],
-                          max_tokens, sampling, req.stop)
+                          max_tokens, sampling, req.stop, constraint)
     except EngineOverloaded as e:
         raise OpenAIError(503, str(e), "server_error", code="overloaded") from e
     except ValueError as e:
@@ -655,7 +695,11 @@ def _chat(server: ModelServer, req: ChatCompletionRequest) -> tuple[dict, list[s
     if req.top_logprobs is not None and not req.logprobs:
         raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     text = _text_of(server)
-    signature, prompt, context, asked = _chat_prompt(server, text, req)
+    plan = _plan(server, text, req)
+    if plan.thinking or plan.tool_format or plan.constraint:
+        raise OpenAIError(400, "thinking, tools and response_format need the serving "
+                          "engine (off, or not usable with logprobs)", param="model")
+    signature, prompt, context, asked = _chat_prompt(server, text, req, plan)
     [reply], [generated] = _generate(server, signature, [prompt], asked, req)
     reply, stopped = _cut(reply, req.stop)
     finish = "stop" if stopped or generated < asked else "length"
@@ -827,11 +871,13 @@ def make_openai_router(models: ModelRegistry,
 
     def chat_work(server, req: ChatCompletionRequest, loop):
         if _engine_of(server, req) is not None:
-            context, asked = _chat_context(server, req)
-            if context is not None and len(context) + asked <= server.engine.max_len:
-                rows = _engine_rows(server, req, loop, [context], asked)
+            text = _text_of(server)
+            plan = _plan(server, text, req)
+            _, _, context, asked = _chat_prompt(server, text, req, plan)
+            if len(context) + asked <= server.engine.max_len:
+                rows = _engine_rows(server, req, loop, [context], asked, plan.constraint)
                 return EngineReply(rows, "chat", server.name, req.stream,
-                                   _include_usage(req), engine_usage(server))
+                                   _include_usage(req), engine_usage(server), plan=plan)
         _one_choice(req)
         completion, pieces = _chat(server, req)
         counted(server, completion)

@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from serving.deepseek_chat import ChatOutput, ChatPlan
 from serving.engine import Delta, EngineOverloaded, Finished, Request, Sampling
 
 FINISH_REASONS = {"stop": "stop", "length": "length"}
@@ -45,20 +46,23 @@ class EngineRows:
       max_tokens: new tokens at most, per choice.
       sampling: one `Sampling` per choice.
       stop: the stop strings.
+      constraint: makes each choice's grammar `Constraint` (`serving/grammar.py`), or None.
 
     Raises:
       EngineOverloaded: the engine's queue is full (the rows already queued are cancelled).
     """
 
     def __init__(self, engine, loop: asyncio.AbstractEventLoop, contexts: Sequence[list[int]],
-                 max_tokens: int, sampling: Sequence[Sampling], stop: Sequence[str]):
+                 max_tokens: int, sampling: Sequence[Sampling], stop: Sequence[str],
+                 constraint: Callable | None = None):
         self.queue: asyncio.Queue = asyncio.Queue()
         self.requests: list[Request] = []
         self.finished: dict[int, Finished] = {}
         try:
             for i, (ids, knobs) in enumerate(zip(contexts, sampling, strict=True)):
                 self.requests.append(engine.submit(Request(
-                    ids, max_tokens, knobs, self._sink(loop, i), stop=stop)))
+                    ids, max_tokens, knobs, self._sink(loop, i), stop=stop,
+                    constraint=constraint() if constraint is not None else None)))
         except (EngineOverloaded, ValueError):
             self.cancel()
             raise
@@ -113,16 +117,28 @@ class EngineReply:
       include_usage: `stream_options.include_usage`.
       on_usage: called with `usage` once every choice has finished, or None.
       echo: per choice, text to put before the completion (completions' `echo`), or None.
+      plan: a chat request's `ChatPlan` (thinking, tool calls), or None.
     """
 
     def __init__(self, rows: EngineRows, kind: str, model: str, stream: bool,
                  include_usage: bool = False, on_usage: Callable[[dict], None] | None = None,
-                 echo: Sequence[str] | None = None):
+                 echo: Sequence[str] | None = None, plan: ChatPlan | None = None):
         self.rows, self.kind, self.model, self.stream = rows, kind, model, stream
         self.include_usage, self.on_usage, self.echo = include_usage, on_usage, echo
+        self.plan = plan or ChatPlan([], {})
+        self.outputs = [ChatOutput(self.plan) for _ in rows.requests]
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         self.head = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
                      "model": model}
+
+    def _usage(self) -> dict:
+        usage = self.rows.usage()
+        if self.plan.thinking:
+            usage["completion_tokens_details"] = {
+                "reasoning_tokens": sum(o.reasoning_tokens for o in self.outputs)}
+        if self.on_usage is not None:
+            self.on_usage(usage)
+        return usage
 
     async def response(self):
         if self.stream:
@@ -131,15 +147,16 @@ class EngineReply:
         async for index, event in self.rows.events():
             if isinstance(event, Delta):
                 texts[index].append(event.text)
-        usage = self.rows.usage()
-        if self.on_usage is not None:
-            self.on_usage(usage)
+                self.outputs[index].push(event.text, event.tokens)
+        usage = self._usage()
         choices = []
         for i, parts in texts.items():
             text, finish = "".join(parts), _finish_reason(self.rows.finished[i])
             if self.kind == "chat":
-                choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": None, "finish_reason": finish})
+                output = self.outputs[i]
+                output.finish(self.rows.finished[i].completion_tokens)
+                choices.append({"index": i, "message": output.message(), "logprobs": None,
+                                "finish_reason": output.finish_reason(finish)})
             else:
                 echo = self.echo[i] if self.echo else ""
                 choices.append({"text": echo + text, "index": i, "logprobs": None,
@@ -162,14 +179,19 @@ class EngineReply:
             elif self.echo and self.echo[i]:
                 yield self._chunk(i, self.echo[i])
         async for index, event in self.rows.events():
-            if isinstance(event, Delta):
-                yield self._chunk(index, {"content": event.text} if self.kind == "chat"
-                                  else event.text)
+            output = self.outputs[index]
+            if isinstance(event, Delta) and self.kind == "chat":
+                for delta in output.push(event.text, event.tokens):
+                    yield self._chunk(index, delta)
+            elif isinstance(event, Delta):
+                yield self._chunk(index, event.text)
+            elif self.kind == "chat":
+                for delta in output.finish(event.completion_tokens):
+                    yield self._chunk(index, delta)
+                yield self._chunk(index, empty, output.finish_reason(_finish_reason(event)))
             else:
                 yield self._chunk(index, empty, _finish_reason(event))
-        usage = self.rows.usage()
-        if self.on_usage is not None:
-            self.on_usage(usage)
+        usage = self._usage()
         if self.include_usage:
             object_ = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
             yield _sse({**self.head, "object": object_, "choices": [], "usage": usage})

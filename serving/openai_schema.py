@@ -9,7 +9,8 @@ Field names, defaults and ranges are OpenAI's (API reference, "Completions" (leg
     accepted and ignored (they ask for storage or billing this server does not have);
   - `n` (1 to 128, and at most the decode slots) and `logit_bias` (at most 300 token ids,
     each bias in [-100, 100]) need the serving engine; `best_of` must be 1;
-    `frequency_penalty` and `presence_penalty` must be 0, `suffix` null, `tools` / `tool_choice` / `functions` absent and
+    `frequency_penalty` and `presence_penalty` must be 0; `suffix` (fill in the middle)
+    needs DeepSeek's FIM tokens; `tools` / `tool_choice` / `functions` absent and
     `response_format` `{"type": "text"}`: the model has no such controls;
   - `top_k` (an int >= 0, 0 = no top-k filter) is accepted as an extension, as vLLM does.
 
@@ -32,10 +33,12 @@ MAX_STOP = 32
 MAX_STOP_CHARS = 1024
 MAX_LOGPROBS = 5  # completions: OpenAI's largest `logprobs`
 MAX_TOP_LOGPROBS = 20  # chat: OpenAI's largest `top_logprobs`
+MAX_NAME_CHARS = 64  # OpenAI's longest function and schema name
+MAX_TOOLS = 128  # OpenAI's most tools per request
 MAX_N = 128  # choices per prompt; the engine's free decode slots bound it further
 MAX_LOGIT_BIAS = 300  # OpenAI's most logit_bias entries
 # OpenAI fields that are accepted and have no effect here (no storage, no tiers).
-IGNORED_FIELDS = ("store", "metadata", "service_tier", "parallel_tool_calls", "name")
+IGNORED_FIELDS = ("store", "metadata", "service_tier", "name")
 
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
@@ -138,14 +141,7 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     best_of: Count = 1
-    suffix: Any = None
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, value):
-        if value is not None:
-            raise ValueError("is not supported: the model does not fill in the middle")
-        return value
+    suffix: str | None = None  # fill in the middle: needs DeepSeek's FIM tokens
 
     @field_validator("best_of")
     @classmethod
@@ -179,15 +175,33 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Any
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Any = Field(default=None, validate_default=True)
     name: str | None = None  # accepted, ignored
+    tool_calls: list[ToolCall] | None = None  # assistant
+    tool_call_id: str | None = None  # tool
+    reasoning_content: str | None = None  # assistant (DeepSeek's API)
+    prefix: bool = False  # the last assistant message: chat prefix completion (DeepSeek's)
 
     @field_validator("content")
     @classmethod
     def _content(cls, value):
-        """str | [{"type": "text", "text": str}, ...] -> str (the parts joined)."""
+        """str | [{"type": "text", "text": str}, ...] | None -> str (the parts joined;
+        None as "", for an assistant message with tool_calls)."""
+        if value is None:
+            return ""
         if isinstance(value, str):
             return value
         if isinstance(value, list):
@@ -199,8 +213,33 @@ class Message(_Strict):
                          "(the model reads text only)")
 
 
+class JsonSchemaFormat(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)] = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Strict):
-    type: Literal["text"]
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class Function(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS,
+                               pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: Function
+
+
+class Thinking(_Strict):
+    type: Literal["enabled", "disabled"]
 
 
 class ChatCompletionRequest(_Sampling):
@@ -211,18 +250,36 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     response_format: ResponseFormat | None = None
-    tools: Any = None
-    tool_choice: Any = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", ...}
     functions: Any = None
     function_call: Any = None
-    parallel_tool_calls: Any = None  # accepted, ignored
+    parallel_tool_calls: bool | None = None  # False: a forced call is exactly one
+    thinking: Thinking | None = None  # DeepSeek's API
+    reasoning_effort: Literal["low", "medium", "high", "max"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's and SGLang's
 
-    @field_validator("tools", "tool_choice", "functions", "function_call")
+    @field_validator("functions", "function_call")
     @classmethod
-    def _no_tools(cls, value):
+    def _no_functions(cls, value):
         if value is not None:
-            raise ValueError("is not supported: the model makes no tool or function calls")
+            raise ValueError("is not supported (OpenAI's deprecated form): use tools and "
+                             "tool_choice")
         return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value):
+        """None | "none" | "auto" | "required" | {"type": "function", "function":
+        {"name": str}}."""
+        if value is None or value in ("none", "auto", "required"):
+            return value
+        if (isinstance(value, dict) and value.get("type") == "function"
+                and isinstance(value.get("function"), dict)
+                and isinstance(value["function"].get("name"), str) and len(value) == 2):
+            return value
+        raise ValueError('must be "none", "auto", "required" or {"type": "function", '
+                         '"function": {"name": ...}}')
 
 
 def _param(loc: tuple) -> str:

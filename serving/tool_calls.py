@@ -572,7 +572,7 @@ def _chosen(tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping[str, 
 
 def tool_call_grammar_v4(tools: Sequence[Mapping[str, Any]],
                          tool_choice: str | Mapping[str, Any] = "required", *,
-                         thinking: bool = False) -> str:
+                         thinking: bool = False, parallel: bool = True) -> str:
     """An llguidance Lark grammar for a V4 reply that is only tool calls, in DSML exactly as
     encoding_dsv4.py renders them (for `serving.grammar.TokenGrammar.lark`).
 
@@ -592,12 +592,14 @@ def tool_call_grammar_v4(tools: Sequence[Mapping[str, Any]],
       tool_choice: "required" or a named function.
       thinking: the prompt ended in "<think>" (thinking mode): reasoning up to the first
         "</think>" comes first, free.
+      parallel: OpenAI's `parallel_tool_calls`; False: exactly one call.
 
     Raises:
       ValueError: no tools, a tool without a function name, a tool_choice that forces
         nothing ("none", "auto") or names no tool, or a parameter schema with no value.
     """
     functions, single = _chosen(tools, tool_choice)
+    single = single or not parallel
     opening = _lark_string(TOOL_CALLS_SEPARATOR + TOOL_CALLS_START)
     closing = _lark_string("\n" + TOOL_CALLS_END)
     lines = [f"start: {'think ' if thinking else ''}{opening} calls {closing}",

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.slow
 
 UNITS = {"the": 40, " the": 60, " quick": 12, " brown": 9, " fox": 9, " jumps": 5, " over": 7,
          "你好": 6, "世界": 5, "。": 10, "，": 20, "明月": 4, "\n": 30}
-VOCAB = 300
+VOCAB, CONTEXT = 300, 160
 PROMPTS = ["the", "the quick brown fox jumps over the", "床前明月光，疑是地上霜。"]
-NEW = [12, 5, 20]
+NEW = [12, 5, 70]  # the third needs > 64 positions: the running rows' cache grows
 
 
 def _export(out, family: str):
@@ -35,10 +35,12 @@ def _export(out, family: str):
     keras.utils.set_random_seed(7)
     if family == "v3":
         config = dataclasses.replace(get_config("tiny").model, vocab_size=VOCAB,
-                                     num_hidden_layers=2, num_nextn_predict_layers=0)
+                                     max_position_embeddings=CONTEXT, num_hidden_layers=2,
+                                     num_nextn_predict_layers=0)
         model = DeepSeekCausalLM(config)
     else:
         config = dataclasses.replace(get_config("tiny_v4").model, vocab_size=VOCAB,
+                                     max_position_embeddings=CONTEXT,
                                      num_nextn_predict_layers=0)
         model = DeepSeekV4CausalLM(config)
     model(tf.zeros([1, 4], tf.int32))
@@ -124,12 +126,13 @@ def test_tokens_equal_the_generate_signature_as_rows_join_and_leave(saved, engin
             knobs["temperature"][b], knobs["top_k"][b], knobs["top_p"][b], knobs["seed"][b]),
             sinks[b]))
         sinks[b].first.wait(60)
+    assert engine.stats()["cache_len"] == 128  # grown from 64 when the third joined
     for b, sink in enumerate(sinks):
         sink.wait()
         assert sink.text == expected["text"][b], b
         assert sink.finished.completion_tokens == expected["n"][b]
         assert sink.finished.reason == ("length" if expected["n"][b] == NEW[b] else "stop")
-    assert engine.stats()["running"] == 0
+    assert engine.stats()["running"] == 0 and engine.stats()["cache_len"] == 0
 
 
 def test_a_stop_string_stops_generation(saved, engine):

@@ -290,16 +290,26 @@ def test_bad_completion_params_are_400_naming_the_param(served, body, param, wor
 
 @pytest.mark.parametrize("body, param, words", [
     ({"model": NAME, "messages": []}, "messages", "at least 1"),
-    ({"model": NAME, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role",
+    ({"model": NAME, "messages": [{"role": "function", "content": "x"}]}, "messages[0].role",
      "system"),
+    ({"model": NAME, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role",
+     "tool messages"),
     ({"model": NAME, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content", "text"),
     ({"model": NAME, "messages": [{"role": "user", "content": "x", "extra": 1}]},
      "messages[0].extra", "unknown field"),
     ({"model": NAME, "messages": [{"role": "assistant", "content": "x"}]}, "messages",
      "assistant"),
-    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "tools": []}, "tools",
-     "no tool"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f"}}]}, "tools", "renders none"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "x"}],
+      "thinking": {"type": "enabled"}}, "thinking", "no thinking mode"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}},
+     "response_format.json_schema.schema", "schema"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "x"}, {
+        "role": "assistant", "content": "y", "prefix": True}, {"role": "user", "content": "z"}]},
+     "messages[1].prefix", "last message"),
     ({"model": NAME, "messages": [{"role": "user", "content": "x"}], "stream": True,
       "logprobs": True}, "logprobs", "stream"),
     ({"model": NAME, "messages": [{"role": "user", "content": "x"}],
@@ -580,16 +590,10 @@ def test_cli_generate_takes_a_prompt_file_byte_for_byte(chat_model, served, tmp_
 # ----------------------------------------------------------------------------- the engine
 
 
-def _eos(served) -> int:
-    from savedmodel.layout import read_tokenizer
-
-    return read_tokenizer(served[1].path).eos_id
-
-
 def test_a_stream_sends_tokens_as_they_are_made(served):
     engine = served[1].engine
     body = {"model": NAME, "prompt": "the", "max_tokens": 40, "seed": 4, "stream": True,
-            "logit_bias": {str(_eos(served)): -100}}  # no early [EOS]: 40 tokens
+            "logit_bias": {str(_eos(served[1])): -100}}  # no early [EOS]: 40 tokens
     running_at_first, pieces = None, []
     with httpx.stream("POST", served[0] + "/completions", json=body, timeout=60) as r:
         for line in r.iter_lines():
@@ -607,7 +611,7 @@ def test_a_stream_sends_tokens_as_they_are_made(served):
 def test_a_client_that_disconnects_frees_its_slot(served):
     engine = served[1].engine
     body = {"model": NAME, "prompt": "the", "max_tokens": 60, "seed": 5, "stream": True,
-            "logit_bias": {str(_eos(served)): -100}}
+            "logit_bias": {str(_eos(served[1])): -100}}
     with httpx.stream("POST", served[0] + "/completions", json=body, timeout=60) as r:
         next(line for line in r.iter_lines() if line.startswith('data: {"'))
         steps = engine.stats()["steps"]
@@ -629,11 +633,5 @@ def test_n_choices_and_logit_bias(client, served):
     forced = client.completions.create(model=NAME, prompt="the", max_tokens=5, temperature=0,
                                        logit_bias={"40": 100})
     assert forced.usage.completion_tokens == 5
-    assert forced.choices[0].text == _decode_ids(served, [40] * 5)
+    assert forced.choices[0].text == _decode_ids(served[1], [40] * 5)
 
-
-def _decode_ids(served, ids) -> str:
-    from savedmodel.layout import read_tokenizer
-
-    surfaces = read_tokenizer(served[1].path).surfaces()
-    return b"".join(surfaces[i] for i in ids).decode("utf-8", "replace")
