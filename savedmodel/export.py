@@ -80,8 +80,7 @@ from common.json_file import write_json
 from config import GenerationConfig, PipelineConfig
 from config.data import CHAT_TASKS
 from models import checkpoints
-from models.deepseek.engine_steps import decode_rows, prefill_rows
-from models.deepseek.generation import generate
+from models.deepseek.engine_steps import decode_rows, generate_with_steps, prefill_rows
 from savedmodel.hf_generation import generation_config_to_hf
 from savedmodel.layout import (
     CHAT_PROMPT_ASSET,
@@ -244,16 +243,16 @@ class ServingModule(tf.Module):
         """One batched `generate` over all prompts, each with its own knobs ([B] each)."""
         templated = self.chat_prompt is not None and not raw
         ids, lengths = self._prompt_ids(prompt, max_new_tokens, templated)  # [B, P], [B]
-        tokens, _ = generate(
-            self.model,
-            ids,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            stop_token_id=self.eos_id,
-            prompt_lengths=lengths,
+        tf.debugging.assert_greater_equal(max_new_tokens, 1, message="max_new_tokens must be >= 1")
+        tf.debugging.assert_less_equal(
+            tf.reduce_max(tf.concat([lengths + max_new_tokens, [0]], 0)), self.max_context,
+            message="prompt + max_new_tokens exceeds max_position_embeddings (cached mode)")
+        # `generate`'s decoding: the prompts through the engine's prefill function (one
+        # call: the SavedModel holds no second prefill graph), then the decoding loop
+        # traced in place (a function call per step would cost ~2 ms a token on CPU).
+        tokens, _ = generate_with_steps(
+            self.engine_prefill, self._decode_step, ids, lengths, max_new_tokens,
+            (temperature, top_k, top_p, seed), stop_token_id=self.eos_id,
         )  # [B, P + max(max_new_tokens)]
         steps = tf.range(tf.reduce_max(tf.concat([max_new_tokens, [0]], 0)))[None, :]  # [1, N]
         columns = tf.minimum(lengths[:, None] + steps, tf.shape(tokens)[1] - 1)  # [B, N]
@@ -298,6 +297,12 @@ class ServingModule(tf.Module):
                                     (temperature, top_k, top_p, seed),
                                     (bitmask, bias_ids, bias_values))
         return {"token": token, "cache": cache}
+
+    def _decode_step(self, tokens, positions, cache, steps, temperature, top_k, top_p, seed,
+                     bitmask, bias_ids, bias_values):
+        """`engine_decode`'s body, traced where it is called (`generate`'s loop)."""
+        return self._engine_decode(tokens, positions, cache, steps, temperature, top_k, top_p,
+                                   seed, bitmask, bias_ids, bias_values)
 
     def _engine_decode(self, tokens, positions, cache, steps, temperature, top_k, top_p, seed,
                        bitmask, bias_ids, bias_values):

@@ -108,3 +108,63 @@ def decode_rows(model, tokens, positions, cache, sampling, steps, constraints):
                                           in_place=True)  # (B, 1, V)
     logits = constrain_logits(logits[:, -1], *constraints)  # (B, V)
     return _choose(logits, temperature, top_k, top_p, seed, steps), cache
+
+
+def generate_with_steps(prefill, decode, input_ids, prompt_lengths, max_new_tokens, sampling,
+                        stop_token_id: int):
+    """`generation.generate`'s cached decoding, as a `tf.while_loop` over the two steps.
+
+    The same tokens as `generate(model, input_ids, max_new_tokens, *sampling,
+    stop_token_id=stop_token_id, prompt_lengths=prompt_lengths)`: `prefill` chooses each
+    row's step 0 from the prompt's logits, and each `decode` call feeds a row's newest token
+    (the stop id once the row has finished) and chooses its next. A SavedModel whose
+    `generate` signature calls its own `engine_prefill` and `engine_decode` functions
+    holds one graph of the model per step instead of two (`savedmodel/export.py`).
+
+    Args:
+      prefill: `prefill_rows` with the model bound, called with keywords (input_ids,
+        prompt_lengths, cache_len, temperature, top_k, top_p, seed, bitmask, bias_ids,
+        bias_values) -> {"token", "cache"}.
+      decode: `decode_rows` likewise (tokens, positions, cache, steps, and the same
+        knobs) -> {"token", "cache"}.
+      input_ids: int32 (B, P), right-padded prompts. prompt_lengths: int32 (B,).
+      max_new_tokens: int32 (B,), each >= 1.
+      sampling: (temperature, top_k, top_p, seed), each (B,).
+      stop_token_id: a row that chooses it has finished.
+
+    Returns:
+      (tokens int32 (B, P + N) with each row's prompt then its new tokens then
+       stop_token_id, N = max(max_new_tokens); lengths int32 (B,)), as `generate`.
+    """
+    temperature, top_k, top_p, seed = sampling
+    batch = tf.shape(input_ids)[0]
+    knobs = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                 bitmask=tf.zeros([batch, 0], tf.int32), bias_ids=tf.zeros([batch, 0], tf.int32),
+                 bias_values=tf.zeros([batch, 0], tf.float32))
+    ends = prompt_lengths + max_new_tokens  # (B,)
+    cache_len = tf.reduce_max(tf.concat([ends, [1]], axis=0))  # 1 if B = 0
+    most_new = tf.reduce_max(tf.concat([max_new_tokens, [1]], axis=0))
+    tokens = tf.concat([input_ids, tf.fill([batch, most_new], stop_token_id)], axis=1)
+    columns = tf.range(tf.shape(tokens)[1])[None, :]  # (1, P + N)
+    first = prefill(input_ids=input_ids, prompt_lengths=prompt_lengths, cache_len=cache_len,
+                    **knobs)
+
+    def body(step, tokens, cache, token, finished, lengths):
+        positions = prompt_lengths + step  # (B,) where this step's token goes
+        active = tf.logical_not(finished)
+        token = tf.where(active, token, stop_token_id)  # (B,)
+        stopped = tf.logical_and(active, tf.equal(token, stop_token_id))
+        lengths = tf.where(stopped, positions + 1, lengths)
+        finished = tf.logical_or(tf.logical_or(finished, stopped), step + 1 >= max_new_tokens)
+        write = tf.logical_and(tf.equal(columns, positions[:, None]), active[:, None])
+        tokens = tf.where(write, token[:, None], tokens)  # (B, P + N)
+        out = decode(tokens=token, positions=tf.minimum(positions, cache_len - 1), cache=cache,
+                     steps=tf.fill([batch], step + 1), **knobs)  # unused after the last step
+        return step + 1, tokens, out["cache"], out["token"], finished, lengths
+
+    _, tokens, _, _, _, lengths = tf.while_loop(
+        lambda step, tokens, cache, token, finished, lengths: tf.logical_not(
+            tf.reduce_all(finished)),
+        body, (tf.constant(0), tokens, first["cache"], first["token"],
+               tf.zeros([batch], tf.bool), ends))
+    return tf.where(columns < lengths[:, None], tokens, stop_token_id), lengths
