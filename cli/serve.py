@@ -122,6 +122,8 @@ _SERVE_FIELDS = {
     "max_waiting_requests": ("N", "requests waiting for a decode slot (more: 503)"),
     "slot_positions": ("N", "positions per decode slot, prompt + max_tokens (0: the "
                             "model's context)"),
+    "decode_steps_per_call": ("N", "decoding steps per engine call (fewer calls; an "
+                                   "arrival waits up to N steps)"),
 }
 
 

@@ -15,6 +15,21 @@ tokenizer, with signatures:
   detokenize       input_ids int32 [batch, seq] -> text tf.string [batch] (special
                    tokens, padding included, decode to nothing)
 
+Besides the signatures, the module carries the serving engine's two functions
+(`serving/engine.py`; tf.functions of the SavedModel, not signatures: their KV cache is the
+caller's state between calls, which TF Serving does not keep):
+
+  engine_prefill   input_ids int32 [B, P], prompt_lengths int32 [B], cache_len int32 [],
+                   and per row temperature, top_k, top_p, seed, bitmask int32 [B, W],
+                   bias_ids int32 [B, K], bias_values float32 [B, K]
+                   -> token int32 [B] (each row's first new token), cache
+  engine_decode    tokens int32 [B], positions int32 [B], cache, steps int32 [B],
+                   num_steps int32 [], and the same per-row inputs -> token int32
+                   [B, num_steps] (each row's next tokens), cache (written in place)
+
+(`models/deepseek/engine_steps.py`). `generate` runs its prompts through
+`engine_prefill` too, so the SavedModel holds one prefill graph of the model.
+
 A model fine-tuned on chat records (`data.task = "sft"`) answers prompts: its
 `serving_default` and `generate` wrap each prompt in the chat template's
 prefix and suffix (`chat_template.prompt_affixes`; `assets.extra/chat_prompt.json`
@@ -80,7 +95,12 @@ from common.json_file import write_json
 from config import GenerationConfig, PipelineConfig
 from config.data import CHAT_TASKS
 from models import checkpoints
-from models.deepseek.engine_steps import decode_rows, generate_with_steps, prefill_rows
+from models.deepseek.engine_steps import (
+    decode_rows,
+    decode_steps,
+    generate_with_steps,
+    prefill_rows,
+)
 from savedmodel.hf_generation import generation_config_to_hf
 from savedmodel.layout import (
     CHAT_PROMPT_ASSET,
@@ -183,7 +203,8 @@ class ServingModule(tf.Module):
                 tf.TensorSpec([None], tf.int32, name="tokens"),
                 tf.TensorSpec([None], tf.int32, name="positions"),
                 cache_spec(model),
-                tf.TensorSpec([None], tf.int32, name="steps"), *ENGINE_ROW_SIGNATURE])
+                tf.TensorSpec([None], tf.int32, name="steps"),
+                tf.TensorSpec([], tf.int32, name="num_steps"), *ENGINE_ROW_SIGNATURE])
         if chat_prompt is not None:
             # Only a chat model has it: every tf.function of the module is traced when
             # it is saved, and this one is a whole second decoding loop.
@@ -300,16 +321,18 @@ class ServingModule(tf.Module):
 
     def _decode_step(self, tokens, positions, cache, steps, temperature, top_k, top_p, seed,
                      bitmask, bias_ids, bias_values):
-        """`engine_decode`'s body, traced where it is called (`generate`'s loop)."""
-        return self._engine_decode(tokens, positions, cache, steps, temperature, top_k, top_p,
-                                   seed, bitmask, bias_ids, bias_values)
-
-    def _engine_decode(self, tokens, positions, cache, steps, temperature, top_k, top_p, seed,
-                       bitmask, bias_ids, bias_values):
+        """One step of `engine_decode`, traced where it is called (`generate`'s loop)."""
         token, cache = decode_rows(self.model, tokens, positions, cache,
                                    (temperature, top_k, top_p, seed), steps,
                                    (bitmask, bias_ids, bias_values))
         return {"token": token, "cache": cache}
+
+    def _engine_decode(self, tokens, positions, cache, steps, num_steps, temperature, top_k,
+                       top_p, seed, bitmask, bias_ids, bias_values):
+        token, cache = decode_steps(self.model, tokens, positions, cache,
+                                    (temperature, top_k, top_p, seed), steps,
+                                    (bitmask, bias_ids, bias_values), num_steps)
+        return {"token": token, "cache": cache}  # token (B, num_steps)
 
     def _generate_raw(self, prompt, max_new_tokens, temperature, top_k, top_p, seed):
         """`generate_raw` (chat models only): `generate` on the prompt as given."""

@@ -167,13 +167,20 @@ class Engine:
       vocab_size: the model's vocabulary (the bitmask's width, ceil(V/32) words).
       observer: optional hooks (`metrics.EngineObserver`): `queued(seconds)`,
         `first_token(seconds)`, `next_token(seconds)`, `finished(seconds)`.
+      steps_per_call: decoding steps per `engine_decode` call (vLLM's multi-step
+        scheduling): a call costs ~2 ms on a CPU whatever it computes, so 4 steps a call
+        bring a lone request's per-token time near `generate`'s in-graph loop. A request
+        that arrives meanwhile waits up to that many steps; a step with a grammar row,
+        or a row with fewer tokens left, takes fewer.
     """
 
     def __init__(self, module, surfaces: Sequence[bytes], eos_id: int, max_len: int,
                  slots: int = 8, max_waiting: int = 64, vocab_size: int | None = None,
-                 observer=None):
-        if slots < 1 or max_len < 2:
-            raise ValueError(f"slots={slots} must be >= 1 and max_len={max_len} >= 2")
+                 observer=None, steps_per_call: int = 4):
+        if slots < 1 or max_len < 2 or steps_per_call < 1:
+            raise ValueError(f"slots={slots} and steps_per_call={steps_per_call} must be >= 1 "
+                             f"and max_len={max_len} >= 2")
+        self.steps_per_call = steps_per_call
         self._prefill_fn, self._decode_fn = module.engine_prefill, module.engine_decode
         self.surfaces, self.eos_id = list(surfaces), eos_id
         self.max_len = max_len
@@ -186,7 +193,8 @@ class Engine:
         self._cache = None  # the running rows' cache (first axis: self._running)
         self._cond = threading.Condition()
         self._closed = False
-        self.steps = 0
+        self.steps = 0  # decoding steps (tokens per running row)
+        self.calls = 0  # engine_decode calls
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
 
@@ -242,12 +250,14 @@ class Engine:
         return done[0]
 
     def stats(self) -> dict:
-        """running, waiting, slots, steps; cache_len and cache_bytes: the running rows'
-        cache, its positions per row and its bytes."""
+        """running, waiting, slots, steps (decoding steps), calls (of engine_decode);
+        cache_len and cache_bytes: the running rows' cache, its positions per row and its
+        bytes."""
         with self._cond:
             cache = self._cache
             return {"running": len(self._running), "waiting": len(self._waiting),
-                    "slots": self.slots, "steps": self.steps, "cache_len": self.cache_len,
+                    "slots": self.slots, "steps": self.steps, "calls": self.calls,
+                    "cache_len": self.cache_len,
                     "cache_bytes": 0 if cache is None else sum(
                         int(np.prod(t.shape)) * t.dtype.size for t in tf.nest.flatten(cache))}
 
@@ -338,10 +348,13 @@ class Engine:
         tokens = np.array([r.tokens[-1] if r.tokens else self.eos_id for r in rows], np.int32)
         positions = np.array([len(r.prompt_ids) + len(r.tokens) - 1 for r in rows], np.int32)
         steps = np.array([len(r.tokens) for r in rows], np.int32)
+        left = min(r.max_tokens - len(r.tokens) for r in rows)  # >= 1: no row overruns
+        k = 1 if any(r.constraint is not None for r in rows) else min(self.steps_per_call, left)
         out = self._decode_fn(tokens=tokens, positions=positions, cache=self._cache,
-                              steps=steps, **self._knobs(rows))
+                              steps=steps, num_steps=np.int32(k), **self._knobs(rows))
         self._cache = out["cache"]
-        self.steps += 1
+        self.steps += k
+        self.calls += 1
         kept = self._take_tokens(rows, out["token"].numpy())
         if len(kept) < len(rows):
             self._keep(kept)
@@ -366,21 +379,33 @@ class Engine:
         return r.cancelled
 
     def _take_tokens(self, rows: list[Request], tokens: np.ndarray) -> list[int]:
-        """Hands each row its new token; returns the indices of the rows that go on."""
+        """Hands each row its new tokens ((B,) or (B, k)), up to its end; returns the
+        indices of the rows that go on."""
         now = time.monotonic()
+        tokens = tokens.reshape(len(rows), -1)
         kept = []
-        for i, (r, token) in enumerate(zip(rows, tokens.tolist(), strict=True)):
-            if self.observer is not None:
+        for i, (r, row) in enumerate(zip(rows, tokens.tolist(), strict=True)):
+            if self.observer is not None:  # a call's k tokens share its time
                 if r.last_token_at is None:
                     self.observer.first_token(now - r.submitted)
                 else:
-                    self.observer.next_token(now - r.last_token_at)
+                    for _ in row:
+                        self.observer.next_token((now - r.last_token_at) / len(row))
             r.last_token_at = now
-            reason = self._advance(r, int(token))
+            reason = None
+            for token in row:
+                try:
+                    reason = self._advance(r, int(token))
+                except Exception as e:  # noqa: BLE001 (e.g. a grammar refusing a token)
+                    log.warning("engine: a request ended with an error: %s", e)
+                    reason = "error"
+                    self._finish(r, "error", error=f"{type(e).__name__}: {e}")
+                    break
+                if reason is not None:
+                    self._finish(r, reason)
+                    break
             if reason is None:
                 kept.append(i)
-            else:
-                self._finish(r, reason)
         return kept
 
     def _advance(self, r: Request, token: int) -> str | None:

@@ -208,7 +208,8 @@ class ModelServer:
                       min(self.serve.slot_positions or self.context, self.context),
                       slots=self.serve.decode_slots,
                       max_waiting=self.serve.max_waiting_requests,
-                      vocab_size=self.vocab_size)
+                      vocab_size=self.vocab_size,
+                      steps_per_call=self.serve.decode_steps_per_call)
 
     def close(self) -> None:
         """Stops the batch threads and the engine (queued requests get Unavailable, or

@@ -110,6 +110,31 @@ def decode_rows(model, tokens, positions, cache, sampling, steps, constraints):
     return _choose(logits, temperature, top_k, top_p, seed, steps), cache
 
 
+def decode_steps(model, tokens, positions, cache, sampling, steps, constraints, num_steps):
+    """`num_steps` decoding steps of every row in one graph (`tf.while_loop` of
+    `decode_rows`): each step feeds the token the previous one chose. A caller pays one
+    function call for `num_steps` tokens per row (vLLM's multi-step scheduling); the
+    constraints' bitmask holds for every step, so a caller with a grammar row asks for 1.
+
+    Args:
+      model, tokens, positions, cache, sampling, steps, constraints: as `decode_rows`.
+        Every row's positions + num_steps - 1 must be inside its cache.
+      num_steps: int32 scalar >= 1.
+
+    Returns:
+      (tokens int32 (B, num_steps): each row's next num_steps tokens; the cache).
+    """
+    def body(i, token, cache, chosen):
+        token, cache = decode_rows(model, token, positions + i, cache, sampling, steps + i,
+                                   constraints)  # (B,)
+        return i + 1, token, cache, chosen.write(i, token)
+
+    chosen = tf.TensorArray(tf.int32, size=num_steps, element_shape=tokens.shape)
+    _, _, cache, chosen = tf.while_loop(lambda i, *_: i < num_steps, body,
+                                        (tf.constant(0), tokens, cache, chosen))
+    return tf.transpose(chosen.stack()), cache  # (B, num_steps)
+
+
 def generate_with_steps(prefill, decode, input_ids, prompt_lengths, max_new_tokens, sampling,
                         stop_token_id: int):
     """`generation.generate`'s cached decoding, as a `tf.while_loop` over the two steps.

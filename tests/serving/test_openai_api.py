@@ -615,7 +615,7 @@ def test_a_client_that_disconnects_frees_its_slot(served):
     with httpx.stream("POST", served[0] + "/completions", json=body, timeout=60) as r:
         next(line for line in r.iter_lines() if line.startswith('data: {"'))
         steps = engine.stats()["steps"]
-    for _ in range(200):  # the server sees the disconnect, then the engine's next step
+    for _ in range(200):  # the server sees the disconnect, then the engine's next call
         if engine.stats()["running"] == 0:
             break
         time.sleep(0.02)
