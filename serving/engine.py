@@ -200,9 +200,14 @@ class Engine:
 
     @staticmethod
     def has_engine(module) -> bool:
-        """Whether a loaded SavedModel carries the engine's functions (exports before
-        them serve through the batcher only)."""
-        return hasattr(module, "engine_prefill") and hasattr(module, "engine_decode")
+        """Whether a loaded SavedModel carries the engine's functions, multi-step
+        `engine_decode` included (exports before them serve through the batcher only)."""
+        if not (hasattr(module, "engine_prefill") and hasattr(module, "engine_decode")):
+            return False
+        functions = module.engine_decode.concrete_functions
+        return bool(functions) and any(
+            getattr(spec, "name", None) == "num_steps"
+            for spec in tf.nest.flatten(functions[0].structured_input_signature))
 
     # -- the public side -----------------------------------------------------------------
     def submit(self, request: Request) -> Request:

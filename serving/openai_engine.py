@@ -96,10 +96,20 @@ class EngineRows:
                 "total_tokens": prompt + completion}
 
 
+class EngineFailed(RuntimeError):
+    """The engine ended a choice with an error (a 500)."""
+
+
 def _finish_reason(event: Finished) -> str:
     if event.reason == "error":
-        raise RuntimeError(f"the engine failed: {event.error}")
+        raise EngineFailed(f"the engine failed: {event.error}")
     return FINISH_REASONS.get(event.reason, "stop")
+
+
+def _error_event(error: Exception) -> bytes:
+    """OpenAI's error shape as a stream's last event (the HTTP status was sent already)."""
+    return _sse({"error": {"message": str(error), "type": "server_error", "param": None,
+                           "code": None}})
 
 
 def _sse(payload) -> bytes:
@@ -172,6 +182,15 @@ class EngineReply:
         return _sse({**self.head, "object": "text_completion", "choices": [choice]})
 
     async def _events(self) -> AsyncIterator[bytes]:
+        try:
+            async for event in self._chunks():
+                yield event
+        except EngineFailed as e:  # the stream ends with the error, then [DONE]
+            self.rows.cancel()
+            yield _error_event(e)
+            yield b"data: [DONE]\n\n"
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
         empty = {} if self.kind == "chat" else ""
         for i in range(len(self.rows.requests)):
             if self.kind == "chat":
