@@ -2,7 +2,8 @@
 they are made.
 
 A request enters a FIFO queue; between two decode steps the engine thread admits as many
-waiting requests as there are free slots (one batched `engine_prefill` call, which also
+waiting requests as there are free slots (batched `engine_prefill` calls of at most
+`prefill_tokens` padded prompt tokens each, which also
 chooses each one's first token), and every step (`engine_decode`) advances every running
 request by one token. A request leaves its slot the step it ends (EOS, `max_tokens`, a
 stop string, its grammar's end, or a cancel such as a client that disconnected), so no
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -56,6 +58,21 @@ def cache_positions(need: int) -> int:
     sizes: each new one is a new shape for the kernels). A power of two past 1,024 is a
     multiple of the chunked prefill's 1,024 (`generation._prefill`'s cache size)."""
     return max(64, 1 << max(need - 1, 1).bit_length())
+
+
+def prefill_groups(rows: list, budget: int) -> list[list]:
+    """`rows` (requests, in order) in groups of one prefill call each: a group's padded
+    prompt tokens (rows x its longest prompt) stay within `budget`, so a burst of long
+    prompts (or `n` choices of one) never holds all their attention scores at once (vLLM's
+    `max_num_batched_tokens`). A prompt longer than the budget is a group alone."""
+    groups: list[list] = []
+    for r in rows:
+        group = groups[-1] if groups else None
+        if group and (len(group) + 1) * max(len(x.prompt_ids) for x in (*group, r)) <= budget:
+            group.append(r)
+        else:
+            groups.append([r])
+    return groups
 
 
 def _pad_like(buffer, like):
@@ -172,15 +189,17 @@ class Engine:
         bring a lone request's per-token time near `generate`'s in-graph loop. A request
         that arrives meanwhile waits up to that many steps; a step with a grammar row,
         or a row with fewer tokens left, takes fewer.
+      prefill_tokens: padded prompt tokens per prefill call (`prefill_groups`).
     """
 
     def __init__(self, module, surfaces: Sequence[bytes], eos_id: int, max_len: int,
                  slots: int = 8, max_waiting: int = 64, vocab_size: int | None = None,
-                 observer=None, steps_per_call: int = 4):
+                 observer=None, steps_per_call: int = 4, prefill_tokens: int = 4096):
         if slots < 1 or max_len < 2 or steps_per_call < 1:
             raise ValueError(f"slots={slots} and steps_per_call={steps_per_call} must be >= 1 "
                              f"and max_len={max_len} >= 2")
         self.steps_per_call = steps_per_call
+        self.prefill_tokens = prefill_tokens
         self._prefill_fn, self._decode_fn = module.engine_prefill, module.engine_decode
         self.surfaces, self.eos_id = list(surfaces), eos_id
         self.max_len = max_len
@@ -281,23 +300,36 @@ class Engine:
                     self._cond.wait()
                 if self._closed:
                     break
+                gone = [r for r in self._waiting if r.cancelled]  # e.g. clients that left
+                self._waiting = deque(r for r in self._waiting if not r.cancelled)
                 free = self.slots - len(self._running)
                 admitted = [self._waiting.popleft()
                             for _ in range(min(free, len(self._waiting)))]
-            try:
-                self._drop_cancelled()
-                admitted = [r for r in admitted if not self._end_if_cancelled(r)]
-                if admitted:
-                    self._prefill(admitted)
-                if self._running:
-                    self._decode()
-            except Exception as e:  # a model failure ends its requests, not the engine
-                log.exception("engine step failed")
-                for r in [*admitted, *self._running]:
-                    self._finish(r, "error", error=f"{type(e).__name__}: {e}")
-                self._running, self._cache = [], None
+            for r in gone:
+                self._finish(r, "cancelled")
+            self._drop_cancelled()
+            admitted = [r for r in admitted if not self._end_if_cancelled(r)]
+            for group in prefill_groups(admitted, self.prefill_tokens):
+                self._step(functools.partial(self._prefill, group), group, decode=False)
+            if self._running:
+                self._step(self._decode, list(self._running), decode=True)
         for r in [*self._waiting, *self._running]:
             self._finish(r, "cancelled")
+
+    def _step(self, run: Callable[[], None], rows: list[Request], decode: bool) -> None:
+        """`run()`; a failure ends `rows` with the error, not the engine (a failed decode
+        also drops the running rows' cache, which it may have written; a failed prefill
+        leaves it as it was)."""
+        try:
+            run()
+        except Exception as e:  # noqa: BLE001 (the engine keeps serving)
+            log.exception("engine step failed")
+            for r in rows:
+                self._finish(r, "error", error=f"{type(e).__name__}: {e}")
+            if decode:
+                with self._cond:
+                    self._running = []
+                self._cache, self.cache_len = None, 0
 
     def _knobs(self, rows: list[Request]) -> dict:
         """The per-row sampling inputs and constraints of the engine's functions."""

@@ -7,16 +7,12 @@ values byte for byte), chat prefix completion, FIM's named refusal, and hostile 
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import socket
-import threading
-import time
 
 import httpx
 import jsonschema
 import pytest
-import tensorflow as tf
+from tiny_text_model import openai_app, tiny_causal_lm
 
 # Slow tier: the module exports a tiny V3 and a tiny V4 chat SavedModel.
 pytestmark = pytest.mark.slow
@@ -38,31 +34,17 @@ POETS = {"type": "object", "properties": {"诗人": {"enum": ["李白", "杜甫"
 
 
 def _export(out, family: str):
-    import keras
-
-    from config import GenerationConfig, get_config
-    from models.deepseek.causal_lm import DeepSeekCausalLM
-    from models.deepseek_v4.causal_lm import DeepSeekV4CausalLM
+    from config import GenerationConfig
     from savedmodel.export import save_text_model
     from tokenization import chat_template
     from tokenization.byte_level_bpe import ByteLevelBpe
     from tokenization.deepseek_v4_chat import DEEPSEEK_V4_CHAT_TEMPLATE
     from tokenization.tokenizer import learn
 
-    keras.utils.set_random_seed(5)
     tokenizer = ByteLevelBpe(learn(UNITS, VOCAB).json,
                              tokenizer_config={"chat_template": DEEPSEEK_V4_CHAT_TEMPLATE})
-    if family == "v3":
-        config = dataclasses.replace(get_config("tiny").model, vocab_size=VOCAB,
-                                     max_position_embeddings=CONTEXT, num_hidden_layers=1,
-                                     num_nextn_predict_layers=0)
-        model = DeepSeekCausalLM(config)
-    else:
-        config = dataclasses.replace(get_config("tiny_v4").model, vocab_size=VOCAB,
-                                     max_position_embeddings=CONTEXT,
-                                     num_nextn_predict_layers=0)
-        model = DeepSeekV4CausalLM(config)
-    model(tf.zeros([1, 4], tf.int32))
+    model = tiny_causal_lm(family, VOCAB, CONTEXT, seed=5,
+                           num_hidden_layers=1 if family == "v3" else None)
     affixes = chat_template.prompt_affixes(DEEPSEEK_V4_CHAT_TEMPLATE,
                                            *chat_template.special_tokens(tokenizer))
     save_text_model(model, tokenizer, GenerationConfig(max_new_tokens=32), str(out),
@@ -73,30 +55,13 @@ def _export(out, family: str):
 @pytest.fixture(scope="module", params=["v3", "v4"])
 def served(request, tmp_path_factory):
     """(base URL, ModelServer) of a tiny chat model behind the OpenAI router."""
-    import fastapi
-    import uvicorn
-
     from config import ServeConfig
-    from serving.openai_api import StaticModels, make_openai_router
     from serving.server import ModelServer
 
     path = _export(tmp_path_factory.mktemp(request.param) / "saved", request.param)
     server = ModelServer(str(path), NAME, ServeConfig(decode_slots=25))
-    app = fastapi.FastAPI()
-    app.include_router(make_openai_router(StaticModels({NAME: server})))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    http = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not http.started:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1", server
-    finally:
-        http.should_exit = True
-        thread.join(10)
-        server.close()
+    with openai_app(server, NAME) as url:
+        yield url, server
 
 
 @pytest.fixture(scope="module")

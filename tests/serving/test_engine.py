@@ -6,12 +6,12 @@ the graph, and the waiting queue's limit."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tiny_text_model import tiny_causal_lm
 
 # Slow tier: the module exports a tiny V3 and a tiny V4 SavedModel (~30 s together).
 pytestmark = pytest.mark.slow
@@ -24,26 +24,12 @@ NEW = [12, 5, 70]  # the third needs > 64 positions: the running rows' cache gro
 
 
 def _export(out, family: str):
-    import keras
-
-    from config import GenerationConfig, get_config
-    from models.deepseek.causal_lm import DeepSeekCausalLM
-    from models.deepseek_v4.causal_lm import DeepSeekV4CausalLM
+    from config import GenerationConfig
     from savedmodel.export import save_text_model
     from tokenization.tokenizer import learn
 
-    keras.utils.set_random_seed(7)
-    if family == "v3":
-        config = dataclasses.replace(get_config("tiny").model, vocab_size=VOCAB,
-                                     max_position_embeddings=CONTEXT, num_hidden_layers=2,
-                                     num_nextn_predict_layers=0)
-        model = DeepSeekCausalLM(config)
-    else:
-        config = dataclasses.replace(get_config("tiny_v4").model, vocab_size=VOCAB,
-                                     max_position_embeddings=CONTEXT,
-                                     num_nextn_predict_layers=0)
-        model = DeepSeekV4CausalLM(config)
-    model(tf.zeros([1, 4], tf.int32))
+    model = tiny_causal_lm(family, VOCAB, CONTEXT, seed=7,
+                           num_hidden_layers=2 if family == "v3" else None)
     save_text_model(model, learn(UNITS, VOCAB), GenerationConfig(), str(out))
     return out
 

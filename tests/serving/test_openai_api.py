@@ -15,15 +15,13 @@ real `openai` client talks HTTP to it, with retries off so a 503 shows as one.
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 
 import httpx
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiny_text_model import save_tiny_text_model
+from tiny_text_model import openai_app, save_tiny_text_model
 
 # Slow tier: the module's fixture exports a tiny chat SavedModel (about 30 s on 2 cores).
 pytestmark = pytest.mark.slow
@@ -55,33 +53,13 @@ def chat_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(chat_model):
     """(base URL, ModelServer) of the router under uvicorn on a free loopback port."""
-    import fastapi
-    import uvicorn
-
     from config import ServeConfig
-    from serving.openai_api import StaticModels, make_openai_router
     from serving.server import ModelServer
 
     server = ModelServer(str(chat_model), NAME, ServeConfig(max_batch_size=4,
                                                             batch_timeout_micros=1000))
-    app = fastapi.FastAPI()
-    app.include_router(make_openai_router(StaticModels({NAME: server})))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    http = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    for _ in range(600):
-        if http.started:
-            break
-        time.sleep(0.05)
-    assert http.started, "uvicorn did not start"
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1", server
-    finally:
-        http.should_exit = True
-        thread.join(10)
-        server.close()
+    with openai_app(server, NAME) as url:
+        yield url, server
 
 
 @pytest.fixture(scope="module")
