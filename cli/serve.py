@@ -47,29 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except SystemExit as e:  # uvicorn logged why (e.g. the port is in use)
         raise SystemExit(f"error: serve: cannot listen on {args.host}:{args.port}") from e
     host, port = sock.getsockname()[:2]
-    for server in servers.values():
-        kind = "" if server.has_tokenizer else " (no tokenizer: logits only, token ids in)"
-        print(f"serving {server.path} (version {server.version}) as '{server.name}' on "
-              f"http://{host}:{port}/v1/models/{server.name}", flush=True)
-        print(f"  signatures: {', '.join(sorted(server.signatures))}{kind}", flush=True)
-    if split is not None:
-        print(f"  split: /v1/models/{args.model_name} and OpenAI requests for "
-              f"'{args.model_name}' (or no model) go {split} (sticky per `user` or "
-              "X-Session-Id)", flush=True)
-    print(f"  OpenAI API: http://{host}:{port}/v1 (models, completions, chat/completions); "
-          f"metrics: http://{host}:{port}/metrics  (Ctrl-C stops)", flush=True)
-    print(f"  batching: max_batch_size {serve.max_batch_size} rows, batch_timeout_micros "
-          f"{serve.batch_timeout_micros} ({serve.batch_timeout_micros / 1000:g} ms), "
-          f"max_enqueued_batches {serve.max_enqueued_batches}, num_batch_threads "
-          f"{serve.num_batch_threads}", flush=True)
-    for server in servers.values():
-        if server.engine is not None:
-            e = server.engine
-            print(f"  engine ('{server.name}'): decode_slots {e.slots}, slot_positions "
-                  f"{e.max_len}, max_waiting_requests {e.max_waiting}", flush=True)
-    print(f"  limits: max_body_bytes {serve.max_body_bytes}, max_response_bytes "
-          f"{serve.max_response_bytes}, timeout_keep_alive {serve.timeout_keep_alive} s, "
-          f"timeout_request_body {serve.timeout_request_body} s", flush=True)
+    _print_banner(servers, split, args.model_name, f"{host}:{port}", serve)
 
     def warm() -> None:
         requests = failed = 0
@@ -102,6 +80,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   f"run again request by request; {stats['refused']} refused with 503)",
                   flush=True)
     return 0
+
+
+def _print_banner(servers: dict, split, route: str, address: str, serve) -> None:
+    """What `serve` serves, where, and with which batching, engine and limits."""
+    for server in servers.values():
+        kind = "" if server.has_tokenizer else " (no tokenizer: logits only, token ids in)"
+        print(f"serving {server.path} (version {server.version}) as '{server.name}' on "
+              f"http://{address}/v1/models/{server.name}", flush=True)
+        print(f"  signatures: {', '.join(sorted(server.signatures))}{kind}", flush=True)
+    if split is not None:
+        print(f"  split: /v1/models/{route} and OpenAI requests for "
+              f"'{route}' (or no model) go {split} (sticky per `user` or "
+              "X-Session-Id)", flush=True)
+    print(f"  OpenAI API: http://{address}/v1 (models, completions, chat/completions); "
+          f"metrics: http://{address}/metrics  (Ctrl-C stops)", flush=True)
+    print(f"  batching: max_batch_size {serve.max_batch_size} rows, batch_timeout_micros "
+          f"{serve.batch_timeout_micros} ({serve.batch_timeout_micros / 1000:g} ms), "
+          f"max_enqueued_batches {serve.max_enqueued_batches}, num_batch_threads "
+          f"{serve.num_batch_threads}", flush=True)
+    for server in servers.values():
+        if server.engine is not None:
+            e = server.engine
+            print(f"  engine ('{server.name}'): decode_slots {e.slots}, slot_positions "
+                  f"{e.max_len}, max_waiting_requests {e.max_waiting}", flush=True)
+    print(f"  limits: max_body_bytes {serve.max_body_bytes}, max_response_bytes "
+          f"{serve.max_response_bytes}, timeout_keep_alive {serve.timeout_keep_alive} s, "
+          f"timeout_request_body {serve.timeout_request_body} s", flush=True)
 
 
 # ServeConfig fields with a `serve` flag each (--max-batch-size, ...): (metavar, help).
@@ -152,4 +157,3 @@ def add_parsers(sub) -> None:
                          metavar=metavar, help=f"{what} (default {default})")
     console.add_arguments(srv, "serve")
     srv.set_defaults(fn=cmd_serve)
-

@@ -138,10 +138,7 @@ def make_app(models: ServedModels | ModelServer, metrics: ServerMetrics | None =
 
     if metrics is None:
         metrics = ServerMetrics(models.names(), routes=ROUTES)
-    for name, server in models.servers.items():
-        metrics.watch_batcher(name, server.batcher)
-        if server.engine is not None:
-            metrics.watch_engine(name, server.engine)
+    metrics.watch_servers(models.servers)
 
     @app.get(METRICS_ROUTE)
     async def prometheus_metrics(request: Request) -> Response:

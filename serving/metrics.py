@@ -221,6 +221,14 @@ class ServerMetrics:
         batcher.on_batch = self.batch_observer(model)
         self.track_queue_depth(model, batcher.queued_rows)
 
+    def watch_servers(self, servers: dict) -> None:
+        """Hooks each served model's batcher, and its engine when it has one
+        ({name: `ModelServer`})."""
+        for name, server in servers.items():
+            self.watch_batcher(name, server.batcher)
+            if getattr(server, "engine", None) is not None:
+                self.watch_engine(name, server.engine)
+
     # ------------------------------------------------------------------ the engine
     def watch_engine(self, model: str, engine) -> None:
         """Hooks a `serving.engine.Engine` to `model`'s latency histograms (its

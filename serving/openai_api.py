@@ -770,6 +770,15 @@ def _completion_events(completion: dict, pieces: list[list[str]],
 # ----------------------------------------------------------------------------- the router
 
 
+def _pick(models: ModelRegistry, name: str | None, user: str | None) -> ModelServer:
+    """The served model a request names (or the split's pick), else a 404."""
+    try:
+        return models.get(name, user)
+    except KeyError:
+        raise OpenAIError(404, f"The model '{name}' does not exist (this server serves "
+                          f"{models.names()})", param="model", code="model_not_found") from None
+
+
 def make_openai_router(models: ModelRegistry,
                        read_body: Callable[[Request], Awaitable[bytes]] | None = None,
                        on_usage: Callable[[str, int, int], None] | None = None) -> APIRouter:
@@ -801,14 +810,6 @@ def make_openai_router(models: ModelRegistry,
             usage = completion["usage"]
             on_usage(server.name, usage["prompt_tokens"], usage["completion_tokens"])
 
-    def pick(name: str | None, user: str | None) -> ModelServer:
-        try:
-            return models.get(name, user)
-        except KeyError:
-            raise OpenAIError(404, f"The model '{name}' does not exist (this server serves "
-                              f"{models.names()})", param="model",
-                              code="model_not_found") from None
-
     async def answer(request: Request, schema, work):
         loop = asyncio.get_running_loop()
         try:
@@ -818,7 +819,7 @@ def make_openai_router(models: ModelRegistry,
         except OpenAIError as e:
             return e.response(headers={"Connection": "close"})
         try:
-            server = pick(req.model, req.user or request.headers.get(SESSION_HEADER))
+            server = _pick(models, req.model, req.user or request.headers.get(SESSION_HEADER))
             request.state.model = server.name
             reply = await run_in_threadpool(work, server, req, loop)
             return await reply.response() if isinstance(reply, EngineReply) else reply
@@ -839,60 +840,67 @@ def make_openai_router(models: ModelRegistry,
                          "owned_by": OWNED_BY})
         return JSONResponse({"object": "list", "data": data})
 
-    def engine_usage(server: ModelServer) -> Callable[[dict], None]:
-        return lambda usage: counted(server, {"usage": usage})
-
-    def completions_work(server, req: CompletionRequest, loop):
-        if req.stream and req.logprobs is not None:
-            raise OpenAIError(400, "logprobs with stream is not supported", param="logprobs")
-        if _engine_of(server, req) is not None:
-            text = _text_of(server)
-            prompts, contexts, max_tokens, _ = _completion_prompts(server, req, text)
-            if max_tokens and all(len(c) + max_tokens <= server.engine.max_len
-                                  for c in contexts):
-                rows = _engine_rows(server, req, loop, contexts, max_tokens)
-                return EngineReply(rows, "completion", server.name, req.stream,
-                                   _include_usage(req), engine_usage(server),
-                                   echo=[p for p in prompts for _ in range(req.n)]
-                                   if req.echo else None)
-        _one_choice(req)
-        completion = _completion(server, req)
-        counted(server, completion)
-        if not req.stream:
-            return JSONResponse(completion)
-        text = _text_of(server)
-        pieces = []
-        for choice in completion["choices"]:
-            ids = _tokenize(server, [choice["text"]])[0] if choice["text"] else []
-            pieces.append([p for p in token_pieces([text.surface(t) for t in ids]) if p])
-        usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_completion_events(completion, pieces, usage),
-                                 media_type="text/event-stream")
-
-    def chat_work(server, req: ChatCompletionRequest, loop):
-        if _engine_of(server, req) is not None:
-            text = _text_of(server)
-            plan = _plan(server, text, req)
-            _, _, context, asked = _chat_prompt(server, text, req, plan)
-            if len(context) + asked <= server.engine.max_len:
-                rows = _engine_rows(server, req, loop, [context], asked, plan.constraint)
-                return EngineReply(rows, "chat", server.name, req.stream,
-                                   _include_usage(req), engine_usage(server), plan=plan)
-        _one_choice(req)
-        completion, pieces = _chat(server, req)
-        counted(server, completion)
-        if not req.stream:
-            return JSONResponse(completion)
-        usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_chat_events(completion, pieces, usage),
-                                 media_type="text/event-stream")
-
     @router.post("/v1/completions")
     async def completions(request: Request):
-        return await answer(request, CompletionRequest, completions_work)
+        return await answer(request, CompletionRequest,
+                            lambda server, req, loop: _completions_reply(server, req, loop,
+                                                                         counted))
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await answer(request, ChatCompletionRequest, chat_work)
+        return await answer(request, ChatCompletionRequest,
+                            lambda server, req, loop: _chat_reply(server, req, loop, counted))
 
     return router
+
+
+# ----------------------------------------------------------------------------- replies
+
+Counted = Callable[[ModelServer, dict], None]  # the router's usage hook: (server, {"usage"})
+
+
+def _completions_reply(server: ModelServer, req: CompletionRequest, loop, counted: Counted):
+    """/v1/completions: the engine's reply (`EngineReply`, made in the event loop) when the
+    model has the engine and the request needs no logprobs, else the batcher's."""
+    if req.stream and req.logprobs is not None:
+        raise OpenAIError(400, "logprobs with stream is not supported", param="logprobs")
+    if _engine_of(server, req) is not None:
+        text = _text_of(server)
+        prompts, contexts, max_tokens, _ = _completion_prompts(server, req, text)
+        if max_tokens and all(len(c) + max_tokens <= server.engine.max_len for c in contexts):
+            rows = _engine_rows(server, req, loop, contexts, max_tokens)
+            return EngineReply(rows, "completion", server.name, req.stream, _include_usage(req),
+                               lambda usage: counted(server, {"usage": usage}),
+                               echo=[p for p in prompts for _ in range(req.n)]
+                               if req.echo else None)
+    _one_choice(req)
+    completion = _completion(server, req)
+    counted(server, completion)
+    if not req.stream:
+        return JSONResponse(completion)
+    text = _text_of(server)
+    pieces = []
+    for choice in completion["choices"]:
+        ids = _tokenize(server, [choice["text"]])[0] if choice["text"] else []
+        pieces.append([p for p in token_pieces([text.surface(t) for t in ids]) if p])
+    return StreamingResponse(_completion_events(completion, pieces, _include_usage(req)),
+                             media_type="text/event-stream")
+
+
+def _chat_reply(server: ModelServer, req: ChatCompletionRequest, loop, counted: Counted):
+    """/v1/chat/completions: the engine's reply, or the batcher's (`_completions_reply`)."""
+    if _engine_of(server, req) is not None:
+        text = _text_of(server)
+        plan = _plan(server, text, req)
+        _, _, context, asked = _chat_prompt(server, text, req, plan)
+        if len(context) + asked <= server.engine.max_len:
+            rows = _engine_rows(server, req, loop, [context], asked, plan.constraint)
+            return EngineReply(rows, "chat", server.name, req.stream, _include_usage(req),
+                               lambda usage: counted(server, {"usage": usage}), plan=plan)
+    _one_choice(req)
+    completion, pieces = _chat(server, req)
+    counted(server, completion)
+    if not req.stream:
+        return JSONResponse(completion)
+    return StreamingResponse(_chat_events(completion, pieces, _include_usage(req)),
+                             media_type="text/event-stream")
