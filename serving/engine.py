@@ -50,7 +50,6 @@ import tensorflow as tf
 
 log = logging.getLogger(__name__)
 
-PREFILL_CHUNK = 1024  # models.deepseek.generation.PREFILL_CHUNK (no model import here)
 
 
 def cache_positions(need: int) -> int:

@@ -88,7 +88,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import json
 import logging
 import os
 import secrets
@@ -111,7 +110,7 @@ from serving.deepseek_chat import ChatPlan, ChatPlanError, plan_chat
 from serving.engine import EngineOverloaded, Sampling
 from serving.grammar import TokenGrammar
 from serving.http_body import HTTPError
-from serving.openai_engine import EngineReply, EngineRows
+from serving.openai_engine import EngineReply, EngineRows, sse
 from serving.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -731,16 +730,12 @@ def _chat(server: ModelServer, req: ChatCompletionRequest) -> tuple[dict, list[s
 # ----------------------------------------------------------------------------- streaming
 
 
-def _sse(payload) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
-
-
 def _chat_events(completion: dict, pieces: list[str], include_usage: bool) -> Iterator[bytes]:
     head = {k: completion[k] for k in ("id", "created", "model")}
     head["object"] = "chat.completion.chunk"
 
     def chunk(delta, finish=None):
-        return _sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+        return sse({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                           "finish_reason": finish}]})
 
     yield chunk({"role": "assistant", "content": ""})
@@ -748,7 +743,7 @@ def _chat_events(completion: dict, pieces: list[str], include_usage: bool) -> It
         yield chunk({"content": piece})
     yield chunk({}, completion["choices"][0]["finish_reason"])
     if include_usage:
-        yield _sse({**head, "choices": [], "usage": completion["usage"]})
+        yield sse({**head, "choices": [], "usage": completion["usage"]})
     yield b"data: [DONE]\n\n"
 
 
@@ -757,13 +752,13 @@ def _completion_events(completion: dict, pieces: list[list[str]],
     head = {k: completion[k] for k in ("id", "object", "created", "model")}
     for choice, parts in zip(completion["choices"], pieces, strict=True):
         for part in parts:
-            yield _sse({**head, "choices": [{"index": choice["index"], "text": part,
+            yield sse({**head, "choices": [{"index": choice["index"], "text": part,
                                              "logprobs": None, "finish_reason": None}]})
-        yield _sse({**head, "choices": [{"index": choice["index"], "text": "",
+        yield sse({**head, "choices": [{"index": choice["index"], "text": "",
                                          "logprobs": None,
                                          "finish_reason": choice["finish_reason"]}]})
     if include_usage:
-        yield _sse({**head, "choices": [], "usage": completion["usage"]})
+        yield sse({**head, "choices": [], "usage": completion["usage"]})
     yield b"data: [DONE]\n\n"
 
 

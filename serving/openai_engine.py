@@ -108,11 +108,12 @@ def _finish_reason(event: Finished) -> str:
 
 def _error_event(error: Exception) -> bytes:
     """OpenAI's error shape as a stream's last event (the HTTP status was sent already)."""
-    return _sse({"error": {"message": str(error), "type": "server_error", "param": None,
+    return sse({"error": {"message": str(error), "type": "server_error", "param": None,
                            "code": None}})
 
 
-def _sse(payload) -> bytes:
+def sse(payload) -> bytes:
+    """One server-sent event: `data: <JSON>` and a blank line (OpenAI's streams)."""
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
@@ -177,9 +178,9 @@ class EngineReply:
     def _chunk(self, index: int, delta: dict | str, finish: str | None = None) -> bytes:
         if self.kind == "chat":
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return _sse({**self.head, "object": "chat.completion.chunk", "choices": [choice]})
+            return sse({**self.head, "object": "chat.completion.chunk", "choices": [choice]})
         choice = {"index": index, "text": delta, "logprobs": None, "finish_reason": finish}
-        return _sse({**self.head, "object": "text_completion", "choices": [choice]})
+        return sse({**self.head, "object": "text_completion", "choices": [choice]})
 
     async def _events(self) -> AsyncIterator[bytes]:
         try:
@@ -213,5 +214,5 @@ class EngineReply:
         usage = self._usage()
         if self.include_usage:
             object_ = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-            yield _sse({**self.head, "object": object_, "choices": [], "usage": usage})
+            yield sse({**self.head, "object": object_, "choices": [], "usage": usage})
         yield b"data: [DONE]\n\n"
