@@ -47,9 +47,10 @@ class DataConfig:
       near_dedup_num_perm, near_dedup_ngram: MinHash permutations; words per shingle.
       quality_filter: apply the Gopher quality rules (off by default: dialogue
         paragraphs such as Tiny Shakespeare's are far below their 50-word floor).
-      min_words, max_words, min_mean_word_length, max_mean_word_length,
-        max_symbol_word_ratio, max_duplicate_line_fraction, min_alpha_word_fraction:
-        the Gopher thresholds (Rae et al. 2021, appendix A.1.1).
+      min_words, max_words, min_mean_word_length, max_mean_word_length: the Gopher
+        thresholds (Rae et al. 2021, appendix A.1.1).
+      max_symbol_word_ratio, max_duplicate_line_fraction, min_alpha_word_fraction: the
+        Gopher thresholds (Rae et al. 2021, appendix A.1.1).
       redact_pii: replace e-mail addresses, IP addresses and phone numbers by
         `<EMAIL>`, `<IP_ADDRESS>`, `<PHONE_NUMBER>` (counted per kind).
       task: `pretrain` (documents of text, packed; every token is a target),

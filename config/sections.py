@@ -50,7 +50,7 @@ class ServeConfig:
         for batch-mates before a partial batch runs. 20 ms: at 8 concurrent clients it
         gathers all 8 (4.0x the requests/s of the unbatched server, against 2.7x at
         5 ms), for ~10 ms more median latency with a single client (measured,
-        `benchmarks/serve_load.py`, README).
+        `benchmarks/serve_load.py`, docs/benchmarks/serving-load.md).
       max_enqueued_batches: queued rows beyond max_enqueued_batches * max_batch_size
         are refused at once (HTTP 503) instead of waiting.
       num_batch_threads: batches run at the same time (each one model call).
@@ -73,7 +73,7 @@ class ServeConfig:
         that arrives meanwhile waits up to that many steps for its prefill.
       slot_positions: positions (prompt + max_tokens) a decode slot holds; 0 = the
         model's context (max_position_embeddings). Each running request's cache takes
-        this many positions (the README gives bytes per slot).
+        this many positions (docs/guides/serving.md gives bytes per slot).
     """
 
     max_batch_size: int = 32

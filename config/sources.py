@@ -62,11 +62,15 @@ class DataSource:
       path: a file, a directory or a glob (`--data`), local or `gs://...`.
       weight: the source's share of the training batches, relative to the others'
         (> 0, finite).
-      document_boundary, jsonl_text_field, csv_text_column, parquet_text_column,
-        prompt_field, response_field, messages_field, chosen_field, rejected_field,
-        answer_field, invalid_utf8, min_chars, max_chars, quality_filter, redact_pii,
-        max_reject_fraction: this source's own value of the `data` field of that
-        name (`SOURCE_SETTINGS`); None takes the mixture's.
+      document_boundary, jsonl_text_field, csv_text_column, parquet_text_column: this
+        source's own value of the `data` field of that name (`SOURCE_SETTINGS`); None
+        takes the mixture's.
+      prompt_field, response_field, messages_field, chosen_field, rejected_field: this
+        source's own value of the `data` field of that name; None takes the mixture's.
+      answer_field, invalid_utf8, min_chars, max_chars, quality_filter, redact_pii: this
+        source's own value of the `data` field of that name; None takes the mixture's.
+      max_reject_fraction: this source's own value of the `data` field of that name;
+        None takes the mixture's.
     """
 
     name: str

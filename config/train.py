@@ -88,8 +88,8 @@ class TrainConfig:
         (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network", §2).
       jit_compile: compile the training step with XLA: `auto` (on for GPUs and
         TPUs, off on CPUs, where `benchmarks/train_throughput.py` measures it
-        slower; see the README), `true` or `false`. With XLA the MoE layers
-        dispatch with a static capacity (`moe_capacity_factor`).
+        slower; see docs/benchmarks/train-throughput.md), `true` or `false`. With XLA
+        the MoE layers dispatch with a static capacity (`moe_capacity_factor`).
       moe_capacity_factor: cf of the static-shape MoE dispatch used with XLA: each
         expert takes at most ceil(cf N K / E) of the N K (token, expert) pairs of
         a micro-batch; the rest are dropped (counted: `moe_dropped_fraction`).

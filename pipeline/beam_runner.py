@@ -6,7 +6,7 @@ Beam pipeline, in dependency order. The components' own Beam pipelines
 (ExampleGen, StatisticsGen, Transform, ...) run with `beam_pipeline_args`, e.g.
 
   DirectRunner, 2 processes:  --direct_running_mode=multi_processing --direct_num_workers=2
-  Flink / Spark / Dataflow:   see the README, section "Runners".
+  Flink / Spark / Dataflow:   see docs/guides/runners.md.
 """
 
 from __future__ import annotations

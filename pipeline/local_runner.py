@@ -33,7 +33,7 @@ def with_local_dependencies(beam_pipeline_args: list[str]) -> list[str]:
     /tmp. Naming Beam's default image changes nothing the DirectRunner does, and TFX then
     builds nothing. Remote runners (Dataflow, Flink, Spark, Portable with workers in
     containers) are left as given:
-    they need the dependencies named by the user (README, "Runners").
+    they need the dependencies named by the user (docs/guides/runners.md).
     """
     import sys
 

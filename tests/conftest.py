@@ -1,6 +1,6 @@
 """Shared test fixtures (the real corpus and small slices of it) and the suite's tiers.
 
-Tiers (markers, README "Tests"): everything under tests/e2e/ is `e2e` (this hook marks
+Tiers (markers, docs/development.md): everything under tests/e2e/ is `e2e` (this hook marks
 it); heavy unit tests carry `slow`. The fast tier is `pytest -m "not e2e and not slow"`.
 
 The suite runs in two pytest-xdist worker processes (`-n 2 --dist loadgroup` in

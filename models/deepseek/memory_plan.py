@@ -2,7 +2,7 @@
 
   plan(PlanInput(config, mode="lora", devices=8, memory_gib=80, ...)) -> Plan
   weight_tensors(config) / parameter_counts(config, ...) / activation_bytes(config, ...)
-  design_cases() -> the README's table (`deepseek-tfx plan`)
+  design_cases() -> the design table (`deepseek-tfx plan`, docs/guides/planning.md)
 
 Units: bytes in the API; GiB (2**30 bytes) in printed tables, device memory
 included (an "80 GB" A100 or H100 has 80 GiB).

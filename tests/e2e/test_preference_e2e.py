@@ -12,7 +12,7 @@ the same in the three runs: the SFT model never trained on them, and neither did
 or DPO.
 
 Margins, from the runs of seeds 1, 2 and 3 with these settings (`python benchmarks/
-preference.py --seeds 1,2,3`, README "After SFT: DPO and GRPO"): the SFT model's own
+preference.py --seeds 1,2,3`, docs/benchmarks/preference.md): the SFT model's own
 held-out pass@1 varied from 0.20 to 0.85 with the seed, and GRPO raised it by 0.050,
 0.050 and 0.125; DPO's held-out reward accuracy was 0.85, 0.63
 and 0.74 (>= 0.5 + DPO_MARGIN). The test runs seed SEED.

@@ -6,7 +6,7 @@ blessed and pushed, and the pushed model continues a Chinese prompt.
 The tasks that start from a model (SFT, LoRA, distillation, DPO, GRPO, warm start) and the
 distributed and kill -9 runs are tested in the Trainer's own loop on the same model size
 (tests/components/test_trainer_v4*.py); `cpu_small_v4`, the main job's V4 size, is
-measured by hand (README).
+measured by hand (docs/benchmarks/v4-training.md).
 """
 
 from __future__ import annotations
