@@ -161,6 +161,82 @@ def _tee(read_fd: int, log_fd: int, console: TextIO) -> None:
         os.close(log_fd)
 
 
+def _open_log(path: str, header: str) -> int:
+    """The log file `path` opened for appending (its directory created), `header` (if
+    any) written as its first line, time-stamped.
+
+    Raises:
+      SystemExit: the log file cannot be written.
+    """
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as e:
+        raise SystemExit(f"error: cannot write the log file {path} ({e}); pass --log-dir DIR") from e
+    if header:
+        os.write(log_fd, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {shown(header)}\n".encode())
+    return log_fd
+
+
+def _console_stream(saved_stderr, saved_fd2: int | None) -> tuple[TextIO, bool]:
+    """(the console's stderr, whether the session opened it and closes it).
+
+    The console's stderr: a new stream on the saved fd 2 when sys.stderr writes to
+    fd 2; otherwise sys.stderr itself (e.g. pytest's capture, which is not fd 2).
+    """
+    own_console = saved_stderr is None or _fileno(saved_stderr) == 2
+    if not own_console:
+        console = saved_stderr
+    elif saved_fd2 is not None:
+        console = open(os.dup(saved_fd2), "w", buffering=1, errors=ESCAPE_ERRORS,
+                       encoding=getattr(saved_stderr, "encoding", None) or "utf-8")
+    else:
+        console = open(os.devnull, "w")
+    return console, own_console
+
+
+def _point_fd2_at_log(log_fd: int, console: TextIO, verbose: bool) -> threading.Thread | None:
+    """Points fd 2 at the log; with `verbose`, at a pipe that a started thread copies to
+    the log and to `console` (`_tee`), which is returned (else None)."""
+    tee = None
+    if verbose:
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+        tee = threading.Thread(target=_tee, args=(read_fd, os.dup(log_fd), console),
+                               name="console-tee", daemon=True)
+        tee.start()
+    else:
+        os.dup2(log_fd, 2)
+    return tee
+
+
+def _log_to_stderr(root: logging.Logger, saved_handlers: list, saved_stderr) -> logging.Handler:
+    """Makes the root logger log at INFO to `sys.stderr` (fd 2, the log) with
+    `LOG_FORMAT`; returns the new handler.
+
+    Handlers that write to the console go (they would print on it, or write twice
+    to the log); others stay (a FileHandler, pytest's caplog).
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.handlers = [handler] + [h for h in saved_handlers if not _to_console(h, saved_stderr)]
+    root.setLevel(logging.INFO)
+    return handler
+
+
+def _restore_fd2(saved_fd2: int | None, tee: threading.Thread | None) -> None:
+    """Points fd 2 back at what it was before the session (closes it if there was none),
+    then waits for the tee, if any, to copy the last lines (at most 5 s)."""
+    if saved_fd2 is not None:
+        os.dup2(saved_fd2, 2)
+        os.close(saved_fd2)
+    else:
+        os.close(2)
+    if tee is not None:  # the pipe ends when fd 2 was its last writer; children may hold it
+        tee.join(timeout=5)
+
+
 @contextlib.contextmanager
 def session(path: str, *, verbose: bool = False, announce: bool = True,
             header: str = ""):
@@ -175,50 +251,21 @@ def session(path: str, *, verbose: bool = False, announce: bool = True,
 
     Yields the console's stderr.
     """
-    try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError as e:
-        raise SystemExit(f"error: cannot write the log file {path} ({e}); pass --log-dir DIR") from e
-    if header:
-        os.write(log_fd, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {shown(header)}\n".encode())
+    log_fd = _open_log(path, header)
     _flush(sys.stdout, sys.stderr)
     try:
         saved_fd2 = os.dup(2)
     except OSError:  # no fd 2 at all
         saved_fd2 = None
     saved_stderr = sys.stderr
-    # The console's stderr: a new stream on the saved fd 2 when sys.stderr writes to
-    # fd 2; otherwise sys.stderr itself (e.g. pytest's capture, which is not fd 2).
-    own_console = saved_stderr is None or _fileno(saved_stderr) == 2
-    if not own_console:
-        console = saved_stderr
-    elif saved_fd2 is not None:
-        console = open(os.dup(saved_fd2), "w", buffering=1, errors=ESCAPE_ERRORS,
-                       encoding=getattr(saved_stderr, "encoding", None) or "utf-8")
-    else:
-        console = open(os.devnull, "w")
-    tee = None
-    if verbose:
-        read_fd, write_fd = os.pipe()
-        os.dup2(write_fd, 2)
-        os.close(write_fd)
-        tee = threading.Thread(target=_tee, args=(read_fd, os.dup(log_fd), console),
-                               name="console-tee", daemon=True)
-        tee.start()
-    else:
-        os.dup2(log_fd, 2)
+    console, own_console = _console_stream(saved_stderr, saved_fd2)
+    tee = _point_fd2_at_log(log_fd, console, verbose)
     # Python's writers to "stderr" follow fd 2 (never closed: a library may keep it).
     sys.stderr = open(2, "w", buffering=1, closefd=False, errors=ESCAPE_ERRORS,
                       encoding="utf-8")
     root = logging.getLogger()
     saved_root = (root.handlers[:], root.level)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    # Handlers that write to the console go (they would print on it, or write twice
-    # to the log); others stay (a FileHandler, pytest's caplog).
-    root.handlers = [handler] + [h for h in saved_root[0] if not _to_console(h, saved_stderr)]
-    root.setLevel(logging.INFO)
+    handler = _log_to_stderr(root, saved_root[0], saved_stderr)
     warnings_context = warnings.catch_warnings()  # restores filters and showwarning
     warnings_context.__enter__()
     warnings.showwarning = _log_warning
@@ -245,13 +292,7 @@ def session(path: str, *, verbose: bool = False, announce: bool = True,
         root.handlers, root.level = saved_root
         handler.close()
         sys.stderr = saved_stderr
-        if saved_fd2 is not None:
-            os.dup2(saved_fd2, 2)
-            os.close(saved_fd2)
-        else:
-            os.close(2)
-        if tee is not None:  # the pipe ends when fd 2 was its last writer; children may hold it
-            tee.join(timeout=5)
+        _restore_fd2(saved_fd2, tee)
         if announce or failed:  # after the tee has copied the last library line
             print(f"log: {path}", file=console, flush=True)
         os.close(log_fd)

@@ -76,54 +76,16 @@ def prune_model_dir(model: str, keep: int, data: str, out_dir: str, *,
         `select_experts` (keep not a multiple of n_group, ...).
     """
     import numpy as np
-    import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the tokenizer's regex_split)
 
-    from common.json_file import read_json, write_json
-    from config import DataConfig
-    from corpus.documents import read_documents
-    from models.deepseek import hf_checkpoint
     from models.deepseek.expert_pruning import expert_load, prune_experts, select_experts
-    from savedmodel.hf_generation import token_ids
-    from savedmodel.hf_interop import (
-        checkpoint_weight_dtype,
-        hf_export,
-        load_model_from_savedmodel,
-    )
-    from savedmodel.layout import read_pipeline_config, read_tokenizer
-    from savedmodel.precision import keras_policy
-    from tokenization.byte_level_bpe import TOKENIZER_FILE, ByteLevelBpe
-    from tokenization.byte_pair_encoder import BytePairEncoder
 
     hf = _is_hf_dir(model)
     model_dir = model if hf else resolve_model_dir(model)
-    if hf:
-        path = os.path.join(model_dir, TOKENIZER_FILE)
-        tokenizer = ByteLevelBpe.from_file(path) if os.path.isfile(path) else None
-        pipeline = None
-    else:
-        tokenizer, pipeline = read_tokenizer(model_dir), read_pipeline_config(model_dir)
-    if tokenizer is None:
-        raise SystemExit(f"error: prune: {model_dir} has no tokenizer: the load is measured "
-                         "on text")
+    tokenizer, pipeline = _model_tokenizer(model_dir, hf)
+    docs = _tokenized_documents(data, tokenizer, pipeline)
 
-    input_base, pattern = split_data_path(data)
-    files = sorted(p for p in tf.io.gfile.glob(os.path.join(input_base, pattern))
-                   if not tf.io.gfile.isdir(p))
-    data_config = pipeline.data if pipeline else DataConfig()
-    texts = [d.text for path in files for d in read_documents(path, path, data_config)
-             if not d.reject_reason and d.text]
-    if not texts:
-        raise SystemExit(f"error: prune: --data {data}: no documents")
-    encoder = BytePairEncoder(tokenizer.pre_tokenizer_config, tokenizer.added_tokens, tokenizer)
-    docs = [row.tolist() for i in range(0, len(texts), 64)
-            for row in encoder.encode(tf.constant(texts[i : i + 64])).numpy()]
-
-    if hf:  # in the checkpoint's own precision, as hf-import reads it
-        weight_dtype = checkpoint_weight_dtype(model_dir)
-        lm = hf_checkpoint.load_hf_checkpoint(model_dir, dtype=keras_policy(weight_dtype))
-    else:
-        lm = load_model_from_savedmodel(model_dir)
+    lm, weight_dtype = _load_model(model_dir, hf)
     c = lm.config
     if seq_len is None:
         seq_len = pipeline.train.seq_len if pipeline else DEFAULT_SEQ_LEN
@@ -141,6 +103,90 @@ def prune_model_dir(model: str, keep: int, data: str, out_dir: str, *,
     del lm
     memory.release_free_memory()
 
+    _save_pruned(pruned, model_dir, out_dir, hf, weight_dtype, tokenizer)
+    summary = {
+        "keep": int(keep), "n_routed_experts": c.n_routed_experts,
+        "tokens": int(sum(b.size for b in batches)), "seq_len": int(batches[0].shape[1]),
+        "layers": [{"kept": k.tolist(), "load": row.tolist()}
+                   for k, row in zip(kept, load, strict=True)],
+    }
+    with open(os.path.join(out_dir, PRUNING_FILE), "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+def _model_tokenizer(model_dir: str, hf: bool):
+    """(tokenizer, the run's PipelineConfig or None) of `model_dir`: a HF checkpoint's
+    tokenizer.json (no config), or a SavedModel's tokenizer and pipeline config.
+
+    Raises:
+      SystemExit: `model_dir` has no tokenizer.
+    """
+    from savedmodel.layout import read_pipeline_config, read_tokenizer
+    from tokenization.byte_level_bpe import TOKENIZER_FILE, ByteLevelBpe
+
+    if hf:
+        path = os.path.join(model_dir, TOKENIZER_FILE)
+        tokenizer = ByteLevelBpe.from_file(path) if os.path.isfile(path) else None
+        pipeline = None
+    else:
+        tokenizer, pipeline = read_tokenizer(model_dir), read_pipeline_config(model_dir)
+    if tokenizer is None:
+        raise SystemExit(f"error: prune: {model_dir} has no tokenizer: the load is measured "
+                         "on text")
+    return tokenizer, pipeline
+
+
+def _tokenized_documents(data: str, tokenizer, pipeline) -> list[list[int]]:
+    """The token ids of each document of `data` (a text file, directory or glob), read
+    with the run's data config (`DataConfig()` without one), rejected ones left out.
+
+    Raises:
+      SystemExit: `data` holds no documents.
+    """
+    import tensorflow as tf
+
+    from config import DataConfig
+    from corpus.documents import read_documents
+    from tokenization.byte_pair_encoder import BytePairEncoder
+
+    input_base, pattern = split_data_path(data)
+    files = sorted(p for p in tf.io.gfile.glob(os.path.join(input_base, pattern))
+                   if not tf.io.gfile.isdir(p))
+    data_config = pipeline.data if pipeline else DataConfig()
+    texts = [d.text for path in files for d in read_documents(path, path, data_config)
+             if not d.reject_reason and d.text]
+    if not texts:
+        raise SystemExit(f"error: prune: --data {data}: no documents")
+    encoder = BytePairEncoder(tokenizer.pre_tokenizer_config, tokenizer.added_tokens, tokenizer)
+    return [row.tolist() for i in range(0, len(texts), 64)
+            for row in encoder.encode(tf.constant(texts[i : i + 64])).numpy()]
+
+
+def _load_model(model_dir: str, hf: bool):
+    """(the model, the HF checkpoint's weight dtype or None for a SavedModel): a HF
+    checkpoint in its own precision, as hf-import reads it."""
+    from models.deepseek import hf_checkpoint
+    from savedmodel.hf_interop import checkpoint_weight_dtype, load_model_from_savedmodel
+    from savedmodel.precision import keras_policy
+
+    if not hf:
+        return load_model_from_savedmodel(model_dir), None
+    weight_dtype = checkpoint_weight_dtype(model_dir)
+    lm = hf_checkpoint.load_hf_checkpoint(model_dir, dtype=keras_policy(weight_dtype))
+    return lm, weight_dtype
+
+
+def _save_pruned(pruned, model_dir: str, out_dir: str, hf: bool, weight_dtype,
+                 tokenizer) -> None:
+    """Writes `pruned` to `out_dir` as a HF checkpoint: a HF input's own files beside it
+    (tokenizer, generation config) and its token ids in config.json, as hf-export
+    writes them; a SavedModel input through `hf_export`."""
+    from common.json_file import read_json, write_json
+    from models.deepseek import hf_checkpoint
+    from savedmodel.hf_generation import token_ids
+    from savedmodel.hf_interop import hf_export
+
     if hf:
         hf_checkpoint.save_hf_checkpoint(pruned, out_dir, dtype=weight_dtype)
         for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
@@ -151,15 +197,6 @@ def prune_model_dir(model: str, keep: int, data: str, out_dir: str, *,
                                  **token_ids(tokenizer)})
     else:
         hf_export(model_dir, out_dir, model=pruned)
-    summary = {
-        "keep": int(keep), "n_routed_experts": c.n_routed_experts,
-        "tokens": int(sum(b.size for b in batches)), "seq_len": int(batches[0].shape[1]),
-        "layers": [{"kept": k.tolist(), "load": row.tolist()}
-                   for k, row in zip(kept, load, strict=True)],
-    }
-    with open(os.path.join(out_dir, PRUNING_FILE), "w") as f:
-        json.dump(summary, f, indent=1)
-    return summary
 
 
 def cmd_prune(args: argparse.Namespace) -> int:

@@ -129,6 +129,32 @@ def compile_kfp(
         trainer_workers < 1, retries < 0, or a Vertex AI option is missing or
         wrong (`vertex.custom_config`).
     """
+    _check_kfp_options(output_file, until, base_model, trainer_workers, retries,
+                       retry_backoff_s)
+    input_base, input_pattern = split_remote_path(data)
+    vertex_training = None
+    if trainer_workers > 1:
+        from components.trainer import vertex
+
+        vertex_training = vertex.custom_config(trainer_workers, image, vertex_project,
+                                               vertex_region, machine_type, accelerator_type,
+                                               accelerator_count)
+    pipeline = _kfp_pipeline(config, pipeline_root, input_base, input_pattern, serving_model_dir,
+                             beam_pipeline_args, until, schema_path, trainer_workers,
+                             base_model, teacher_model, vertex_training)
+    return _write_kfp_spec(pipeline, output_file, image, pipeline_root, retries,
+                           retry_backoff_s)
+
+
+def _check_kfp_options(output_file: str, until: str | None, base_model: str | None,
+                       trainer_workers: int, retries: int, retry_backoff_s: int) -> None:
+    """Refuses the options `compile_kfp` cannot compile.
+
+    Raises:
+      ValueError: `output_file` is not YAML, `until` names the component left out on
+        KFP, `base_model` is "latest", trainer_workers < 1, or retries < 0 or
+        retry_backoff_s < 0.
+    """
     if not output_file.endswith((".yaml", ".yml")):
         raise ValueError(f"output {output_file!r}: must end in .yaml or .yml (KFP v2 YAML)")
     if until == DRIFT_BASELINE_RESOLVER:
@@ -143,21 +169,24 @@ def compile_kfp(
         raise ValueError(f"trainer_workers={trainer_workers}: must be >= 1")
     if retries < 0 or retry_backoff_s < 0:
         raise ValueError(f"retries={retries}, retry_backoff_s={retry_backoff_s}: must be >= 0")
-    input_base, input_pattern = split_remote_path(data)
-    vertex_training = None
-    if trainer_workers > 1:
-        from components.trainer import vertex
 
-        vertex_training = vertex.custom_config(trainer_workers, image, vertex_project,
-                                               vertex_region, machine_type, accelerator_type,
-                                               accelerator_count)
 
-    from tfx.v1.orchestration import experimental
+def _kfp_pipeline(config: PipelineConfig, pipeline_root: str, input_base: str,
+                  input_pattern: str, serving_model_dir: str | None,
+                  beam_pipeline_args: list[str] | None, until: str | None, schema_path: str,
+                  trainer_workers: int, base_model: str | None, teacher_model: str | None,
+                  vertex_training: dict | None):
+    """The `create_pipeline(...)` of `compile_kfp`'s arguments, as KFP runs it: no ML
+    Metadata connection (KFP records it), no drift baseline, checkpoints under the
+    pipeline root.
 
+    Raises:
+      ValueError, FileNotFoundError: see `create_pipeline`.
+    """
     from pipeline.local_runner import DEFAULT_BEAM_PIPELINE_ARGS
     from pipeline.pipeline import create_pipeline
 
-    pipeline = create_pipeline(
+    return create_pipeline(
         pipeline_name=PIPELINE_NAME,
         pipeline_root=pipeline_root,
         input_base=input_base,
@@ -179,6 +208,19 @@ def compile_kfp(
         checkpoint_root=posixpath.join(pipeline_root, TRAINER, "checkpoints"),
         vertex_training=vertex_training,
     )
+
+
+def _write_kfp_spec(pipeline, output_file: str, image: str, pipeline_root: str, retries: int,
+                    retry_backoff_s: int) -> str:
+    """Compiles `pipeline` with KubeflowV2DagRunner into `output_file` (made absolute, its
+    directory created), with `pipeline_root` as the spec's `defaultPipelineRoot` and
+    `retries` retries of the Trainer and the Beam-based tasks (`add_retry_policies`).
+
+    Returns:
+      The absolute path written.
+    """
+    from tfx.v1.orchestration import experimental
+
     retried = [c.id for c in pipeline.components if c.id == TRAINER or _uses_beam(c)]
     output_file = os.path.abspath(output_file)
     runner = experimental.KubeflowV2DagRunner(

@@ -165,86 +165,17 @@ def task_fingerprints(config: PipelineConfig) -> str:
     return json.dumps(digests, sort_keys=True)
 
 
-def create_pipeline(
-    pipeline_name: str,
-    pipeline_root: str,
-    input_base: str,
-    input_pattern: str,
-    serving_model_dir: str,
-    config: PipelineConfig,
-    metadata_connection_config=None,
-    beam_pipeline_args: list[str] | None = None,
-    enable_cache: bool = True,
-    schema_path: str = SCHEMA_FILE,
-    until: str | None = None,
-    num_workers: int = 1,
-    accept_drift: bool = False,
-    drift_baseline: bool = True,
-    base_model: str | None = None,
-    teacher_model: str | None = None,
-    checkpoint_root: str | None = None,
-    vertex_training: dict | None = None,
-    replay_lineage: dict | None = None,
-) -> tfx.dsl.Pipeline:
-    """Builds the TFX pipeline.
-
-    Args:
-      pipeline_name: name recorded in ML Metadata.
-      pipeline_root: where component outputs are written.
-      input_base: directory holding the corpus.
-      input_pattern: glob of the corpus files, relative to input_base.
-      serving_model_dir: Pusher's destination; versions go to `<dir>/<version>/`.
-      config: the one PipelineConfig. The Trainer and LmEvaluator get all of
-        it; the components before them only the sections they read
-        (`CONFIG_SECTIONS`, `component_config`), so their cache survives
-        changes to the others.
-      metadata_connection_config: ML Metadata connection (SQLite locally).
-      beam_pipeline_args: passed to every Beam-based component.
-      enable_cache: reuse outputs of unchanged components.
-      schema_path: the curated schema (ImportSchemaGen); the default means
-        `TASK_SCHEMA_FILES[data.task]` for `sft`, `dpo` and `grpo`.
-      until: build the pipeline only up to this component id (one of
-        `COMPONENT_ORDER`), e.g. "TextCleaner" for ingestion, validation and
-        cleaning only (`deepseek-tfx validate`).
-      num_workers: the Trainer runs as this many MultiWorkerMirroredStrategy
-        worker processes on this machine (loopback); not part of `config`, so
-        it changes neither the upstream components' cache keys nor the
-        checkpoint directory (a 1-worker and an N-worker run of the same
-        config train the same model).
-      accept_drift: the DriftValidator records drift from the latest blessed
-        run but does not stop the run (`deepseek-tfx run --accept-drift`).
-      drift_baseline: resolve the latest blessed run's text profile for the
-        DriftValidator (`latest_blessed_statistics_resolver`). False leaves the
-        resolver out and the DriftValidator without a baseline: for
-        KubeflowV2DagRunner, which compiles only TFX's built-in resolver
-        strategies (`deepseek-tfx compile-kfp`).
-      base_model: warm start. "latest": the latest blessed model of this
-        pipeline (`latest_blessed_model_resolver`, LatestBlessedModelStrategy);
-        a directory (a pushed SavedModel version, or a Hugging Face checkpoint
-        directory): brought in by an `Importer` (`base_model_importer`). Either
-        feeds the Trainer's `base_model` and the LmEvaluator's `baseline_model`,
-        so the new model is blessed only when it is not worse than its base. The
-        config must already carry the base's architecture and tokenizer
-        (`pipeline/warm_start.py`). None: train from random weights, and compare
-        with the latest blessed model.
-      teacher_model: a directory holding a distillation teacher (same tokenizer),
-        passed to the Trainer in its custom_config (with its fingerprint).
-      checkpoint_root: the parent of the Trainer's stable checkpoint directories
-        (default `<Trainer's output dir>/checkpoints`, `checkpointing.py`).
-      vertex_training: the Trainer trains on N workers as a Vertex AI CustomJob
-        (`components.trainer.vertex.VertexTrainer`); these are the custom_config keys
-        of `vertex.custom_config(...)`. None: the Trainer trains in its own task.
-      replay_lineage: the base run's data is replayed (`pipeline/replay.py`; the config
-        already has the source "replay"): {"examples_uri", "examples_id",
-        "base_model_id"} of the base run's TextExampleGen Examples. An Importer of that
-        URI (`REPLAY_EXAMPLES_IMPORTER`) reuses the artifact, so this pipeline run's
-        context holds it, and the Trainer records the ids on the new Model artifact.
+def _run_config(config: PipelineConfig, schema_path: str,
+                until: str | None) -> tuple[PipelineConfig, str, str]:
+    """(config, tokenizer fingerprint, schema path) of a run: `until` checked, a given
+    tokenizer checked and its path made absolute (`check_given_tokenizer`), the chat
+    template pinned for a chat task, and the default schema replaced by the task's
+    (`TASK_SCHEMA_FILES`).
 
     Raises:
-      ValueError: `until` is not a component id; `tokenizer.path` is given and the
-        model's vocabulary does not cover it.
-      FileNotFoundError, pre_tokenizer.UnsupportedTokenizerError: `tokenizer.path`
-        holds no tokenizer.json of the family (`ByteLevelBpe.from_file`).
+      ValueError: `until` is not a component id; see `check_given_tokenizer`.
+      FileNotFoundError, pre_tokenizer.UnsupportedTokenizerError: see
+        `check_given_tokenizer`.
     """
     if until is not None and until not in COMPONENT_ORDER:
         raise ValueError(f"until={until!r} must be one of {list(COMPONENT_ORDER)}")
@@ -255,8 +186,12 @@ def create_pipeline(
         config = pin_template(config)  # one chat template for every component
     if schema_path == SCHEMA_FILE:
         schema_path = TASK_SCHEMA_FILES.get(config.data.task, SCHEMA_FILE)
-    config_json = config.to_json()
+    return config, tokenizer_fingerprint, schema_path
 
+
+def _ingestion(config: PipelineConfig, input_base: str, input_pattern: str, schema_path: str):
+    """(TextExampleGen, StatisticsGen, ImportSchemaGen): the corpus as examples, their
+    statistics, and the curated schema at `schema_path`."""
     example_gen = TextExampleGen(
         input_base=input_base,
         input_pattern=input_pattern,
@@ -276,6 +211,19 @@ def create_pipeline(
             ) if config.data.sources else None),
     )
     schema_gen = tfx.components.ImportSchemaGen(schema_file=schema_path)
+    return example_gen, statistics_gen, schema_gen
+
+
+def _validation(config: PipelineConfig, example_gen, statistics_gen, schema_gen,
+                accept_drift: bool, drift_baseline: bool):
+    """(ExampleValidator, TextCleaner, latest_blessed_statistics_resolver, DriftValidator):
+    the examples checked against the schema, cleaned, and their text profile compared
+    with the latest blessed run's.
+
+    The resolver is always built; with `drift_baseline` False the DriftValidator gets no
+    baseline and `create_pipeline` leaves the resolver out: for KubeflowV2DagRunner, which
+    compiles only TFX's built-in resolver strategies (`deepseek-tfx compile-kfp`).
+    """
     example_validator = tfx.components.ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"]
     )
@@ -296,7 +244,13 @@ def create_pipeline(
         pipeline_config=component_config(config, CONFIG_SECTIONS["DriftValidator"]).to_json(),
         accept_drift=accept_drift,
     )
-    transform = tfx.components.Transform(
+    return example_validator, cleaner, statistics_resolver, drift_validator
+
+
+def _transform(config: PipelineConfig, cleaner, schema_gen, tokenizer_fingerprint: str):
+    """The Transform of the cleaned examples: `PREPROCESSING_FN`, with its code's and the
+    given tokenizer's fingerprints in its custom_config."""
+    return tfx.components.Transform(
         examples=cleaner.outputs["cleaned_examples"],
         schema=schema_gen.outputs["schema"],
         preprocessing_fn=PREPROCESSING_FN,
@@ -311,6 +265,27 @@ def create_pipeline(
             "tokenizer_fingerprint": tokenizer_fingerprint,
         },
     )
+
+
+def _trainer_inputs(base_model: str | None, teacher_model: str | None,
+                    checkpoint_root: str | None, replay_lineage: dict | None):
+    """(base node, replay Importer or None, baseline channel, extra Trainer custom_config).
+
+    The base node is what brings the baseline model in: an `Importer`
+    (`BASE_MODEL_IMPORTER`) of a `base_model` directory (a pushed SavedModel version, or a
+    Hugging Face checkpoint directory), else `latest_blessed_model_resolver`
+    (LatestBlessedModelStrategy: the latest blessed model of this pipeline). Its model
+    feeds the LmEvaluator's `baseline_model`, and, when `base_model` is given ("latest"
+    or a directory), the Trainer's `base_model`, so the new model is blessed only when it
+    is not worse than its base. The config must already carry the base's architecture
+    and tokenizer (`pipeline/warm_start.py`).
+
+    `replay_lineage`: the base run's data is replayed (`pipeline/replay.py`; the config
+    already has the source "replay"): {"examples_uri", "examples_id", "base_model_id"} of
+    the base run's TextExampleGen Examples. An Importer of that URI
+    (`REPLAY_EXAMPLES_IMPORTER`) reuses the artifact, so this pipeline run's context holds
+    it, and the Trainer records the ids on the new Model artifact.
+    """
     model_resolver = tfx.dsl.Resolver(
         strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
         model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
@@ -345,27 +320,51 @@ def create_pipeline(
         ).with_id(REPLAY_EXAMPLES_IMPORTER)
         trainer_extra["replay_lineage"] = {k: replay_lineage[k] for k in (
             "examples_id", "base_model_id")}
+    base_node = importer if importer is not None else model_resolver
+    return base_node, replay_importer, baseline, trainer_extra
+
+
+def _trainer(config: PipelineConfig, transform, schema_gen, base_model, num_workers: int,
+             trainer_extra: dict, vertex_training: dict | None):
+    """The Trainer (`RUN_FN`) of the transformed examples, from `base_model` (a channel,
+    or None for random weights), with id "Trainer": a `VertexTrainer` when
+    `vertex_training` holds its custom_config keys.
+
+    `num_workers` is not part of `config`, so it changes neither the upstream
+    components' cache keys nor the checkpoint directory (a 1-worker and an N-worker run
+    of the same config train the same model).
+    """
     trainer_class = Trainer
     if vertex_training:
         from components.trainer.vertex import VertexTrainer
 
         trainer_class, trainer_extra = VertexTrainer, {**trainer_extra, **vertex_training}
-    trainer = trainer_class(
+    return trainer_class(
         run_fn=RUN_FN,
-        base_model=baseline if base_model else None,
+        base_model=base_model,
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
         schema=schema_gen.outputs["schema"],
         train_args=tfx.proto.TrainArgs(num_steps=config.train.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=config.train.eval_batches),
-        custom_config={"pipeline_config": config_json, "num_workers": num_workers,
+        custom_config={"pipeline_config": config.to_json(), "num_workers": num_workers,
                        "code_fingerprint": source_fingerprint(TRAINER_MODULES), **trainer_extra},
     ).with_id("Trainer")  # VertexTrainer's too
+
+
+def _evaluation_and_push(config: PipelineConfig, transform, trainer, baseline,
+                         serving_model_dir: str):
+    """(LmEvaluator, Pusher): the trained model compared with `baseline` and, when
+    blessed, pushed to `serving_model_dir`.
+
+    Raises:
+      savedmodel.tasks.TaskFileError (a ValueError): see `task_fingerprints`.
+    """
     evaluator = LmEvaluator(
         examples=transform.outputs["transformed_examples"],
         model=trainer.outputs["model"],
         baseline_model=baseline,
-        pipeline_config=config_json,
+        pipeline_config=config.to_json(),
         task_fingerprints=task_fingerprints(config) if config.eval.tasks else None,
     )
     pusher = tfx.components.Pusher(
@@ -375,20 +374,78 @@ def create_pipeline(
             filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)
         ),
     )
+    return evaluator, pusher
+
+
+def create_pipeline(
+    pipeline_name: str, pipeline_root: str, input_base: str, input_pattern: str,
+    serving_model_dir: str, config: PipelineConfig, metadata_connection_config=None,
+    beam_pipeline_args: list[str] | None = None, enable_cache: bool = True,
+    schema_path: str = SCHEMA_FILE, until: str | None = None, num_workers: int = 1,
+    accept_drift: bool = False, drift_baseline: bool = True, base_model: str | None = None,
+    teacher_model: str | None = None, checkpoint_root: str | None = None,
+    vertex_training: dict | None = None, replay_lineage: dict | None = None,
+) -> tfx.dsl.Pipeline:
+    """Builds the TFX pipeline of its stages' components (`_ingestion` to `_evaluation_and_push`).
+
+    Args:
+      pipeline_name: name recorded in ML Metadata.
+      pipeline_root: where component outputs are written.
+      input_base: directory holding the corpus.
+      input_pattern: glob of the corpus files, relative to input_base.
+      serving_model_dir: Pusher's destination; versions go to `<dir>/<version>/`.
+      config: the one PipelineConfig. The Trainer and LmEvaluator get all of it; the
+        components before them only the sections they read (`CONFIG_SECTIONS`,
+        `component_config`), so their cache survives changes to the others.
+      metadata_connection_config: ML Metadata connection (SQLite locally).
+      beam_pipeline_args: passed to every Beam-based component.
+      enable_cache: reuse outputs of unchanged components.
+      schema_path: the curated schema (ImportSchemaGen); the default means
+        `TASK_SCHEMA_FILES[data.task]` for `sft`, `dpo` and `grpo`.
+      until: build the pipeline only up to this component id (one of `COMPONENT_ORDER`),
+        e.g. "TextCleaner" for ingestion, validation and cleaning only (`deepseek-tfx validate`).
+      num_workers: the Trainer runs as this many MultiWorkerMirroredStrategy worker
+        processes on this machine (loopback); not part of `config` (`_trainer`).
+      accept_drift: the DriftValidator records drift from the latest blessed run but does
+        not stop the run (`deepseek-tfx run --accept-drift`).
+      drift_baseline: resolve the latest blessed run's text profile for the DriftValidator
+        (`latest_blessed_statistics_resolver`); False: none, for compile-kfp (`_validation`).
+      base_model: warm start: "latest", the latest blessed model of this pipeline, or a
+        model directory (`_trainer_inputs`); the LmEvaluator's baseline too. None: train
+        from random weights, and compare with the latest blessed model.
+      teacher_model: a directory holding a distillation teacher (same tokenizer), passed
+        to the Trainer in its custom_config (with its fingerprint).
+      checkpoint_root: the parent of the Trainer's stable checkpoint directories (default
+        `<Trainer's output dir>/checkpoints`, `checkpointing.py`).
+      vertex_training: the Trainer trains on N workers as a Vertex AI CustomJob
+        (`components.trainer.vertex.VertexTrainer`); these are the custom_config keys of
+        `vertex.custom_config(...)`. None: the Trainer trains in its own task.
+      replay_lineage: the base run's data is replayed (`pipeline/replay.py`): {"examples_uri",
+        "examples_id", "base_model_id"} of its TextExampleGen Examples (`_trainer_inputs`).
+
+    Raises:
+      ValueError: `until` is not a component id; `tokenizer.path` is given and the
+        model's vocabulary does not cover it.
+      FileNotFoundError, pre_tokenizer.UnsupportedTokenizerError: `tokenizer.path`
+        holds no tokenizer.json of the family (`ByteLevelBpe.from_file`).
+    """
+    config, tokenizer_fingerprint, schema_path = _run_config(config, schema_path, until)
+    example_gen, statistics_gen, schema_gen = _ingestion(config, input_base, input_pattern,
+                                                         schema_path)
+    example_validator, cleaner, statistics_resolver, drift_validator = _validation(
+        config, example_gen, statistics_gen, schema_gen, accept_drift, drift_baseline)
+    transform = _transform(config, cleaner, schema_gen, tokenizer_fingerprint)
+    base_node, replay_importer, baseline, trainer_extra = _trainer_inputs(
+        base_model, teacher_model, checkpoint_root, replay_lineage)
+    trainer = _trainer(config, transform, schema_gen, baseline if base_model else None,
+                       num_workers, trainer_extra, vertex_training)
+    evaluator, pusher = _evaluation_and_push(config, transform, trainer, baseline,
+                                             serving_model_dir)
     components = [
-        example_gen,
-        statistics_gen,
-        schema_gen,
-        example_validator,
-        cleaner,
-        *([statistics_resolver] if drift_baseline else []),
-        drift_validator,
-        transform,
-        *([importer] if importer is not None else [model_resolver]),
-        *([replay_importer] if replay_importer is not None else []),
-        trainer,
-        evaluator,
-        pusher,
+        example_gen, statistics_gen, schema_gen, example_validator, cleaner,
+        *([statistics_resolver] if drift_baseline else []), drift_validator, transform,
+        base_node, *([replay_importer] if replay_importer is not None else []),
+        trainer, evaluator, pusher,
     ]
     if until is not None:
         last = BUILD_ORDER.index(until)
@@ -397,10 +454,6 @@ def create_pipeline(
         # Drift stops the run before Transform and training (unless accepted).
         transform.add_upstream_node(drift_validator)
     return tfx.dsl.Pipeline(
-        pipeline_name=pipeline_name,
-        pipeline_root=pipeline_root,
-        components=components,
-        enable_cache=enable_cache,
-        metadata_connection_config=metadata_connection_config,
-        beam_pipeline_args=beam_pipeline_args or [],
-    )
+        pipeline_name=pipeline_name, pipeline_root=pipeline_root, components=components,
+        enable_cache=enable_cache, metadata_connection_config=metadata_connection_config,
+        beam_pipeline_args=beam_pipeline_args or [])

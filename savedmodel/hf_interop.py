@@ -174,7 +174,7 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
       JsonFileError (a ValueError): tokenizer.json, tokenizer_config.json or
         generation_config.json is not a JSON object.
     """
-    from savedmodel.export import SAVE_OPTIONS, save_text_model, write_warmup_requests
+    from savedmodel.export import save_text_model
 
     # Everything about the directory is checked before anything is allocated or written.
     config = checkpoints.open_hf_checkpoint(checkpoint_dir).config
@@ -183,27 +183,9 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
         raise ValueError("dtype='int8': a DeepSeek-V4 model has no int8 form yet; import it "
                          "as 'auto', 'bfloat16' or 'float32'")
     policy = keras_policy(weight_dtype)  # "int8": float32, quantized once loaded
-    tokenizer = None
-    if use_tokenizer and tf.io.gfile.exists(os.path.join(checkpoint_dir, TOKENIZER_FILE)):
-        tokenizer = ByteLevelBpe.from_file(checkpoint_dir)
-        if tokenizer.vocab_size > config.vocab_size:
-            raise hf_checkpoint.CheckpointError(
-                f"{tokenizer.source} has ids up to {tokenizer.vocab_size - 1} "
-                f"({tokenizer.vocab_size} ids), but config.json's vocab_size is "
-                f"{config.vocab_size}: the model's vocabulary must cover the tokenizer's ids")
-        _ = tokenizer.eos_id  # raises now, before the weights load, if it has none
+    tokenizer = _checkpoint_tokenizer(checkpoint_dir, config) if use_tokenizer else None
     if tokenizer is None:
-        model = _load_checkpoint(checkpoint_dir, policy, weight_dtype)
-        module = LogitsModule(model)
-        tf.saved_model.save(module, out_dir, options=SAVE_OPTIONS,
-                            signatures={"serving_default": module.logits, "logits": module.logits})
-        write_json(extra_path(out_dir, MODEL_CONFIG_NAME), checkpoints.config_to_hf(model.config))
-        write_weight_dtype(out_dir, weight_dtype_of(model))
-        write_warmup_requests(out_dir, warmup_requests(
-            {name: {spec.name: spec for spec in module.logits.input_signature}
-             for name in LOGITS_SIGNATURES},
-            model.config.max_position_embeddings, model.config.vocab_size))
-        return ImportedModel(out_dir, LOGITS_SIGNATURES, weight_dtype=weight_dtype_of(model))
+        return _import_logits_model(checkpoint_dir, out_dir, policy, weight_dtype)
 
     hf_generation_path = os.path.join(checkpoint_dir, GENERATION_CONFIG_NAME)
     hf_generation = None
@@ -221,6 +203,54 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
                    {**hf_generation, **generation_config_to_hf(generation, tokenizer)})
     return ImportedModel(out_dir, TEXT_SIGNATURES, tokenizer.source, generation, source,
                          weight_dtype_of(model))
+
+
+def _checkpoint_tokenizer(checkpoint_dir: str, config) -> ByteLevelBpe | None:
+    """The checkpoint's tokenizer.json, checked against its config (a model config with
+    `vocab_size`) before the weights load; None when it has none.
+
+    Raises:
+      hf_checkpoint.CheckpointError: the tokenizer has ids beyond config.json's
+        vocab_size (naming both).
+      UnsupportedTokenizerError: a tokenizer.json outside the DeepSeek-V3 family, or
+        one without an end-of-sequence token (naming the field).
+      JsonFileError (a ValueError): tokenizer.json or tokenizer_config.json is not a
+        JSON object.
+    """
+    if not tf.io.gfile.exists(os.path.join(checkpoint_dir, TOKENIZER_FILE)):
+        return None
+    tokenizer = ByteLevelBpe.from_file(checkpoint_dir)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise hf_checkpoint.CheckpointError(
+            f"{tokenizer.source} has ids up to {tokenizer.vocab_size - 1} "
+            f"({tokenizer.vocab_size} ids), but config.json's vocab_size is "
+            f"{config.vocab_size}: the model's vocabulary must cover the tokenizer's ids")
+    _ = tokenizer.eos_id  # raises now, before the weights load, if it has none
+    return tokenizer
+
+
+def _import_logits_model(checkpoint_dir: str, out_dir: str, policy: str,
+                         weight_dtype: str) -> ImportedModel:
+    """`hf_import` without a tokenizer: a logits-only SavedModel (`LOGITS_SIGNATURES`:
+    input_ids int32 [batch, seq] -> logits float32 [batch, seq, vocab]) with the HF
+    config.json, its precision and warmup requests in `assets.extra/`.
+
+    Raises:
+      FileNotFoundError, hf_checkpoint.CheckpointError: see `_load_checkpoint`.
+    """
+    from savedmodel.export import SAVE_OPTIONS, write_warmup_requests
+
+    model = _load_checkpoint(checkpoint_dir, policy, weight_dtype)
+    module = LogitsModule(model)
+    tf.saved_model.save(module, out_dir, options=SAVE_OPTIONS,
+                        signatures={"serving_default": module.logits, "logits": module.logits})
+    write_json(extra_path(out_dir, MODEL_CONFIG_NAME), checkpoints.config_to_hf(model.config))
+    write_weight_dtype(out_dir, weight_dtype_of(model))
+    write_warmup_requests(out_dir, warmup_requests(
+        {name: {spec.name: spec for spec in module.logits.input_signature}
+         for name in LOGITS_SIGNATURES},
+        model.config.max_position_embeddings, model.config.vocab_size))
+    return ImportedModel(out_dir, LOGITS_SIGNATURES, weight_dtype=weight_dtype_of(model))
 
 
 def _v4_chat_prompt(tokenizer: ByteLevelBpe) -> tuple[str, str]:

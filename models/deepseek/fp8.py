@@ -267,14 +267,7 @@ def check_weight(tensors: Mapping, name: str, expected_shape: tuple[int, ...],
     scale = find_scale_name(name, tensors, info.file)
     fp4_expert = bool(routed_expert) and quant is not None and quant.expert_dtype == "fp4"
     if info.dtype in FLOAT_DTYPES:
-        if info.shape != expected:
-            raise CheckpointError(f"{where} has shape {info.shape}, expected {expected}")
-        if scale is not None:
-            raise CheckpointError(f"{where} is {info.dtype} but has a scale {scale}")
-        if fp4_expert:
-            raise CheckpointError(
-                f"{where} is {info.dtype}, but config.json expert_dtype is 'fp4' (routed "
-                "experts are packed MXFP4, I8)")
+        _check_float_weight(name, info, expected, scale, fp4_expert)
         return None
     if info.dtype not in ("F8_E4M3", "I8"):
         raise CheckpointError(
@@ -288,19 +281,66 @@ def check_weight(tensors: Mapping, name: str, expected_shape: tuple[int, ...],
             f"{where} is {info.dtype}, but a quantized weight must be 2-D [out, in]; the "
             f"expected shape is {expected}")
     if info.dtype == "F8_E4M3":
-        if fp4_expert:
-            raise CheckpointError(
-                f"{where} is F8_E4M3, but config.json expert_dtype is 'fp4' (routed experts "
-                "are packed MXFP4, I8)")
-        if info.shape != expected:
-            raise CheckpointError(f"{where} has shape {info.shape}, expected {expected}")
-        if scale is None:
-            raise CheckpointError(
-                f"{info.file}: FP8 tensor {name} has no scale "
-                f"{' or '.join(scale_names(name))} in the checkpoint")
-        s = tensors[scale]
-        check_scale_header(name, info.shape, s.dtype, s.shape, quant, s.file, scale)
-        return scale
+        return _check_fp8_weight(tensors, name, info, expected, scale, quant, fp4_expert)
+    return _check_mxfp4_weight(tensors, name, info, expected, scale, quant, routed_expert)
+
+
+def _check_float_weight(name: str, info, expected: tuple[int, ...], scale: str | None,
+                        fp4_expert: bool) -> None:
+    """`check_weight` of a BF16 / F16 / F32 weight (`info`, its TensorInfo): of the
+    expected shape, with no scale, and not a routed expert under expert_dtype "fp4".
+
+    Raises:
+      CheckpointError: one line naming the file and tensor (both shapes for a wrong one).
+    """
+    where = f"{info.file}: tensor {name}"
+    if info.shape != expected:
+        raise CheckpointError(f"{where} has shape {info.shape}, expected {expected}")
+    if scale is not None:
+        raise CheckpointError(f"{where} is {info.dtype} but has a scale {scale}")
+    if fp4_expert:
+        raise CheckpointError(
+            f"{where} is {info.dtype}, but config.json expert_dtype is 'fp4' (routed "
+            "experts are packed MXFP4, I8)")
+
+
+def _check_fp8_weight(tensors: Mapping, name: str, info, expected: tuple[int, int],
+                      scale: str | None, quant: Fp8Quantization, fp4_expert: bool) -> str:
+    """`check_weight` of an F8_E4M3 weight (`info`, its TensorInfo in `tensors`): [out, in]
+    = `expected`, not a routed expert under expert_dtype "fp4", with a scale of
+    `check_scale_header`'s dtype and shape; returns the scale's name.
+
+    Raises:
+      CheckpointError: one line naming the file and tensor (both shapes for a wrong one).
+    """
+    where = f"{info.file}: tensor {name}"
+    if fp4_expert:
+        raise CheckpointError(
+            f"{where} is F8_E4M3, but config.json expert_dtype is 'fp4' (routed experts "
+            "are packed MXFP4, I8)")
+    if info.shape != expected:
+        raise CheckpointError(f"{where} has shape {info.shape}, expected {expected}")
+    if scale is None:
+        raise CheckpointError(
+            f"{info.file}: FP8 tensor {name} has no scale "
+            f"{' or '.join(scale_names(name))} in the checkpoint")
+    s = tensors[scale]
+    check_scale_header(name, info.shape, s.dtype, s.shape, quant, s.file, scale)
+    return scale
+
+
+def _check_mxfp4_weight(tensors: Mapping, name: str, info, expected: tuple[int, int],
+                        scale: str | None, quant: Fp8Quantization,
+                        routed_expert: bool | None) -> str:
+    """`check_weight` of an I8 weight (`info`, its TensorInfo in `tensors`): packed MXFP4
+    (`mxfp4.py`) of a routed expert under expert_dtype "fp4", stored [out, in/2] for
+    `expected` [out, in] (in divisible by `mxfp4.BLOCK`), with an F8_E8M0 or F32 scale
+    [out, in/32]; returns the scale's name.
+
+    Raises:
+      CheckpointError: one line naming the file and tensor (both shapes for a wrong one).
+    """
+    where = f"{info.file}: tensor {name}"
     if quant.expert_dtype != "fp4":
         raise CheckpointError(
             f"{where} is I8 (packed MXFP4), but config.json expert_dtype is "
@@ -512,15 +552,34 @@ def read_dequantized(files, name: str, quantization: Fp8Quantization | None,
     info = files.info(name)
     if info.dtype in FLOAT_DTYPES:
         check_weight(files.tensors, name, info.shape, quantization)  # no scale
-        out = np.empty(info.shape, dtype)
-        if len(info.shape) == 0 or 0 in info.shape:
-            out[...] = files.read(name)
-            return out
-        step = _row_step(info.shape, 1)
-        for r0 in range(0, info.shape[0], step):
-            r1 = min(r0 + step, info.shape[0])
-            out[r0:r1] = files.read(name, (r0, r1))  # converted in the assignment
+        return _read_float(files, name, info.shape, dtype)
+    return _read_quantized(files, name, info, quantization, dtype)
+
+
+def _read_float(files, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """`read_dequantized` of a checked BF16 / F16 / F32 weight of `shape`: a new array of
+    `dtype` and `shape`, converted a block of rows at a time (`_row_step`)."""
+    out = np.empty(shape, dtype)
+    if len(shape) == 0 or 0 in shape:
+        out[...] = files.read(name)
         return out
+    step = _row_step(shape, 1)
+    for r0 in range(0, shape[0], step):
+        r1 = min(r0 + step, shape[0])
+        out[r0:r1] = files.read(name, (r0, r1))  # converted in the assignment
+    return out
+
+
+def _read_quantized(files, name: str, info, quantization: Fp8Quantization | None,
+                    dtype: np.dtype) -> np.ndarray:
+    """`read_dequantized` of an F8_E4M3 or I8 (packed MXFP4) weight (`info`, its
+    TensorInfo), checked with its scale by `check_weight`: [out, in] of `dtype`,
+    dequantized in float32 a block of rows at a time (whole scale blocks for FP8).
+
+    Raises:
+      CheckpointError: see `check_weight` and `scale_float32`; a file shorter than its
+        header said.
+    """
     if info.dtype == "I8" and len(info.shape) == 2:
         shape = (info.shape[0], 2 * info.shape[1])
     else:

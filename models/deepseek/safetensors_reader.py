@@ -277,31 +277,7 @@ def open_checkpoint(checkpoint_dir: str) -> Checkpoint:
     index_path = os.path.join(directory, SAFE_WEIGHTS_INDEX_NAME)
     weight_map = None
     if os.path.lexists(index_path):
-        size = _regular_file_size(index_path, "the safetensors index")
-        if size > MAX_INDEX_BYTES:
-            raise CheckpointError(f"{index_path}: {size} bytes, above {MAX_INDEX_BYTES}")
-        with _open_regular(index_path) as f:
-            try:
-                index = json.loads(f.read())
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise CheckpointError(f"{index_path}: not valid JSON ({e})") from None
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
-            raise CheckpointError(
-                f"{index_path}: needs a \"weight_map\" object of tensor name -> file name")
-        files = []
-        for shard in sorted(set(weight_map.values())):
-            path = os.path.join(directory, shard)
-            if os.path.isabs(shard) or not _inside(real_dir, path):
-                raise CheckpointError(
-                    f"{index_path}: shard {shard!r} is outside the checkpoint directory "
-                    f"{directory} (its folder resolves to "
-                    f"{os.path.realpath(os.path.dirname(path))})")
-            if not os.path.lexists(path):
-                raise FileNotFoundError(
-                    f"{path}: shard named in {SAFE_WEIGHTS_INDEX_NAME} not found")
-            files.append(path)
+        weight_map, files = _indexed_shards(directory, real_dir, index_path)
     else:
         single = os.path.join(directory, SAFE_WEIGHTS_NAME)
         if os.path.lexists(single):
@@ -324,21 +300,72 @@ def open_checkpoint(checkpoint_dir: str) -> Checkpoint:
                     f"tensor {name} is in both {tensors[name].file} and {info.file}")
             tensors[name] = info
     if weight_map is not None:
-        for name, shard in sorted(weight_map.items()):
-            if name not in tensors:
-                raise CheckpointError(
-                    f"{SAFE_WEIGHTS_INDEX_NAME} places tensor {name} in {shard}, whose "
-                    "header does not have it")
-            if tensors[name].file != os.path.basename(shard):
-                raise CheckpointError(
-                    f"{SAFE_WEIGHTS_INDEX_NAME} places tensor {name} in {shard}, but it is in "
-                    f"{tensors[name].file}")
-        extra = sorted(set(tensors) - set(weight_map))
-        if extra:
-            raise CheckpointError(
-                f"{tensors[extra[0]].file}: tensor {extra[0]} is not in "
-                f"{SAFE_WEIGHTS_INDEX_NAME} ({len(extra)} such tensors)")
+        _check_index_matches_headers(weight_map, tensors)
     return Checkpoint(directory, files, tensors, metadata)
+
+
+def _indexed_shards(directory: str, real_dir: str, index_path: str
+                    ) -> tuple[dict[str, str], list[str]]:
+    """(weight_map, shard paths in name order) of the index `index_path` of the checkpoint
+    `directory` (`real_dir`: its real path), every shard checked to be inside it.
+
+    Raises:
+      FileNotFoundError: a shard named by the index is absent (names it and the index).
+      CheckpointError: the index is not a regular file, above MAX_INDEX_BYTES, not JSON,
+        or has no "weight_map" of names to file names; a shard path outside the directory.
+    """
+    size = _regular_file_size(index_path, "the safetensors index")
+    if size > MAX_INDEX_BYTES:
+        raise CheckpointError(f"{index_path}: {size} bytes, above {MAX_INDEX_BYTES}")
+    with _open_regular(index_path) as f:
+        try:
+            index = json.loads(f.read())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{index_path}: not valid JSON ({e})") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise CheckpointError(
+            f"{index_path}: needs a \"weight_map\" object of tensor name -> file name")
+    files = []
+    for shard in sorted(set(weight_map.values())):
+        path = os.path.join(directory, shard)
+        if os.path.isabs(shard) or not _inside(real_dir, path):
+            raise CheckpointError(
+                f"{index_path}: shard {shard!r} is outside the checkpoint directory "
+                f"{directory} (its folder resolves to "
+                f"{os.path.realpath(os.path.dirname(path))})")
+        if not os.path.lexists(path):
+            raise FileNotFoundError(
+                f"{path}: shard named in {SAFE_WEIGHTS_INDEX_NAME} not found")
+        files.append(path)
+    return weight_map, files
+
+
+def _check_index_matches_headers(weight_map: dict[str, str],
+                                 tensors: dict[str, TensorInfo]) -> None:
+    """Checks that the index's `weight_map` places every tensor of the headers
+    (`tensors`) in the shard that holds it, and no other.
+
+    Raises:
+      CheckpointError: a tensor of the index in no header or in another shard than the
+        index says, or one of the headers not in the index (each names the file and
+        tensor).
+    """
+    for name, shard in sorted(weight_map.items()):
+        if name not in tensors:
+            raise CheckpointError(
+                f"{SAFE_WEIGHTS_INDEX_NAME} places tensor {name} in {shard}, whose "
+                "header does not have it")
+        if tensors[name].file != os.path.basename(shard):
+            raise CheckpointError(
+                f"{SAFE_WEIGHTS_INDEX_NAME} places tensor {name} in {shard}, but it is in "
+                f"{tensors[name].file}")
+    extra = sorted(set(tensors) - set(weight_map))
+    if extra:
+        raise CheckpointError(
+            f"{tensors[extra[0]].file}: tensor {extra[0]} is not in "
+            f"{SAFE_WEIGHTS_INDEX_NAME} ({len(extra)} such tensors)")
 
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray],

@@ -62,6 +62,36 @@ def _window_blocks(q_blocks, window_keys, first, window: int, n_blocks):
     return block_keys, logits, mask[None, :, None]
 
 
+def _entry_blocks(q_blocks, entries, picks, compress_rate: int, query_pos, batch,
+                  window: int, n_blocks, padded):
+    """The compressed entries' part of the blocked queries (module docstring): (values,
+    logits, mask) for q_blocks float32 (B, nb, W, H, D) scaled, entries float (B, N, D)
+    and query_pos int32 (nb, W), the positions of the queries (padded = nb * W of them).
+
+    HCA (picks None): values float32 (B, N, D), every entry; logits (B, nb, H, W, N);
+    mask bool (1, nb, 1, W, N), entry w visible from position p iff
+    (w + 1) * m <= p + 1 (m = compress_rate).
+    CSA (picks int32 (B, T, k), -1 for none): values float32 (B, nb, W, k, D), the
+    picked entries gathered per query; logits (B, nb, H, W, k); mask bool
+    (B, nb, 1, W, k), False for a -1 pick (and for the padded queries).
+    """
+    if picks is None:  # HCA: every entry, block mask
+        entry_keys = tf.cast(entries, tf.float32)  # (B, N, D)
+        n_entries = tf.shape(entries)[1]
+        logits = tf.einsum("bnqhd,bmd->bnhqm", q_blocks, entry_keys)  # (B,nb,H,W,N)
+        visible = (query_pos + 1) // compress_rate  # (nb, W) complete entries
+        mask = (tf.range(n_entries)[None, None, :] < visible[..., None])[None, :, None]
+        return entry_keys, logits, mask  # mask (1, nb, 1, W, N)
+    # CSA: the picks, gathered
+    top_k = picks.shape[-1] if picks.shape[-1] is not None else tf.shape(picks)[-1]
+    picks = tf.reshape(_pad_to(picks + 1, 1, padded) - 1,
+                       [batch, n_blocks, window, top_k])  # (B, nb, W, k), pad = -1
+    gathered = tf.gather(tf.cast(entries, tf.float32), tf.maximum(picks, 0),
+                         batch_dims=1)  # (B, nb, W, k, D)
+    logits = tf.einsum("bnqhd,bnqkd->bnhqk", q_blocks, gathered)  # (B,nb,H,W,k)
+    return gathered, logits, (picks >= 0)[:, :, None]  # mask (B, nb, 1, W, k)
+
+
 def sparse_attend_with_sink(q, window_keys, sinks, scale: float, sliding_window: int,
                             first_position=0, entries=None, compress_rate: int = 0,
                             picks=None, dropout_rate: float = 0.0, training: bool = False,
@@ -108,21 +138,11 @@ def sparse_attend_with_sink(q, window_keys, sinks, scale: float, sliding_window:
     logits, masks = [window_logits], [window_mask]
 
     query_pos = first + tf.reshape(tf.range(padded), [n_blocks, window])  # (nb, W)
-    gathered = None
-    if entries is not None and picks is None:  # HCA: every entry, block mask
-        entry_keys = tf.cast(entries, tf.float32)  # (B, N, D)
-        n_entries = tf.shape(entries)[1]
-        logits.append(tf.einsum("bnqhd,bmd->bnhqm", q_blocks, entry_keys))  # (B,nb,H,W,N)
-        visible = (query_pos + 1) // compress_rate  # (nb, W) complete entries
-        masks.append((tf.range(n_entries)[None, None, :] < visible[..., None])[None, :, None])
-    elif entries is not None:  # CSA: the picks, gathered
-        top_k = picks.shape[-1] if picks.shape[-1] is not None else tf.shape(picks)[-1]
-        picks = tf.reshape(_pad_to(picks + 1, 1, padded) - 1,
-                           [batch, n_blocks, window, top_k])  # (B, nb, W, k), pad = -1
-        gathered = tf.gather(tf.cast(entries, tf.float32), tf.maximum(picks, 0),
-                             batch_dims=1)  # (B, nb, W, k, D)
-        logits.append(tf.einsum("bnqhd,bnqkd->bnhqk", q_blocks, gathered))  # (B,nb,H,W,k)
-        masks.append((picks >= 0)[:, :, None])  # (B, nb, 1, W, k)
+    if entries is not None:  # HCA: every entry, block mask; CSA: the picks, gathered
+        entry_values, entry_logits, entry_mask = _entry_blocks(
+            q_blocks, entries, picks, compress_rate, query_pos, batch, window, n_blocks, padded)
+        logits.append(entry_logits)
+        masks.append(entry_mask)
 
     widths = [2 * window] + ([tf.shape(logits[1])[-1]] if len(logits) > 1 else [])
     logits = [tf.where(mask, x, float("-inf")) for x, mask in zip(logits, masks, strict=True)]
@@ -137,9 +157,9 @@ def sparse_attend_with_sink(q, window_keys, sinks, scale: float, sliding_window:
     parts = tf.split(attended, widths + [1], axis=-1)  # the sink's column dropped
     out = tf.einsum("bnhqk,bnkd->bnqhd", parts[0], block_keys)  # (B, nb, W, H, D)
     if entries is not None and picks is None:
-        out += tf.einsum("bnhqm,bmd->bnqhd", parts[1], entry_keys)
+        out += tf.einsum("bnhqm,bmd->bnqhd", parts[1], entry_values)
     elif entries is not None:
-        out += tf.einsum("bnhqk,bnqkd->bnqhd", parts[1], gathered)
+        out += tf.einsum("bnhqk,bnqkd->bnqhd", parts[1], entry_values)
     out = tf.reshape(out, [batch, padded, heads, dim])[:, :seq]  # (B, T, H, D)
     out = tf.cast(out, q.dtype)
     if not return_entry_mass:
