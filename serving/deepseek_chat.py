@@ -14,7 +14,7 @@ naming the field and the model):
     reasoning_tokens` counts its tokens (up to the one that ends it). Off by default.
   - tools: `tools` with `tool_choice` "none" (rendered, never parsed), "auto" (the reply's
     calls are parsed into `tool_calls`, `finish_reason: "tool_calls"`), "required" or a
-    named function (forced by a grammar: `serving/tool_calls.tool_call_grammar_v4` in
+    named function (forced by a grammar: `serving/tool_call_grammar.tool_call_grammar_v4` in
     llguidance, V4's DSML only); the `tool` role and assistant `tool_calls` render as the
     template does (V4: `tokenization/deepseek_v4_chat.py`); `parallel_tool_calls: false`
     forces exactly one call. The template must render
@@ -35,13 +35,13 @@ from typing import Any
 
 from serving.grammar import Constraint, GrammarError, TokenGrammar
 from serving.reasoning import ReasoningSplitter
+from serving.tool_call_grammar import tool_call_grammar_v4
 from serving.tool_calls import (
     DEEPSEEK_V4,
     DEEPSEEK_V31,
     DEEPSEEK_V32,
     ToolCallFormat,
     ToolCallStreamParser,
-    tool_call_grammar_v4,
 )
 from tokenization import deepseek_v4_chat
 

@@ -1,5 +1,6 @@
-"""DeepSeek's tool calls on the host: V4's prompt text for tools, calls and results; the
-model's calls parsed out of its reply (whole or streamed); a grammar that forces a call.
+"""DeepSeek's tool calls on the host: the formats, and the model's calls parsed out of its
+reply (whole or streamed). V4's prompt text for tools, calls and results is
+`serving/tool_call_render.py`'s; a grammar that forces a call, `serving/tool_call_grammar.py`'s.
 
 DeepSeek-V4 (DSML; encoding_dsv4.py) describes the request's `tools` in the system prompt
 (`render_tools_v4`: deepseek_v4_chat.TOOLS_PROMPT with one `json.dumps(function,
@@ -79,14 +80,9 @@ from typing import Any
 from serving.reasoning import partial_suffix
 from tokenization.deepseek_v4_chat import (
     DSML_TOKEN,
-    THINKING_END_TOKEN,
     TOOL_CALLS_END,
     TOOL_CALLS_SEPARATOR,
     TOOL_CALLS_START,
-    TOOL_RESULT_END,
-    TOOL_RESULT_START,
-    TOOLS_PROMPT,
-    tool_call_arguments,
 )
 
 INVOKE_CLOSE = f"</{DSML_TOKEN}invoke>"
@@ -106,85 +102,6 @@ class ToolCallParseError(ValueError):
 def _to_json(value: Any) -> str:
     """encoding_dsv4.py `to_json`."""
     return json.dumps(value, ensure_ascii=False)
-
-
-# --- rendering (V4) ------------------------------------------------------------------
-
-def render_tools_v4(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The system prompt's tools section for OpenAI `tools` ([{"type": "function",
-    "function": {...}}, ...]): encoding_dsv4.py `render_tools(tools_from_openai_format(
-    tools))`, starting "## Tools" and ending in a newline. The encoder puts "\\n\\n" between
-    the system content and it.
-
-    Raises:
-      ValueError: a tool without a `function` mapping.
-    """
-    functions = []
-    for tool in tools:
-        if not isinstance(tool, Mapping) or not isinstance(tool.get("function"), Mapping):
-            raise ValueError(f"a tool must be {{'type': 'function', 'function': {{...}}}}, "
-                             f"got {tool!r:.80}")
-        functions.append(tool["function"])
-    return TOOLS_PROMPT.replace("{tool_schemas}", "\n".join(map(_to_json, functions)))
-
-
-def encode_arguments_v4(arguments: str | Mapping[str, Any] | None) -> str:
-    """encoding_dsv4.py `encode_arguments_to_dsml`: one `<｜DSML｜parameter ...>` line per
-    argument (JSON text decoded as `deepseek_v4_chat.tool_call_arguments` does).
-
-    Raises:
-      ValueError: arguments that are JSON but not an object.
-    """
-    lines = []
-    for key, value in tool_call_arguments(arguments).items():
-        is_str = isinstance(value, str)
-        lines.append(f'<{DSML_TOKEN}parameter name="{key}" string="{"true" if is_str else "false"}">'
-                     f"{value if is_str else _to_json(value)}{PARAMETER_CLOSE}")
-    return "\n".join(lines)
-
-
-def _name_and_arguments(call: Mapping[str, Any]) -> tuple[str, Any]:
-    """(name, arguments) of an OpenAI tool call or of a parsed `{"name", "arguments"}`."""
-    function = call.get("function", call)
-    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-        raise ValueError(f"a tool call needs a function name, got {call!r:.80}")
-    return function["name"], function.get("arguments")
-
-
-def render_tool_calls_v4(tool_calls: Sequence[Mapping[str, Any]]) -> str:
-    """An assistant's `tool_calls` as encoding_dsv4.py writes them: the
-    `<｜DSML｜tool_calls>` block (the encoder puts `TOOL_CALLS_SEPARATOR`, "\\n\\n", between
-    the content and it). Calls are OpenAI's (`{"function": {"name", "arguments"}}`, the
-    arguments JSON text or a mapping) or the parser's (`{"name", "arguments"}`).
-
-    Raises:
-      ValueError: a call without a function name, or arguments that are JSON but not an
-        object.
-    """
-    invokes = []
-    for call in tool_calls:
-        name, arguments = _name_and_arguments(call)
-        invokes.append(f'<{DSML_TOKEN}invoke name="{name}">\n'
-                       f"{encode_arguments_v4(arguments)}\n{INVOKE_CLOSE}")
-    return f"{TOOL_CALLS_START}\n" + "\n".join(invokes) + f"\n{TOOL_CALLS_END}"
-
-
-def render_tool_result_v4(content: str | Sequence[Mapping[str, Any]]) -> str:
-    """A `tool` message's content as encoding_dsv4.py writes it inside a user turn:
-    "<tool_result>" + content + "</tool_result>"; a list of content parts gives its text
-    parts joined by "\\n\\n", any other part as "[Unsupported <type>]". (Several results
-    and user texts of one turn are joined by "\\n\\n" after one "<｜User｜>".)
-
-    Raises:
-      ValueError: content neither a string nor a list of mappings.
-    """
-    if not isinstance(content, str):
-        if not isinstance(content, Sequence) or not all(isinstance(p, Mapping) for p in content):
-            raise ValueError(f"a tool content must be a string or a list of content parts, "
-                             f"got {content!r:.80}")
-        content = "\n\n".join(p.get("text", "") if p.get("type") == "text"
-                              else f"[Unsupported {p.get('type')}]" for p in content)
-    return f"{TOOL_RESULT_START}{content}{TOOL_RESULT_END}"
 
 
 # --- parsing ---------------------------------------------------------------------------
@@ -472,150 +389,3 @@ class ToolCallStreamParser:
                            "function": {"name": call["name"], "arguments": call["arguments"]}})
             self.calls += 1
         return True
-
-
-# --- a grammar that forces a call (llguidance Lark) -------------------------------------
-
-def _lark_string(text: str) -> str:
-    """`text` as a Lark string literal (JSON string syntax)."""
-    return json.dumps(text, ensure_ascii=False)
-
-
-def _parameter_rules(rule: str, key: str, schema: Mapping[str, Any],
-                     defs: Mapping[str, Any]) -> list[str]:
-    """Lark rules for one parameter `key`: string="true" with raw text for a string (the
-    listed strings for an enum or const), string="false" with JSON (`%json`) otherwise;
-    both when the schema allows a string and more (or does not say)."""
-    head = f'<{DSML_TOKEN}parameter name="{key}" string='
-    as_text, as_json = _lark_string(head + '"true">'), _lark_string(head + '"false">')
-    close = _lark_string(PARAMETER_CLOSE)
-    choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
-    alternatives, extra = [], []
-    if isinstance(choices, list):  # each value with its closing tag: one lexeme apiece
-        strings = [c for c in choices if isinstance(c, str)]
-        others = [_to_json(c) for c in choices if not isinstance(c, str)]
-        if strings:
-            values = " | ".join(_lark_string(c + PARAMETER_CLOSE) for c in strings)
-            alternatives.append(f"{as_text} ({values})")
-        if others:
-            values = " | ".join(_lark_string(c + PARAMETER_CLOSE) for c in others)
-            alternatives.append(f"{as_json} ({values})")
-    else:
-        kind = schema.get("type")
-        types = {kind} if isinstance(kind, str) else set(kind or ())
-        if not types or "string" in types:
-            alternatives.append(f"{as_text} str_value")
-        if not types or types - {"string"}:
-            sub = dict(schema)
-            if len(types) > 1:
-                sub["type"] = sorted(types - {"string"})
-            sub.update({k: v for k, v in defs.items() if k not in sub})
-            alternatives.append(f"{as_json} {rule}_json {close}")
-            extra.append(f"{rule}_json: %json {json.dumps(sub, ensure_ascii=False)}")
-    if not alternatives:
-        raise ValueError(f"parameter {key!r}: its schema admits no value ({schema!r:.80})")
-    return [f"{rule}: " + " | ".join(alternatives), *extra]
-
-
-def _invoke_rules(k: int, function: Mapping[str, Any]) -> list[str]:
-    """Lark rules for an invoke of tool `k`: its parameters in the schema's order, the
-    required ones always, each followed by "\\n" (none: the empty line)."""
-    parameters = function.get("parameters") or {}
-    properties = parameters.get("properties") or {}
-    required = set(parameters.get("required") or ())
-    defs = {name: parameters[name] for name in ("$defs", "definitions") if name in parameters}
-    rules, items = [], []
-    for j, (key, schema) in enumerate(properties.items()):
-        rules += _parameter_rules(f"p{k}_{j}", key, schema if isinstance(schema, Mapping)
-                                  else {}, defs)
-        items.append((f'(p{k}_{j} "\\n")', key in required))
-    if not properties:  # free-form arguments: any names, any values
-        args = f'args{k}: "\\n" | (any_parameter "\\n")+'
-    elif any(is_required for _, is_required in items):
-        args = f"args{k}: " + " ".join(item + ("" if is_required else "?")
-                                       for item, is_required in items)
-    else:  # all optional: the empty line, or the first one present and any after it
-        firsts = [" ".join([items[j][0]] + [item + "?" for item, _ in items[j + 1:]])
-                  for j in range(len(items))]
-        args = f"args{k}: " + " | ".join(['"\\n"', *firsts])
-    # The "\n" before an invoke is in its literal: a "\n" lexeme of its own would be a
-    # prefix of "\n</｜DSML｜tool_calls>", which llguidance's greedy lexer cannot split.
-    header = _lark_string(f'\n<{DSML_TOKEN}invoke name="{function["name"]}">\n')
-    return [f"invoke{k}: {header} args{k} {_lark_string(INVOKE_CLOSE)}", args, *rules]
-
-
-def _chosen(tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping[str, Any]
-            ) -> tuple[list[Mapping[str, Any]], bool]:
-    """(the functions a call may use, whether exactly one call) for `tool_choice`."""
-    functions = []
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool, Mapping) else None
-        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-            raise ValueError(f"a tool must be {{'type': 'function', 'function': {{'name': ...}}}}"
-                             f", got {tool!r:.80}")
-        functions.append(function)
-    if not functions:
-        raise ValueError("tool_choice needs tools to choose from; the request has none")
-    if tool_choice == "required":
-        return functions, False
-    named = tool_choice.get("function") if isinstance(tool_choice, Mapping) else None
-    name = named.get("name") if isinstance(named, Mapping) else None
-    if not isinstance(name, str):
-        raise ValueError(f"tool_choice {tool_choice!r:.80} asks for no call to force; a grammar "
-                         "is for \"required\" or {\"type\": \"function\", \"function\": "
-                         "{\"name\": ...}}")
-    chosen = [f for f in functions if f["name"] == name]
-    if not chosen:
-        raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
-    return chosen[:1], True
-
-
-def tool_call_grammar_v4(tools: Sequence[Mapping[str, Any]],
-                         tool_choice: str | Mapping[str, Any] = "required", *,
-                         thinking: bool = False, parallel: bool = True) -> str:
-    """An llguidance Lark grammar for a V4 reply that is only tool calls, in DSML exactly as
-    encoding_dsv4.py renders them (for `serving.grammar.TokenGrammar.lark`).
-
-    The reply is `[reasoning "</think>"] "\\n\\n" <｜DSML｜tool_calls> block`, nothing
-    before the block (OpenAI's "required" allows no content either) and nothing after it
-    (the grammar then accepts only EOS). `tool_choice` "required": one or more calls of any
-    tool; `{"type": "function", "function": {"name": N}}`: exactly one call of N. Each
-    call writes the tool's parameters in its schema's `properties` order, the `required`
-    ones always and the others optionally; a string parameter (an enum or const of strings:
-    one of them) as raw text with string="true", any other type as `%json` of its schema
-    (with the parameters' `$defs`) with string="false"; both where the schema allows a
-    string and more or gives no type; with no `properties`, any parameters. String
-    constraints other than enum/const (pattern, lengths, formats) are not enforced.
-
-    Args:
-      tools: the request's OpenAI tools.
-      tool_choice: "required" or a named function.
-      thinking: the prompt ended in "<think>" (thinking mode): reasoning up to the first
-        "</think>" comes first, free.
-      parallel: OpenAI's `parallel_tool_calls`; False: exactly one call.
-
-    Raises:
-      ValueError: no tools, a tool without a function name, a tool_choice that forces
-        nothing ("none", "auto") or names no tool, or a parameter schema with no value.
-    """
-    functions, single = _chosen(tools, tool_choice)
-    single = single or not parallel
-    opening = _lark_string(TOOL_CALLS_SEPARATOR + TOOL_CALLS_START)
-    closing = _lark_string("\n" + TOOL_CALLS_END)
-    lines = [f"start: {'think ' if thinking else ''}{opening} calls {closing}",
-             "calls: call" + ("" if single else "+"),
-             "call: " + " | ".join(f"invoke{k}" for k in range(len(functions)))]
-    if thinking:
-        end = THINKING_END_TOKEN.replace("/", "\\/")
-        lines.append(f"think[lazy]: /(?s:.*){end}/")
-    for k, function in enumerate(functions):
-        lines += _invoke_rules(k, function)
-    close = PARAMETER_CLOSE.replace("/", "\\/")
-    head = _lark_string(f'<{DSML_TOKEN}parameter name="')
-    lines += [f"str_value[lazy]: /(?s:.*){close}/",
-              f'any_parameter: {head} PARAMETER_NAME "\\" string=\\"true\\">" str_value'
-              f' | {head} PARAMETER_NAME "\\" string=\\"false\\">" any_json '
-              f"{_lark_string(PARAMETER_CLOSE)}",
-              'PARAMETER_NAME: /[^"\\n]+/',
-              "any_json: %json {}"]
-    return "\n".join(lines) + "\n"

@@ -169,7 +169,7 @@ def test_json_schema_replies_are_valid_with_chinese_keys_and_values(client):
 
 
 def test_prefix_completion_continues_the_assistant_text(client, served):
-    from serving.openai_api import _text_of
+    from serving.openai_model import _text_of
     from tokenization import chat_template
 
     text = _text_of(served[1])

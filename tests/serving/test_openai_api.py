@@ -215,7 +215,7 @@ def test_pieces_never_split_a_character(served):
     """Every Chinese character of the poem is split into byte tokens by this tokenizer;
     the pieces carry each character whole, in the piece of its last byte."""
     from savedmodel.layout import read_tokenizer
-    from serving.openai_api import token_pieces
+    from serving.openai_model import token_pieces
 
     server = served[1]
     surfaces = read_tokenizer(server.path).surfaces()
@@ -372,7 +372,7 @@ def test_prompts_scored_together_equal_prompts_scored_alone(client, served):
 
 
 def _decode_ids(server, ids) -> str:
-    from serving.openai_api import _decode, _text_of
+    from serving.openai_model import _decode, _text_of
 
     return _decode(_text_of(server), ids)
 

@@ -15,6 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from serving.reasoning import ReasoningSplitter
+from serving.tool_call_grammar import tool_call_grammar_v4
+from serving.tool_call_render import (
+    encode_arguments_v4,
+    render_tool_calls_v4,
+    render_tool_result_v4,
+    render_tools_v4,
+)
 from serving.tool_calls import (
     DEEPSEEK_V4,
     DEEPSEEK_V31,
@@ -22,16 +29,11 @@ from serving.tool_calls import (
     FORMATS,
     ToolCallParseError,
     ToolCallStreamParser,
-    encode_arguments_v4,
     openai_tool_calls,
     parse_tool_calls,
     parse_tool_calls_v4,
     parse_tool_calls_v31,
     parse_tool_calls_v32,
-    render_tool_calls_v4,
-    render_tool_result_v4,
-    render_tools_v4,
-    tool_call_grammar_v4,
 )
 from tokenization.chat_template import ChatTemplateError, render_prompt
 from tokenization.deepseek_v4_chat import (
