@@ -1,6 +1,6 @@
 """Functions longer than a screen: every `def` of the product's packages whose source,
 from its `def` line (decorators not counted) to its last line, spans more than 80 lines,
-and every module file longer than 500 lines. The suite runs it (tests/docs/); by hand:
+and every module file longer than 500 lines. tests/test_code_shape.py runs it; by hand:
 
     python -m tools.long_functions            # prints the offenders, exit 1 if any
     python -m tools.long_functions --max-lines 60 --max-file-lines 400
@@ -20,9 +20,23 @@ PACKAGES = ("common", "models", "tokenization", "config", "savedmodel", "corpus"
             "serving", "pipeline", "reporting", "cli", "tools")
 MAX_FUNCTION_LINES = 80
 MAX_FILE_LINES = 500
-# Files allowed past MAX_FILE_LINES, each with its reason (the docs' development page
-# repeats them).
-FILE_EXCEPTIONS: dict[str, str] = {}
+# Files allowed past MAX_FILE_LINES, each with its reason. All of models/ waits for the
+# split into a shared kit and its families (issue 51, step 4), which moves these files'
+# shared halves out.
+FILE_EXCEPTIONS: dict[str, str] = {
+    "models/deepseek/memory_plan.py": "its arithmetic is shared with V4's planner: one "
+                                      "planner core with each family's inventory (issue 51)",
+    "models/deepseek_v4/memory_plan.py": "the same planner core (issue 51)",
+    "models/deepseek/fp8.py": "FP8 and the scale names go to the formats room with MXFP4 "
+                              "and int8 (issue 51); read_dequantized and check_weight call "
+                              "each other, so a sibling module would make a cycle",
+    "models/deepseek/mla_attention.py": "MLA's train, prefill and absorbed-decode paths read "
+                                        "together; the cache helpers go with the kit (issue 51)",
+    "models/deepseek_v4/attention.py": "V4's attention keeps only what V4 changes once the "
+                                       "kit exists (issue 51)",
+    "components/trainer/data.py": "the input pipeline's pretraining, SFT and preference "
+                                  "datasets share their packing helpers",
+}
 
 
 def product_files(root: Path = ROOT) -> list[Path]:

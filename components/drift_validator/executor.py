@@ -243,54 +243,102 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 )
         statistics.set_int_custom_property(TEXT_PROFILE_PROPERTY, 1)
 
-        thresholds = {"num_chars": config.drift_threshold, "num_words": config.drift_threshold,
-                      "tokens": config.token_drift_threshold}
-        report = {"baseline": baseline.uri if baseline else None,
-                  "thresholds": thresholds, "splits": {}, "drift": {},
-                  "not_gated": {}}
-        by_source: dict[str, dict[str, dict]] = {}
-        baseline_splits = (set(artifact_utils.decode_split_names(baseline.split_names))
-                           if baseline else set())
-        for s in splits:
-            anomalies = None
-            if s in baseline_splits:
-                result = compare_split(load_statistics(statistics.uri, s),
-                                       load_statistics(baseline.uri, s), thresholds,
-                                       config.drift_min_documents, s)
-                anomalies = result["anomalies"]
-                report["splits"][s] = result["measured"]
-                for feature, value in result["measured"].items():
-                    anomalies_out.set_float_custom_property(f"drift_{s}_{feature}", value)
-                report["drift"].update(result["drift"])
-                report["not_gated"].update(result["not_gated"])
-                for name, entry in result["by_source"].items():
-                    by_source.setdefault(name, {})[s] = entry
-                for name, source_anomalies in result["source_anomalies"].items():
-                    _write(os.path.join(anomalies_out.uri, f"Split-{s}",
-                                        profile.SOURCE_SLICE_PREFIX + name, ANOMALIES_FILE),
-                           source_anomalies.SerializeToString())
-            _write(os.path.join(anomalies_out.uri, f"Split-{s}", ANOMALIES_FILE),
-                   anomalies.SerializeToString() if anomalies is not None else b"")
-        if by_source:
-            report["by_source"] = by_source
-        report["accepted"] = bool(report["drift"]) and accept
-        with tf.io.gfile.GFile(os.path.join(anomalies_out.uri, REPORT_FILE), "w") as f:
-            json.dump(report, f, indent=2, sort_keys=True)
-        anomalies_out.set_string_custom_property("baseline_statistics", report["baseline"] or "")
-        anomalies_out.set_int_custom_property(DRIFT_DETECTED_PROPERTY, int(bool(report["drift"])))
-        anomalies_out.set_int_custom_property("drift_accepted", int(report["accepted"]))
-        anomalies_out.set_json_value_custom_property("drift_report", report)
-        if by_source:
-            anomalies_out.set_json_value_custom_property(DRIFT_BY_SOURCE_PROPERTY, by_source)
+        report = compare_splits(statistics.uri, baseline, splits, config, anomalies_out)
+        record_drift_report(anomalies_out, report, accept)
         if report["drift"] and not accept:
-            lines = [f"{name}: {text}" for name, text in sorted(report["drift"].items())]
-            raise DataValidationError(
-                "the data drifted from the run of the latest blessed model; the pipeline stops "
-                "before training:\n  " + "\n  ".join(lines)
-                + f"\n(baseline statistics: {baseline.uri}; this run's: {statistics.uri})"
-                + "\nIf the change is intended, re-run with --accept-drift "
-                "(or raise validation.drift_threshold / validation.token_drift_threshold)."
-            )
+            raise drift_error(report, baseline.uri, statistics.uri)
+
+
+def compare_splits(statistics_uri: str, baseline, splits: list[str], config,
+                   anomalies_out) -> dict:
+    """Compares each split's statistics (in `statistics_uri`) with the same split of the
+    `baseline` ExampleStatistics (None: no baseline), writes each split's anomalies
+    (`Split-<s>/SchemaDiff.pb`, empty without a baseline; per source for a mixture) to
+    `anomalies_out` and sets its `drift_<split>_<feature>` custom properties.
+
+    Args:
+      statistics_uri: this run's ExampleStatistics' URI.
+      baseline: the baseline ExampleStatistics artifact, or None.
+      splits: this run's splits.
+      config: the pipeline config's `validation` section.
+      anomalies_out: the ExampleAnomalies artifact.
+
+    Returns:
+      The drift report: {"baseline": its URI or None, "thresholds", "splits": {split:
+      {feature: JSD}}, "drift": {key: description} (gated), "not_gated", and
+      "by_source": {source: {split: entry}} for a mixture (`compare_split`)}.
+
+    Raises:
+      ValueError: statistics sliced otherwise than by source (`compare_split`).
+    """
+    thresholds = {"num_chars": config.drift_threshold, "num_words": config.drift_threshold,
+                  "tokens": config.token_drift_threshold}
+    report = {"baseline": baseline.uri if baseline else None,
+              "thresholds": thresholds, "splits": {}, "drift": {},
+              "not_gated": {}}
+    by_source: dict[str, dict[str, dict]] = {}
+    baseline_splits = (set(artifact_utils.decode_split_names(baseline.split_names))
+                       if baseline else set())
+    for s in splits:
+        anomalies = None
+        if s in baseline_splits:
+            result = compare_split(load_statistics(statistics_uri, s),
+                                   load_statistics(baseline.uri, s), thresholds,
+                                   config.drift_min_documents, s)
+            anomalies = result["anomalies"]
+            _add_split(report, by_source, anomalies_out, s, result)
+        _write(os.path.join(anomalies_out.uri, f"Split-{s}", ANOMALIES_FILE),
+               anomalies.SerializeToString() if anomalies is not None else b"")
+    if by_source:
+        report["by_source"] = by_source
+    return report
+
+
+def _add_split(report: dict, by_source: dict, anomalies_out, split: str, result: dict) -> None:
+    """Adds split `split`'s drift (`result`: `compare_split`'s) to `report` and
+    `by_source` ({source: {split: entry}}), sets its `drift_<split>_<feature>` properties
+    on `anomalies_out` and writes its sources' anomalies there."""
+    report["splits"][split] = result["measured"]
+    for feature, value in result["measured"].items():
+        anomalies_out.set_float_custom_property(f"drift_{split}_{feature}", value)
+    report["drift"].update(result["drift"])
+    report["not_gated"].update(result["not_gated"])
+    for name, entry in result["by_source"].items():
+        by_source.setdefault(name, {})[split] = entry
+    for name, source_anomalies in result["source_anomalies"].items():
+        _write(os.path.join(anomalies_out.uri, f"Split-{split}",
+                            profile.SOURCE_SLICE_PREFIX + name, ANOMALIES_FILE),
+               source_anomalies.SerializeToString())
+
+
+def record_drift_report(anomalies_out, report: dict, accept: bool) -> None:
+    """Marks `report` (`compare_splits`') accepted (drift and `accept`), writes it to
+    `drift_report.json` in `anomalies_out` and sets the artifact's custom properties
+    `baseline_statistics`, `drift_detected`, `drift_accepted`, `drift_report` and, for a
+    mixture, `drift_by_source`."""
+    by_source = report.get("by_source")
+    report["accepted"] = bool(report["drift"]) and accept
+    with tf.io.gfile.GFile(os.path.join(anomalies_out.uri, REPORT_FILE), "w") as f:
+        json.dump(report, f, indent=2, sort_keys=True)
+    anomalies_out.set_string_custom_property("baseline_statistics", report["baseline"] or "")
+    anomalies_out.set_int_custom_property(DRIFT_DETECTED_PROPERTY, int(bool(report["drift"])))
+    anomalies_out.set_int_custom_property("drift_accepted", int(report["accepted"]))
+    anomalies_out.set_json_value_custom_property("drift_report", report)
+    if by_source:
+        anomalies_out.set_json_value_custom_property(DRIFT_BY_SOURCE_PROPERTY, by_source)
+
+
+def drift_error(report: dict, baseline_uri: str, statistics_uri: str) -> DataValidationError:
+    """The error that stops the run on the gated drift of `report` (`compare_splits`'),
+    naming each drifted feature, both statistics' URIs and how to go on."""
+    lines = [f"{name}: {text}" for name, text in sorted(report["drift"].items())]
+    return DataValidationError(
+        "the data drifted from the run of the latest blessed model; the pipeline stops "
+        "before training:\n  " + "\n  ".join(lines)
+        + f"\n(baseline statistics: {baseline_uri}; this run's: {statistics_uri})"
+        + "\nIf the change is intended, re-run with --accept-drift "
+        "(or raise validation.drift_threshold / validation.token_drift_threshold)."
+    )
 
 
 def _write(path: str, data: bytes) -> None:

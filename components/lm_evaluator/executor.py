@@ -26,6 +26,7 @@ SFT responses (bits per byte), and beside them
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -179,39 +180,9 @@ class Executor(base_executor.BaseExecutor):
         evaluation = artifact_utils.get_single_instance(output_dict["evaluation"])
         blessing = artifact_utils.get_single_instance(output_dict["blessing"])
 
-        task = config.data.task
-        tasks = load_tasks(config.eval.tasks, config.eval.min_scores)
-        sources = read_eval_sources(examples, sft=task in CHAT_TASKS)
-        candidate_dir = path_utils.serving_model_path(model.uri)
-        loaded = tf.saved_model.load(candidate_dir)
-        metrics, samples = evaluate_saved_model(candidate_dir, sources,
-                                                config, tasks, loaded)
-        baseline_metrics = baseline_samples = None
-        baseline = (baseline_task_model(baselines[0].uri, candidate_dir)
-                    if baselines and task == "grpo" else None)
-        if baselines:
-            baseline_metrics, baseline_samples = evaluate_baseline(
-                baselines[0].uri, candidate_dir, sources, config, tasks, baseline)
-        grpo_samples = None
-        if task in ("dpo", "grpo"):
-            candidate = task_models.from_saved_model(candidate_dir, loaded)
-            if task == "dpo":
-                metrics.update(evaluate_dpo_pairs(candidate, model.uri, examples, config))
-            else:
-                records = [r for items, _ in sources.values() for r in items]
-                figures, grpo_samples = evaluate_grpo_prompts(candidate, records, config,
-                                                              "candidate", candidate_dir)
-                metrics.update(figures)
-                grpo_samples = {"candidate": grpo_samples, "baseline": None}
-                if baseline is not None:
-                    from savedmodel import base_model
-
-                    baseline_dir = base_model.model_dir(baselines[0].uri)
-                    figures, grpo_samples["baseline"] = evaluate_grpo_prompts(
-                        baseline, records, config, "baseline",
-                        baseline_dir if base_model.kind(baseline_dir) == base_model.SAVEDMODEL
-                        else None)
-                    baseline_metrics.update(figures)
+        baseline = baselines[0] if baselines else None
+        scores = score_models(examples, model, baseline, config)
+        metrics, baseline_metrics = scores.metrics, scores.baseline_metrics
         blessed, message = decide_blessing(metrics, baseline_metrics, config)
 
         by_source = metrics.pop("by_source")
@@ -219,53 +190,160 @@ class Executor(base_executor.BaseExecutor):
         report = {"candidate": metrics, "baseline": baseline_metrics, "by_source": by_source,
                   "baseline_by_source": baseline_by_source, "blessed": blessed,
                   "message": message}
-        io_utils.write_string_file(
-            os.path.join(evaluation.uri, METRICS_FILE), json.dumps(report, indent=2)
-        )
-        if tasks:
-            io_utils.write_string_file(
-                os.path.join(evaluation.uri, TASK_SAMPLES_FILE),
-                json.dumps({"candidate": samples, "baseline": baseline_samples},
-                           ensure_ascii=False))
-        if grpo_samples is not None:
-            io_utils.write_string_file(os.path.join(evaluation.uri, GRPO_SAMPLES_FILE),
-                                       json.dumps(grpo_samples, ensure_ascii=False, indent=2))
-        for key in ("bits_per_byte", "perplexity", "loss", "response_perplexity",
-                    "response_bits_per_byte"):
-            if key in metrics:
-                evaluation.set_float_custom_property(key, metrics[key])
-        evaluation.set_int_custom_property("eval_tokens", metrics["tokens"])
-        evaluation.set_int_custom_property("eval_bytes", metrics["bytes"])
-        set_task_properties(evaluation, metrics.get("tasks", {}), "task_")
-        if baseline_metrics:
-            evaluation.set_float_custom_property("baseline_bits_per_byte", baseline_metrics["bits_per_byte"])
-            set_task_properties(evaluation, baseline_metrics.get("tasks", {}), "baseline_task_")
+        write_evaluation(evaluation.uri, report, scores)
+        set_evaluation_properties(evaluation, metrics, baseline_metrics)
         for artifact in (evaluation, blessing):
             set_source_properties(artifact, by_source, baseline_by_source)
             set_preference_properties(artifact, metrics, baseline_metrics)
+        write_blessing(blessing, blessed, message, model, baseline, metrics["bits_per_byte"])
 
+
+@dataclasses.dataclass
+class Scores:
+    """What `score_models` measured.
+
+    Attributes:
+      tasks: the benchmark tasks scored (`eval.tasks`), possibly none.
+      metrics: the candidate's figures (`evaluate_saved_model`, with "by_source"; dpo's
+        and grpo's figures added).
+      samples: the candidate's task samples, None without tasks.
+      baseline_metrics, baseline_samples: the same of the baseline, None without one.
+      grpo_samples: grpo's completions {"candidate", "baseline" (None without a
+        baseline)}, None for other tasks.
+    """
+
+    tasks: Sequence[Task]
+    metrics: dict
+    samples: dict | None
+    baseline_metrics: dict | None
+    baseline_samples: dict | None
+    grpo_samples: dict | None
+
+
+def score_models(examples, model, baseline, config: PipelineConfig) -> Scores:
+    """Scores the candidate `model` (a Model artifact) and the `baseline` (a Model
+    artifact, or None) on the eval split of `examples` (Transform's output), as the
+    executor's `Do` describes.
+
+    Raises:
+      FileNotFoundError, ValueError: as `Executor.Do`.
+    """
+    task = config.data.task
+    tasks = load_tasks(config.eval.tasks, config.eval.min_scores)
+    sources = read_eval_sources(examples, sft=task in CHAT_TASKS)
+    candidate_dir = path_utils.serving_model_path(model.uri)
+    loaded = tf.saved_model.load(candidate_dir)
+    metrics, samples = evaluate_saved_model(candidate_dir, sources,
+                                            config, tasks, loaded)
+    baseline_metrics = baseline_samples = None
+    baseline_model = (baseline_task_model(baseline.uri, candidate_dir)
+                      if baseline is not None and task == "grpo" else None)
+    if baseline is not None:
+        baseline_metrics, baseline_samples = evaluate_baseline(
+            baseline.uri, candidate_dir, sources, config, tasks, baseline_model)
+    grpo_samples = None
+    if task in ("dpo", "grpo"):
+        candidate = task_models.from_saved_model(candidate_dir, loaded)
+        if task == "dpo":
+            metrics.update(evaluate_dpo_pairs(candidate, model.uri, examples, config))
+        else:
+            records = [r for items, _ in sources.values() for r in items]
+            grpo_samples = evaluate_grpo_models(
+                candidate, candidate_dir, baseline_model,
+                baseline.uri if baseline is not None else "", records, config, metrics,
+                baseline_metrics)
+    return Scores(tasks, metrics, samples, baseline_metrics, baseline_samples, grpo_samples)
+
+
+def evaluate_grpo_models(candidate, candidate_dir: str, baseline, baseline_uri: str,
+                         records: list, config: PipelineConfig, metrics: dict,
+                         baseline_metrics: dict | None) -> dict:
+    """GRPO's figures of the candidate and, with a `baseline` (`baseline_task_model` of
+    `baseline_uri`, or None), of the baseline (`evaluate_grpo_prompts` on the eval
+    `records`), added to `metrics` and `baseline_metrics`.
+
+    Returns:
+      The samples, {"candidate": [...], "baseline": [...] or None}.
+
+    Raises:
+      ValueError: as `evaluate_grpo_prompts` (no generate signature, no prompt that fits).
+    """
+    figures, candidate_samples = evaluate_grpo_prompts(candidate, records, config,
+                                                       "candidate", candidate_dir)
+    metrics.update(figures)
+    grpo_samples = {"candidate": candidate_samples, "baseline": None}
+    if baseline is not None:
+        from savedmodel import base_model
+
+        baseline_dir = base_model.model_dir(baseline_uri)
+        figures, grpo_samples["baseline"] = evaluate_grpo_prompts(
+            baseline, records, config, "baseline",
+            baseline_dir if base_model.kind(baseline_dir) == base_model.SAVEDMODEL
+            else None)
+        baseline_metrics.update(figures)
+    return grpo_samples
+
+
+def write_evaluation(evaluation_uri: str, report: dict, scores: Scores) -> None:
+    """Writes `report` to metrics.json in `evaluation_uri`, and the task samples
+    (task_samples.json, with tasks) and grpo's samples (grpo_samples.json) of `scores`."""
+    io_utils.write_string_file(
+        os.path.join(evaluation_uri, METRICS_FILE), json.dumps(report, indent=2)
+    )
+    if scores.tasks:
         io_utils.write_string_file(
-            os.path.join(
-                blessing.uri,
-                constants.BLESSED_FILE_NAME if blessed else constants.NOT_BLESSED_FILE_NAME,
-            ),
-            "",
+            os.path.join(evaluation_uri, TASK_SAMPLES_FILE),
+            json.dumps({"candidate": scores.samples, "baseline": scores.baseline_samples},
+                       ensure_ascii=False))
+    if scores.grpo_samples is not None:
+        io_utils.write_string_file(os.path.join(evaluation_uri, GRPO_SAMPLES_FILE),
+                                   json.dumps(scores.grpo_samples, ensure_ascii=False, indent=2))
+
+
+def set_evaluation_properties(evaluation, metrics: dict, baseline_metrics: dict | None) -> None:
+    """The ModelEvaluation's figures as its custom properties: bits_per_byte, perplexity,
+    loss, response_perplexity, response_bits_per_byte (those in `metrics`), eval_tokens,
+    eval_bytes, the tasks' (`set_task_properties`) and, with a baseline, its
+    baseline_bits_per_byte and tasks'."""
+    for key in ("bits_per_byte", "perplexity", "loss", "response_perplexity",
+                "response_bits_per_byte"):
+        if key in metrics:
+            evaluation.set_float_custom_property(key, metrics[key])
+    evaluation.set_int_custom_property("eval_tokens", metrics["tokens"])
+    evaluation.set_int_custom_property("eval_bytes", metrics["bytes"])
+    set_task_properties(evaluation, metrics.get("tasks", {}), "task_")
+    if baseline_metrics:
+        evaluation.set_float_custom_property("baseline_bits_per_byte", baseline_metrics["bits_per_byte"])
+        set_task_properties(evaluation, baseline_metrics.get("tasks", {}), "baseline_task_")
+
+
+def write_blessing(blessing, blessed: bool, message: str, model, baseline,
+                   bits_per_byte: float) -> None:
+    """Writes `blessing/BLESSED` or `blessing/NOT_BLESSED` and sets the custom properties
+    TFX's Pusher reads: `blessed`, the current `model`'s URI and id, the `baseline`'s
+    (a Model artifact, or None) and the message; and the candidate's `bits_per_byte`."""
+    io_utils.write_string_file(
+        os.path.join(
+            blessing.uri,
+            constants.BLESSED_FILE_NAME if blessed else constants.NOT_BLESSED_FILE_NAME,
+        ),
+        "",
+    )
+    blessing.set_int_custom_property(
+        constants.ARTIFACT_PROPERTY_BLESSED_KEY,
+        constants.BLESSED_VALUE if blessed else constants.NOT_BLESSED_VALUE,
+    )
+    blessing.set_string_custom_property(constants.ARTIFACT_PROPERTY_CURRENT_MODEL_URI_KEY, model.uri)
+    blessing.set_int_custom_property(constants.ARTIFACT_PROPERTY_CURRENT_MODEL_ID_KEY, model.id)
+    if baseline is not None:
+        blessing.set_string_custom_property(
+            constants.ARTIFACT_PROPERTY_BASELINE_MODEL_URI_KEY, baseline.uri
         )
         blessing.set_int_custom_property(
-            constants.ARTIFACT_PROPERTY_BLESSED_KEY,
-            constants.BLESSED_VALUE if blessed else constants.NOT_BLESSED_VALUE,
+            constants.ARTIFACT_PROPERTY_BASELINE_MODEL_ID_KEY, baseline.id
         )
-        blessing.set_string_custom_property(constants.ARTIFACT_PROPERTY_CURRENT_MODEL_URI_KEY, model.uri)
-        blessing.set_int_custom_property(constants.ARTIFACT_PROPERTY_CURRENT_MODEL_ID_KEY, model.id)
-        if baselines:
-            blessing.set_string_custom_property(
-                constants.ARTIFACT_PROPERTY_BASELINE_MODEL_URI_KEY, baselines[0].uri
-            )
-            blessing.set_int_custom_property(
-                constants.ARTIFACT_PROPERTY_BASELINE_MODEL_ID_KEY, baselines[0].id
-            )
-        blessing.set_string_custom_property(constants.ARTIFACT_PROPERTY_BLESSING_MESSAGE_KEY, message)
-        blessing.set_float_custom_property("bits_per_byte", metrics["bits_per_byte"])
+    blessing.set_string_custom_property(constants.ARTIFACT_PROPERTY_BLESSING_MESSAGE_KEY, message)
+    blessing.set_float_custom_property("bits_per_byte", bits_per_byte)
 
 
 def set_source_properties(artifact, by_source: dict, baseline_by_source: dict | None) -> None:

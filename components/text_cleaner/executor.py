@@ -44,36 +44,47 @@ triple; `prompt` and `rejected` are written back.
 
 Before any work, the ExampleValidator's anomalies are checked: data with
 anomalies stops the pipeline here, before Transform and training.
+
+The key records and pass 2 are in `dedup.py`; the report's counts and samples in
+`report.py`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
 import tensorflow as tf
 from tensorflow_metadata.proto.v0 import anomalies_pb2
 from tfx import types
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
+from components.text_cleaner.dedup import (
+    FindDuplicates,
+    SeenTwiceCombineFn,
+    bloom_bits,
+    doc_key,
+    pack_keys,  # noqa: F401  (re-exported: it was defined here before dedup.py)
+    parse_doc_key,
+    record_keys,
+    split_order,
+)
+from components.text_cleaner.report import (
+    REPAIR_PREFIX,
+    SAMPLES_PER_REASON,
+    build_report,
+    record_report,
+)
 from config import DEFAULT_SOURCE, DataConfig, PipelineConfig
 from config.sources import source_names
 from corpus import cleaning
 
 REPORT_FILE = "cleaning_report.json"
-REPAIR_PREFIX = "repair:"
-_SAMPLES_PER_REASON = 5
-_SPLIT_PRIORITY = {"train": 0, "eval": 1}
-# Bloom filter sizing: documents are assumed to average >= 512 bytes of
-# uncompressed example, the gzip'd input to expand 4x, and 8 bits per key.
-_BYTES_PER_DOC_ESTIMATE = 512
-_GZIP_EXPANSION_ESTIMATE = 4
-_BITS_PER_KEY = 8
+# The names of the deduplication's Beam classes here before `dedup.py` (tests use them).
+_SeenTwiceCombineFn, _FindDuplicates = SeenTwiceCombineFn, FindDuplicates
 
 
 class DataValidationError(RuntimeError):
@@ -136,193 +147,6 @@ def _to_example(record: dict[str, Any]) -> bytes:
     return document_to_example(doc).SerializeToString()
 
 
-# ----------------------------------------------------------------------------- keys
-
-
-def split_order(splits: list[str]) -> list[str]:
-    """Splits in keep-first order: train, eval, then the others by name."""
-    return sorted(splits, key=lambda s: (_SPLIT_PRIORITY.get(s, 9), s))
-
-
-def doc_key(split_index: int, source: str, record: int,
-            source_name: str = DEFAULT_SOURCE) -> bytes:
-    """A byte string whose order is the keep-first order of duplicates: split
-    (`split_order` index), then source name, then source file, then record number."""
-    return (struct.pack(">B", split_index) + source_name.encode("utf-8") + b"\0"
-            + source.encode("utf-8") + b"\0" + struct.pack(">Q", record))
-
-
-def parse_doc_key(key: bytes, splits: list[str]) -> tuple[str, str, str, int]:
-    """(split, source_name, source, record) of a `doc_key`, given `split_order(...)`."""
-    name, _, source = key[1:-9].partition(b"\0")
-    return (splits[key[0]], name.decode("utf-8"), source.decode("utf-8"),
-            struct.unpack(">Q", key[-8:])[0])
-
-
-def pack_keys(key: bytes, content: bytes, signature: np.ndarray) -> bytes:
-    """doc key, 16-byte content hash and uint32 MinHash signature, as one record."""
-    return struct.pack("<H", len(key)) + key + content[:16] + signature.astype("<u4").tobytes()
-
-
-def unpack_keys(packed: bytes) -> tuple[bytes, bytes, np.ndarray]:
-    n = struct.unpack("<H", packed[:2])[0]
-    key, content = packed[2:2 + n], packed[2 + n:18 + n]
-    return key, content, np.frombuffer(packed[18 + n:], dtype="<u4")
-
-
-def record_keys(r: dict[str, Any], split_index: int, data: DataConfig) -> bytes:
-    """The `pack_keys` record of a cleaned record (`_parse` form): its doc key, content
-    hash and MinHash signature; an SFT or GRPO record (`prompt` not None) is keyed on the
-    (prompt, response) pair (`cleaning.sft_content_key`, `cleaning.sft_dedup_text`), a
-    DPO record (a `rejected` key, not None) on the (prompt, chosen, rejected) triple
-    (`cleaning.dpo_content_key`, `cleaning.dpo_dedup_text`)."""
-    if r.get("rejected") is not None:
-        text = cleaning.dpo_dedup_text(r["prompt"], r["text"], r["rejected"])
-        content = cleaning.dpo_content_key(r["prompt"], r["text"], r["rejected"])
-    elif r["prompt"] is not None:
-        text = cleaning.sft_dedup_text(r["prompt"], r["text"])
-        content = cleaning.sft_content_key(r["prompt"], r["text"])
-    else:
-        text = r["text"]
-        content = cleaning.content_key(text)
-    signature = (cleaning.minhash_signature(text, data.near_dedup_num_perm, data.near_dedup_ngram)
-                 if data.near_dedup else np.zeros(0, dtype=np.uint32))
-    return pack_keys(doc_key(split_index, r["source"], r["record"],
-                             r.get("source_name", DEFAULT_SOURCE)), content,
-                     signature)
-
-
-def bloom_bits(input_bytes: int, bands: int) -> int:
-    """Bloom filter size for a corpus of `input_bytes` (gzip'd examples): a power of two."""
-    docs = input_bytes * _GZIP_EXPANSION_ESTIMATE // _BYTES_PER_DOC_ESTIMATE + 1
-    wanted = max(docs * max(bands, 1) * _BITS_PER_KEY, 1 << 16)
-    return min(1 << (wanted - 1).bit_length(), 1 << 32)
-
-
-def _hash64(content: bytes) -> int:
-    return int.from_bytes(content[:8], "little")
-
-
-class _SeenTwiceCombineFn(beam.CombineFn):
-    """Bloom filters of repeated content hashes and repeated LSH band keys."""
-
-    def __init__(self, num_bits: int, bands: int, rows: int, near: bool):
-        self._num_bits, self._bands, self._rows, self._near = num_bits, bands, rows, near
-
-    def create_accumulator(self):
-        # one content key per document against `bands` band keys: 1/bands of the bits.
-        exact_bits = 1 << max((self._num_bits // max(self._bands, 1)).bit_length() - 1, 16)
-        exact = cleaning.SeenTwiceFilter(exact_bits)
-        near = cleaning.SeenTwiceFilter(self._num_bits if self._near else 8)
-        return exact, near
-
-    def add_input(self, accumulator, packed):
-        exact, near = accumulator
-        _, content, signature = unpack_keys(packed)
-        exact.add(np.array([_hash64(content)], dtype=np.uint64))
-        if self._near:
-            near.add(cleaning.key_hashes(cleaning.lsh_bands(signature, self._bands, self._rows)))
-        return accumulator
-
-    def merge_accumulators(self, accumulators):
-        accumulators = iter(accumulators)
-        exact, near = next(accumulators)
-        for other_exact, other_near in accumulators:
-            exact.merge(other_exact)
-            near.merge(other_near)
-        return exact, near
-
-    def extract_output(self, accumulator):
-        return accumulator
-
-
-class _FindDuplicates(beam.PTransform):
-    """Key files (`pack_keys` records) -> (doc key, (reason, kept doc key)) of every
-    duplicate, the kept key naming the copy it duplicates (for a near duplicate, the
-    first earlier document it is near).
-
-    Exact duplicates: same content hash; all but the first (`doc_key` order) are
-    dropped. Near duplicates: documents whose estimated Jaccard similarity
-    (MinHash over word n-grams) with an earlier document reaches the threshold;
-    LSH banding (b bands of r rows, chosen by datasketch for the threshold) finds
-    the candidate pairs, each checked on the full signature. A document that is
-    both is counted as an exact duplicate. Only keys that the Bloom filters say
-    may repeat are grouped.
-    """
-
-    def __init__(self, data: DataConfig, num_bits: int):
-        super().__init__()
-        self._data, self._num_bits = data, num_bits
-
-    def expand(self, key_files):
-        data = self._data
-        bands, rows = cleaning.lsh_parameters(data.near_dedup_threshold, data.near_dedup_num_perm)
-        near_on = data.near_dedup
-        filters = (
-            key_files
-            | "ReadKeysForFilters" >> beam.io.ReadAllFromTFRecord()
-            | "SeenTwice" >> beam.CombineGlobally(
-                _SeenTwiceCombineFn(self._num_bits, bands, rows, near_on))
-        )
-
-        def candidates(packed, filters):
-            exact_filter, near_filter = filters
-            key, content, signature = unpack_keys(packed)
-            if data.deduplicate and exact_filter.may_repeat(
-                    np.array([_hash64(content)], dtype=np.uint64))[0]:
-                yield beam.pvalue.TaggedOutput("exact", (content, key))
-            if near_on:
-                band_keys = cleaning.lsh_bands(signature, bands, rows)
-                repeat = near_filter.may_repeat(cleaning.key_hashes(band_keys))
-                for band_key, may in zip(band_keys, repeat, strict=True):
-                    if may:
-                        yield beam.pvalue.TaggedOutput("near", (band_key, (key, signature)))
-
-        grouped = (
-            key_files
-            | "ReadKeysForCandidates" >> beam.io.ReadAllFromTFRecord()
-            | "Candidates" >> beam.FlatMap(
-                candidates, filters=beam.pvalue.AsSingleton(filters)).with_outputs("exact", "near")
-        )
-
-        def exact_duplicates(content_and_keys):
-            _, keys = content_and_keys
-            keys = sorted(keys)
-            for key in keys[1:]:
-                yield key, (cleaning.DROP_EXACT_DUPLICATE, keys[0])
-
-        def near_duplicates(bucket):
-            _, members = bucket
-            members = sorted(members, key=lambda m: m[0])
-            for i, (key, sig) in enumerate(members):
-                for earlier_key, earlier_sig in members[:i]:
-                    if cleaning.estimated_jaccard(sig, earlier_sig) >= data.near_dedup_threshold:
-                        yield key, earlier_key
-                        break
-
-        exact = grouped.exact | "GroupByContent" >> beam.GroupByKey() | "Exact" >> beam.FlatMap(
-            exact_duplicates)
-        near = (
-            grouped.near
-            | "GroupByBand" >> beam.GroupByKey()
-            | "PairsInBucket" >> beam.FlatMap(near_duplicates)
-            | "FirstOriginal" >> beam.CombinePerKey(min)
-            | "Near" >> beam.Map(lambda kv: (kv[0], (cleaning.DROP_NEAR_DUPLICATE, kv[1])))
-        )
-
-        def first_reason(key_reasons):
-            key, reasons = key_reasons
-            reasons = sorted(reasons)  # (reason, kept key): exact_duplicate < near_duplicate
-            yield key, reasons[0]
-
-        return (
-            (exact, near)
-            | "AllDuplicates" >> beam.Flatten()
-            | "GroupByDoc" >> beam.GroupByKey()
-            | "OneReason" >> beam.FlatMap(first_reason)
-        )
-
-
 def _input_bytes(pattern: str) -> int:
     return sum(tf.io.gfile.stat(p).length for p in tf.io.gfile.glob(pattern))
 
@@ -366,165 +190,19 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
         splits = artifact_utils.decode_split_names(examples.split_names)
         output.split_names = artifact_utils.encode_split_names(splits)
-        ordered = split_order(splits)
         report_prefix = os.path.join(output.uri, "_report", "counts")
         tmp = os.path.join(output.uri, "_tmp")
         data = config.data
-        dedup = data.deduplicate or data.near_dedup
         inputs = {s: os.path.join(examples.uri, f"Split-{s}", "*") for s in splits}
         bands, _ = cleaning.lsh_parameters(data.near_dedup_threshold, data.near_dedup_num_perm)
         num_bits = bloom_bits(sum(_input_bytes(p) for p in inputs.values()), bands)
-
-        settings = {name: data.for_source(name) for name in source_names(data.sources)}
-
-        def clean(r):
-            source_data = settings.get(r["source_name"])
-            if source_data is None:
-                raise DataValidationError(
-                    f"{r['source']} record {r['record']}: source_name '{r['source_name']}' "
-                    f"is not a source of data.sources ({', '.join(settings)})")
-            if r["prompt"] is None:
-                text, reason, repairs = cleaning.clean_document(r["text"], r["reject_reason"],
-                                                                source_data)
-                r = dict(r, text=text, reason=reason, repairs=r["repairs"] + repairs)
-            elif r.get("rejected") is not None:  # a DPO record
-                prompt, text, rejected, reason, repairs = cleaning.clean_dpo_record(
-                    r["prompt"], r["text"], r["rejected"], r["reject_reason"], source_data)
-                r = dict(r, prompt=prompt, text=text, rejected=rejected, reason=reason,
-                         repairs=r["repairs"] + repairs)
-            else:
-                prompt, text, reason, repairs = cleaning.clean_sft_record(
-                    r["prompt"], r["text"], r["reject_reason"], source_data)
-                r = dict(r, prompt=prompt, text=text, reason=reason,
-                         repairs=r["repairs"] + repairs)
-            tag = "clean" if reason == cleaning.KEPT else "dropped"
-            return beam.pvalue.TaggedOutput(tag, r)
-
-        def keys(r):
-            return record_keys(r, ordered.index(r["split"]), data)
-
-        def drop_duplicates(serialized, duplicates, split):
-            r = _parse(serialized, split)
-            found = duplicates.get(doc_key(ordered.index(split), r["source"], r["record"],
-                                           r["source_name"]))
-            if found:
-                reason, kept_key = found
-                return beam.pvalue.TaggedOutput("dropped", dict(
-                    r, text="", reason=reason, kept=parse_doc_key(kept_key, ordered)[1:]))
-            return beam.pvalue.TaggedOutput("kept", (serialized, r))
-
-        # Every split is its own chain, and only small things (file names, counts,
-        # samples, duplicate keys) cross between chains: on the DirectRunner a
-        # Flatten of PCollections from different stages is held in memory whole.
+        cleaning_pipeline = _CleaningPipeline(data, splits, num_bits, tmp)
         with self._make_beam_pipeline() as p:
-            counts, samples, key_files, clean_files = [], [], [], {}
-
-            def count_and_sample(name, dropped, kept=None):
-                counted = [dropped | f"DroppedKey[{name}]" >> beam.Map(
-                    lambda r: ((r["split"], r["source_name"], r["reason"]), 1))]
-                if kept is not None:
-                    counted.append(kept | f"KeptKey[{name}]" >> beam.FlatMap(
-                        lambda r: [((r["split"], r["source_name"], cleaning.KEPT), 1)]
-                        + [((r["split"], r["source_name"], REPAIR_PREFIX + x), 1)
-                           for x in r["repairs"]]))
-                for i, part in enumerate(counted):
-                    counts.append(part | f"Count[{name}.{i}]" >> beam.CombinePerKey(sum))
-                samples.append(
-                    dropped
-                    | f"SampleKey[{name}]" >> beam.Map(
-                        lambda r: ((r["source_name"], r["reason"]),
-                                   (r["source"], r["record"], tuple(r.get("kept", ())))))
-                    | f"Sample[{name}]" >> beam.combiners.Top.SmallestPerKey(_SAMPLES_PER_REASON))
-
-            # pass 1: clean; count what a rule drops; keep the text on disk, not in memory.
-            for s in splits:
-                cleaned = (
-                    p
-                    | f"Read[{s}]" >> beam.io.ReadFromTFRecord(inputs[s], compression_type="auto")
-                    | f"Parse[{s}]" >> beam.Map(_parse, split=s)
-                    | f"Clean[{s}]" >> beam.Map(clean).with_outputs("clean", "dropped")
-                )
-                if dedup:
-                    count_and_sample(f"rules.{s}", cleaned.dropped)
-                    key_files.append(
-                        cleaned.clean
-                        | f"Keys[{s}]" >> beam.Map(keys)
-                        | f"WriteKeys[{s}]" >> beam.io.WriteToTFRecord(
-                            os.path.join(tmp, f"keys-{s}")))
-                    clean_files[s] = (
-                        cleaned.clean
-                        | f"Serialize[{s}]" >> beam.Map(_to_example)
-                        | f"WriteClean[{s}]" >> beam.io.WriteToTFRecord(
-                            os.path.join(tmp, f"clean-{s}")))
-                else:
-                    kept = cleaned.clean | f"Pair[{s}]" >> beam.Map(lambda r: (_to_example(r), r))
-                    count_and_sample(s, cleaned.dropped, kept | f"Record[{s}]" >> beam.Map(
-                        lambda x: x[1]))
-                    clean_files[s] = kept
-
-            if dedup:
-                # pass 2: find the duplicates from the compact key records.
-                duplicates = beam.pvalue.AsDict(
-                    key_files
-                    | "AllKeyFiles" >> beam.Flatten()
-                    | "FindDuplicates" >> _FindDuplicates(data, num_bits)
-                )
-            for s in splits:
-                if dedup:
-                    # pass 3: read the cleaned text back, leave out the duplicates.
-                    deduped = (
-                        clean_files[s]
-                        | f"ReadClean[{s}]" >> beam.io.ReadAllFromTFRecord()
-                        | f"DropDuplicates[{s}]" >> beam.Map(
-                            drop_duplicates, duplicates=duplicates, split=s
-                        ).with_outputs("kept", "dropped")
-                    )
-                    kept = deduped.kept
-                    count_and_sample(f"dedup.{s}", deduped.dropped,
-                                     kept | f"Record[{s}]" >> beam.Map(lambda x: x[1]))
-                else:
-                    kept = clean_files[s]
-                _ = (
-                    kept
-                    | f"Bytes[{s}]" >> beam.Map(lambda x: x[0])
-                    | f"Write[{s}]" >> beam.io.WriteToTFRecord(
-                        os.path.join(output.uri, f"Split-{s}", "data_tfrecord"),
-                        file_name_suffix=".gz",
-                    )
-                )
-
-            def smallest(samples_lists):
-                return sorted(x for xs in samples_lists for x in xs)[:_SAMPLES_PER_REASON]
-
-            all_counts = (
-                counts
-                | "AllCounts" >> beam.Flatten()
-                | "Total" >> beam.CombinePerKey(sum)
-                | "CountsToList" >> beam.combiners.ToList()
-            )
-            all_samples = (
-                samples
-                | "AllSamples" >> beam.Flatten()
-                | "MergeSamples" >> beam.CombinePerKey(smallest)
-                | "SamplesToList" >> beam.combiners.ToList()
-            )
-            _ = (
-                all_counts
-                | "Report" >> beam.Map(
-                    lambda c, s: json.dumps({"counts": c, "samples": s}),
-                    s=beam.pvalue.AsSingleton(all_samples))
-                | "WriteReport" >> beam.io.WriteToText(report_prefix, num_shards=1, shard_name_template="")
-            )
+            cleaning_pipeline.build(p, inputs, output.uri, report_prefix)
 
         if tf.io.gfile.exists(tmp):
             tf.io.gfile.rmtree(tmp)
-        with tf.io.gfile.GFile(report_prefix) as f:
-            raw = json.loads(f.read())
-        report = build_report([(tuple(k), n) for k, n in raw["counts"]],
-                              [(tuple(k), [tuple(tuple(v) if isinstance(v, list) else v
-                                                 for v in x) for x in xs])
-                               for k, xs in raw["samples"]],
-                              splits, names=source_names(data.sources))
+        report = read_report(report_prefix, splits, data)
         report["dedup_bloom_bits"] = num_bits
         with tf.io.gfile.GFile(os.path.join(output.uri, REPORT_FILE), "w") as f:
             json.dump(report, f, indent=2, sort_keys=True)
@@ -533,105 +211,218 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         check_reject_fraction(report, data.max_reject_fraction)
 
 
-def _sample(source_name: str, sample) -> dict[str, Any]:
-    """A rejected record's sample as the report writes it: {"source_name", "source",
-    "record"} and, for a duplicate, "kept": the same of the copy that was kept."""
-    source, record, kept = sample
-    out = {"source_name": source_name, "source": source, "record": record}
-    if kept:
-        out["kept"] = dict(zip(("source_name", "source", "record"), kept, strict=True))
-    return out
+class _CleaningPipeline:
+    """The Beam graph of one cleaning run: the three passes of the module docstring, and
+    the counts and samples of every record that a pass keeps or drops.
+
+    Every split is its own chain, and only small things (file names, counts,
+    samples, duplicate keys) cross between chains: on the DirectRunner a
+    Flatten of PCollections from different stages is held in memory whole.
+    """
+
+    def __init__(self, data: DataConfig, splits: list[str], num_bits: int, tmp: str):
+        """`data`: the config's data section; `splits`: the input's split names;
+        `num_bits`: the Bloom filters' size (`bloom_bits`); `tmp`: the directory of
+        the temporary files."""
+        self.data, self.splits, self.num_bits, self.tmp = data, splits, num_bits, tmp
+        self.ordered = split_order(splits)
+        self.dedup = data.deduplicate or data.near_dedup
+        self.settings = {name: data.for_source(name) for name in source_names(data.sources)}
+        self.counts, self.samples = [], []  # PCollections: ((split, source, reason), n), ...
+
+    def build(self, p, inputs: dict[str, str], output_uri: str, report_prefix: str) -> None:
+        """Adds the run to pipeline `p`: reads `inputs` ({split: file pattern}), writes
+        the kept records to `output_uri/Split-<s>/` and the counts and samples to
+        `report_prefix` (JSON {"counts", "samples"})."""
+        key_files, clean_files = [], {}
+        # pass 1: clean; count what a rule drops; keep the text on disk, not in memory.
+        for s in self.splits:
+            self.clean_split(p, s, inputs[s], key_files, clean_files)
+        if self.dedup:
+            # pass 2: find the duplicates from the compact key records.
+            duplicates = beam.pvalue.AsDict(
+                key_files
+                | "AllKeyFiles" >> beam.Flatten()
+                | "FindDuplicates" >> FindDuplicates(self.data, self.num_bits)
+            )
+        for s in self.splits:
+            if self.dedup:
+                # pass 3: read the cleaned text back, leave out the duplicates.
+                kept = self.dedup_split(s, clean_files[s], duplicates)
+            else:
+                kept = clean_files[s]
+            _ = (
+                kept
+                | f"Bytes[{s}]" >> beam.Map(lambda x: x[0])
+                | f"Write[{s}]" >> beam.io.WriteToTFRecord(
+                    os.path.join(output_uri, f"Split-{s}", "data_tfrecord"),
+                    file_name_suffix=".gz",
+                )
+            )
+        self.write_report(report_prefix)
+
+    def clean_split(self, p, s: str, pattern: str, key_files: list, clean_files: dict) -> None:
+        """Pass 1 for split `s` (its files `pattern`): cleans its records and counts what
+        a rule drops. Deduplicating, appends the key file's name to `key_files` and sets
+        `clean_files[s]` to the temporary cleaned TFRecords' names; else
+        `clean_files[s]` holds the kept (serialized example, record) pairs, counted."""
+        cleaned = (
+            p
+            | f"Read[{s}]" >> beam.io.ReadFromTFRecord(pattern, compression_type="auto")
+            | f"Parse[{s}]" >> beam.Map(_parse, split=s)
+            | f"Clean[{s}]" >> beam.Map(clean, settings=self.settings).with_outputs(
+                "clean", "dropped")
+        )
+        if self.dedup:
+            self.count_and_sample(f"rules.{s}", cleaned.dropped)
+            key_files.append(
+                cleaned.clean
+                | f"Keys[{s}]" >> beam.Map(keys, ordered=self.ordered, data=self.data)
+                | f"WriteKeys[{s}]" >> beam.io.WriteToTFRecord(
+                    os.path.join(self.tmp, f"keys-{s}")))
+            clean_files[s] = (
+                cleaned.clean
+                | f"Serialize[{s}]" >> beam.Map(_to_example)
+                | f"WriteClean[{s}]" >> beam.io.WriteToTFRecord(
+                    os.path.join(self.tmp, f"clean-{s}")))
+        else:
+            kept = cleaned.clean | f"Pair[{s}]" >> beam.Map(lambda r: (_to_example(r), r))
+            self.count_and_sample(s, cleaned.dropped, kept | f"Record[{s}]" >> beam.Map(
+                lambda x: x[1]))
+            clean_files[s] = kept
+
+    def dedup_split(self, s: str, clean_files, duplicates):
+        """Pass 3 for split `s`: its cleaned records read back (`clean_files`: the
+        temporary files' names) without the `duplicates` (side input {doc key: (reason,
+        kept doc key)}), counted. Returns the kept (serialized example, record) pairs."""
+        deduped = (
+            clean_files
+            | f"ReadClean[{s}]" >> beam.io.ReadAllFromTFRecord()
+            | f"DropDuplicates[{s}]" >> beam.Map(
+                drop_duplicates, duplicates=duplicates, split=s, ordered=self.ordered
+            ).with_outputs("kept", "dropped")
+        )
+        kept = deduped.kept
+        self.count_and_sample(f"dedup.{s}", deduped.dropped,
+                              kept | f"Record[{s}]" >> beam.Map(lambda x: x[1]))
+        return kept
+
+    def count_and_sample(self, name: str, dropped, kept=None) -> None:
+        """Adds the counts of the `dropped` records by (split, source, reason) and of the
+        `kept` ones (and their repairs) to `counts`, and a few dropped records per
+        (source, reason) to `samples`; `name` makes the labels unique."""
+        counted = [dropped | f"DroppedKey[{name}]" >> beam.Map(
+            lambda r: ((r["split"], r["source_name"], r["reason"]), 1))]
+        if kept is not None:
+            counted.append(kept | f"KeptKey[{name}]" >> beam.FlatMap(
+                lambda r: [((r["split"], r["source_name"], cleaning.KEPT), 1)]
+                + [((r["split"], r["source_name"], REPAIR_PREFIX + x), 1)
+                   for x in r["repairs"]]))
+        for i, part in enumerate(counted):
+            self.counts.append(part | f"Count[{name}.{i}]" >> beam.CombinePerKey(sum))
+        self.samples.append(
+            dropped
+            | f"SampleKey[{name}]" >> beam.Map(
+                lambda r: ((r["source_name"], r["reason"]),
+                           (r["source"], r["record"], tuple(r.get("kept", ())))))
+            | f"Sample[{name}]" >> beam.combiners.Top.SmallestPerKey(SAMPLES_PER_REASON))
+
+    def write_report(self, report_prefix: str) -> None:
+        """Writes every count (summed) and the first samples per (source, reason) as one
+        JSON file, `report_prefix`: {"counts": [[key, n]], "samples": [[key, samples]]}."""
+        all_counts = (
+            self.counts
+            | "AllCounts" >> beam.Flatten()
+            | "Total" >> beam.CombinePerKey(sum)
+            | "CountsToList" >> beam.combiners.ToList()
+        )
+        all_samples = (
+            self.samples
+            | "AllSamples" >> beam.Flatten()
+            | "MergeSamples" >> beam.CombinePerKey(smallest)
+            | "SamplesToList" >> beam.combiners.ToList()
+        )
+        _ = (
+            all_counts
+            | "Report" >> beam.Map(
+                lambda c, s: json.dumps({"counts": c, "samples": s}),
+                s=beam.pvalue.AsSingleton(all_samples))
+            | "WriteReport" >> beam.io.WriteToText(report_prefix, num_shards=1, shard_name_template="")
+        )
 
 
-def build_report(counts, samples, splits, names=()) -> dict[str, Any]:
-    """Per-split, per-source and total counts: read = kept + dropped, dropped by reason.
+# The pipeline's functions: module-level, pickled with their arguments. Their names are
+# in the labels of their steps (`Clean[<split>]/Map(clean)`), hence in Beam's errors.
 
-    Args:
-      counts: [((split, source_name, reason or KEPT or "repair:<kind>"), n)].
-      samples: [((source_name, reason), [(source, record, kept copy's (source_name,
-        source, record) or ())])], a few per key.
-      splits: the split names.
-      names: the sources to report even when they have no records (`data.sources`).
+
+def clean(r: dict[str, Any], settings: dict[str, DataConfig]):
+    """Cleans a record (`_parse` form) with its source's settings (`settings`: {source
+    name: `DataConfig.for_source`}): a document, an SFT (or GRPO) record or a DPO record.
 
     Returns:
-      {"total", "splits": {split: counts}, "by_source": {name: {"records_read",
-      "records_kept", "records_dropped", "dropped": {reason: n}, "repaired": {kind: n},
-      "rejected_samples": {reason: [sample]}}}, "rejected_samples": {reason: [[source,
-      record]]} (the first few over every source), "rejected_records": {reason:
-      [sample]} (the same with their source names and kept copies)}; a sample is
-      {"source_name", "source", "record"} with "kept" (the same) for a duplicate.
+      The cleaned record (with its "reason" and added "repairs"), tagged "clean" when
+      kept, else "dropped".
+
+    Raises:
+      DataValidationError: the record's `source_name` is not one of `settings`.
     """
-    per_split: dict[str, dict[str, Any]] = {
-        s: {"read": 0, "kept": 0, "dropped": 0, "dropped_by_reason": {}, "repaired": {}}
-        for s in splits
-    }
-    by_source: dict[str, dict[str, Any]] = {}
-
-    def source_entry(name: str) -> dict[str, Any]:
-        return by_source.setdefault(name, {
-            "records_read": 0, "records_kept": 0, "records_dropped": 0, "dropped": {},
-            "repaired": {}, "rejected_samples": {}})
-
-    for name in names:
-        source_entry(name)
-    for (split, source_name, reason), n in counts:
-        entry, source = per_split[split], source_entry(source_name)
-        if reason.startswith(REPAIR_PREFIX):  # a change to a kept record, not a record
-            kind = reason[len(REPAIR_PREFIX):]
-            entry["repaired"][kind] = entry["repaired"].get(kind, 0) + n
-            source["repaired"][kind] = source["repaired"].get(kind, 0) + n
-            continue
-        entry["read"] += n
-        source["records_read"] += n
-        if reason == cleaning.KEPT:
-            entry["kept"] += n
-            source["records_kept"] += n
-        else:
-            entry["dropped"] += n
-            entry["dropped_by_reason"][reason] = entry["dropped_by_reason"].get(reason, 0) + n
-            source["records_dropped"] += n
-            source["dropped"][reason] = source["dropped"].get(reason, 0) + n
-    merged: dict[str, list] = {}
-    for (source_name, reason), xs in samples:
-        ordered = sorted(xs)
-        source_entry(source_name)["rejected_samples"][reason] = [
-            _sample(source_name, x) for x in ordered]
-        merged.setdefault(reason, []).extend((x[0], x[1], source_name, x) for x in ordered)
-    firsts = {reason: sorted(xs)[:_SAMPLES_PER_REASON] for reason, xs in merged.items()}
-    total: dict[str, Any] = {"read": 0, "kept": 0, "dropped": 0, "dropped_by_reason": {},
-                             "repaired": {}}
-    for entry in per_split.values():
-        for k in ("read", "kept", "dropped"):
-            total[k] += entry[k]
-        for group in ("dropped_by_reason", "repaired"):
-            for reason, n in entry[group].items():
-                total[group][reason] = total[group].get(reason, 0) + n
-    assert total["read"] == total["kept"] + total["dropped"]
-    return {
-        "total": total,
-        "splits": per_split,
-        "by_source": dict(sorted(by_source.items())),
-        "rejected_samples": {reason: [[source, record] for source, record, _, _ in xs]
-                             for reason, xs in firsts.items()},
-        "rejected_records": {reason: [_sample(name, x) for _, _, name, x in xs]
-                             for reason, xs in firsts.items()},
-    }
+    source_data = settings.get(r["source_name"])
+    if source_data is None:
+        raise DataValidationError(
+            f"{r['source']} record {r['record']}: source_name '{r['source_name']}' "
+            f"is not a source of data.sources ({', '.join(settings)})")
+    if r["prompt"] is None:
+        text, reason, repairs = cleaning.clean_document(r["text"], r["reject_reason"],
+                                                        source_data)
+        r = dict(r, text=text, reason=reason, repairs=r["repairs"] + repairs)
+    elif r.get("rejected") is not None:  # a DPO record
+        prompt, text, rejected, reason, repairs = cleaning.clean_dpo_record(
+            r["prompt"], r["text"], r["rejected"], r["reject_reason"], source_data)
+        r = dict(r, prompt=prompt, text=text, rejected=rejected, reason=reason,
+                 repairs=r["repairs"] + repairs)
+    else:
+        prompt, text, reason, repairs = cleaning.clean_sft_record(
+            r["prompt"], r["text"], r["reject_reason"], source_data)
+        r = dict(r, prompt=prompt, text=text, reason=reason,
+                 repairs=r["repairs"] + repairs)
+    tag = "clean" if reason == cleaning.KEPT else "dropped"
+    return beam.pvalue.TaggedOutput(tag, r)
 
 
-def record_report(artifact: types.Artifact, report: dict[str, Any]) -> None:
-    """Sets the counts as ML Metadata custom properties of the output artifact."""
-    total = report["total"]
-    artifact.set_int_custom_property("records_read", total["read"])
-    artifact.set_int_custom_property("records_kept", total["kept"])
-    artifact.set_int_custom_property("records_dropped", total["dropped"])
-    for reason, n in sorted(total["dropped_by_reason"].items()):
-        artifact.set_int_custom_property(f"dropped_{reason}", n)
-    for repair, n in sorted(total["repaired"].items()):
-        artifact.set_int_custom_property(f"repaired_{repair}", n)
-    artifact.set_json_value_custom_property("by_source", {
-        name: {k: v for k, v in counts.items() if k != "rejected_samples"}
-        for name, counts in report.get("by_source", {}).items()})
-    artifact.set_json_value_custom_property("cleaning_report", report)
+def keys(r: dict[str, Any], ordered: list[str], data: DataConfig) -> bytes:
+    """The key record (`record_keys`) of a cleaned record; `ordered`: `split_order`."""
+    return record_keys(r, ordered.index(r["split"]), data)
+
+
+def drop_duplicates(serialized: bytes, duplicates: dict, split: str, ordered: list[str]):
+    """A cleaned record of `split` (a serialized example), tagged "kept" as (serialized,
+    record), or "dropped" as a record with its reason and the copy that was kept when
+    `duplicates` ({doc key: (reason, kept doc key)}) holds it; `ordered`: `split_order`."""
+    r = _parse(serialized, split)
+    found = duplicates.get(doc_key(ordered.index(split), r["source"], r["record"],
+                                   r["source_name"]))
+    if found:
+        reason, kept_key = found
+        return beam.pvalue.TaggedOutput("dropped", dict(
+            r, text="", reason=reason, kept=parse_doc_key(kept_key, ordered)[1:]))
+    return beam.pvalue.TaggedOutput("kept", (serialized, r))
+
+
+def smallest(samples_lists):
+    """The first `SAMPLES_PER_REASON` of some lists of samples, merged."""
+    return sorted(x for xs in samples_lists for x in xs)[:SAMPLES_PER_REASON]
+
+
+def read_report(report_prefix: str, splits: list[str], data: DataConfig) -> dict[str, Any]:
+    """The report (`build_report`) of the counts and samples the pipeline wrote to
+    `report_prefix` (JSON lists, their tuples read back as tuples)."""
+    with tf.io.gfile.GFile(report_prefix) as f:
+        raw = json.loads(f.read())
+    return build_report([(tuple(k), n) for k, n in raw["counts"]],
+                        [(tuple(k), [tuple(tuple(v) if isinstance(v, list) else v
+                                           for v in x) for x in xs])
+                         for k, xs in raw["samples"]],
+                        splits, names=source_names(data.sources))
 
 
 def _reasons(dropped: dict[str, int], samples: dict[str, list]) -> list[str]:

@@ -58,14 +58,56 @@ def run_fn(fn_args) -> None:
         )
     tokenizer = load_tokenizer(fn_args.transform_output)
     base = fn_args.base_model or ""
+    teacher = custom.get("teacher_model", "")
+    check_starts(config, base, teacher, tokenizer)
+    job = training_job(fn_args, config, tokenizer, base, teacher, num_workers)
+    job_lib.check_mixture(config)  # before any work: what the Trainer cannot sample
+    sft = record_counts(config, fn_args.train_files)
+    model = train_model(job, config)
+    if model is None:  # a platform cluster's replica other than the chief: it only trains
+        return
+    figures = read_json(job.result_path, "the training job's result")
+    model, pruned, eval_loss = evaluate_and_export(fn_args, config, model, tokenizer, figures)
+    write_training_summary(fn_args.serving_model_dir, figures, model, eval_loss, sft, pruned)
+
+
+def check_starts(config: PipelineConfig, base: str, teacher: str, tokenizer) -> None:
+    """Checks what the run starts from: a base model for the preference tasks, and the
+    base model's and the teacher's tokenizers (`check_tokenizer`).
+
+    Args:
+      config: the pipeline config.
+      base: the base model (a directory or a Model artifact's URI), or "".
+      teacher: the teacher's directory, or "".
+      tokenizer: this run's tokenizer (Transform's).
+
+    Raises:
+      ValueError: a DPO or GRPO run without a base model; a base model or teacher
+        without this run's tokenizer.
+    """
     if config.data.task in train_loop.PREFERENCE_TASKS and not base:
         raise ValueError(f"data.task={config.data.task} starts from a base model (usually an SFT "
                          "model), which is also the frozen reference policy: give the Trainer "
                          "a base_model (deepseek-tfx run --base-model latest|PATH)")
-    teacher = custom.get("teacher_model", "")
     for role, path in (("base model", base), ("teacher", teacher)):
         if path:
             check_tokenizer(path, role, tokenizer)
+
+
+def training_job(fn_args, config: PipelineConfig, tokenizer, base: str, teacher: str,
+                 num_workers: int) -> job_lib.TrainingJob:
+    """The run's `TrainingJob`, its checkpoints in the stable directory of this config,
+    data and start (`checkpointing.stable_checkpoint_dir`, linked from the model run
+    directory).
+
+    Args:
+      fn_args: the Trainer's `FnArgs` (`run_fn`).
+      config: the pipeline config.
+      tokenizer: this run's tokenizer (Transform's).
+      base, teacher: the base model and the teacher, or "".
+      num_workers: the worker processes to train on.
+    """
+    custom = fn_args.custom_config or {}
     # What identifies the start: the weights' fingerprints `create_pipeline` computed for a
     # directory and a teacher; the artifact's URI (never rewritten) for the latest blessed model.
     starts = {role: value for role, value in (
@@ -76,33 +118,39 @@ def run_fn(fn_args) -> None:
         starts=starts)
     checkpointing.link_from_model_run(fn_args.model_run_dir, checkpoint_dir)
     logging.info("checkpoints: %s", checkpoint_dir)
-    eos_id = tokenizer.eos_id
-    job = job_lib.TrainingJob(
+    return job_lib.TrainingJob(
         pipeline_config=config.to_json(),
         train_files=list(fn_args.train_files),
         checkpoint_dir=checkpoint_dir,
         log_dir=fn_args.model_run_dir,
         result_path=os.path.join(fn_args.model_run_dir, TRAIN_RESULT),
         num_workers=num_workers,
-        eos_id=eos_id,
+        eos_id=tokenizer.eos_id,
         pad_id=tokenizer.pad_id,
         base_model=base_model.model_dir(base) if base else "",
         teacher_model=base_model.model_dir(teacher) if teacher else "",
         tokenizer_dir=fn_args.transform_output,
     )
-    job_lib.check_mixture(config)  # before any work: what the Trainer cannot sample
-    sft = record_counts(config, fn_args.train_files)
-    model = train_model(job, config)
-    if model is None:  # a platform cluster's replica other than the chief: it only trains
-        return
-    figures = read_json(job.result_path, "the training job's result")
 
+
+def evaluate_and_export(fn_args, config: PipelineConfig, model, tokenizer, figures: dict):
+    """Prunes the trained `model`'s experts (`train.prune_keep_experts`), casts it to
+    `train.export_dtype`, evaluates it on the eval split (logged, and the TensorBoard
+    scalar `eval/loss` at the step where training ended: the training job's `figures`'
+    `train_steps`) and exports the servable SavedModel to `fn_args.serving_model_dir`
+    with its pruning record.
+
+    Returns:
+      (the exported Keras model, the pruning (`prune_trained_model`), the eval loss in
+      nats per token).
+    """
+    tc = config.train
     if config.data.task in ("sft", "dpo", "grpo"):  # DPO: the chosen responses; GRPO: answers
         eval_ds = data.make_sft_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size,
                                              tokenizer.pad_id)
     else:
-
-        eval_ds = data.make_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size, eos_id)
+        eval_ds = data.make_eval_dataset(fn_args.eval_files, tc.seq_len, tc.batch_size,
+                                         tokenizer.eos_id)
     model, pruned = prune_trained_model(model, eval_ds, config)  # train.prune_keep_experts
     model = model_io.to_export_dtype(config, model)  # train.export_dtype
     eval_loss, eval_tokens = train_loop.evaluate(model, eval_ds, tc.eval_batches)
@@ -113,7 +161,15 @@ def run_fn(fn_args) -> None:
         tf.summary.scalar("eval/loss", eval_loss)
     export_serving_model(model, fn_args.transform_output, config, fn_args.serving_model_dir)
     write_pruning_record(fn_args.serving_model_dir, pruned)
+    return model, pruned, eval_loss
 
+
+def write_training_summary(serving_model_dir: str, figures: dict, model, eval_loss: float,
+                           sft: dict, pruned) -> None:
+    """Writes `training_summary.json` beside the servable SavedModel (`serving_model_dir`):
+    the training job's `figures` (rounded; the windows' history last), the eval loss, the
+    exported `model`'s parameters and weight dtype, the restarts, the records used
+    (`sft`: `record_counts`) and the pruning's figures."""
     summary = {
         **{k: v for k, v in figures.items() if k != "history"},
         "train_wall_s": round(figures["train_wall_s"], 2),
@@ -130,7 +186,7 @@ def run_fn(fn_args) -> None:
         **pruning_figures(pruned),
         "history": figures["history"],
     }
-    model_dir = os.path.dirname(fn_args.serving_model_dir.rstrip("/"))
+    model_dir = os.path.dirname(serving_model_dir.rstrip("/"))
     with tf.io.gfile.GFile(os.path.join(model_dir, TRAINING_SUMMARY), "w") as f:
         json.dump(summary, f, indent=2)
 

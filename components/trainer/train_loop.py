@@ -11,7 +11,8 @@ copied in unless a checkpoint is resumed; `trainable.prepare` applies
 warmup and decay) is built on the trained variables only; a teacher
 (distillation) is loaded in the same scope.
 
-The loop (`train`), as nanoGPT's train.py and torchtitan's `Trainer.train`:
+The loop (`train`; the steps' loop: `step_loop.py`), as nanoGPT's train.py and
+torchtitan's `Trainer.train`:
 
     restore the latest checkpoint, if any               checkpointer.py
     while step < train.train_steps:
@@ -52,7 +53,8 @@ expert) pairs is logged (`moe_dropped_fraction`).
 The log lines of the loop (this module's logger) and the progress bar:
 `progress.py`; the figures of a logging window and of the run: `metrics.py`;
 TensorBoard (chief): `summaries.py`; the model copies that leave training:
-`model_io.py`.
+`model_io.py`; the state `setup` builds and the result `train` returns:
+`run_records.py`.
 """
 
 from __future__ import annotations
@@ -67,12 +69,11 @@ from components.trainer import data, hash_tables, metrics, mixture, preference_o
 from components.trainer import precision as precision_lib
 from components.trainer import strategy as strategy_lib
 from components.trainer.checkpointer import Checkpointer
-from components.trainer.finite_guard import FiniteGuard
-from components.trainer.heartbeat import Heartbeat
 from components.trainer.model_io import build_model
-from components.trainer.preemption import Preempted, PreemptionWatcher
-from components.trainer.progress import Progress, progress_enabled
+from components.trainer.run_records import TrainingState, TrainResult, train_result
+from components.trainer.run_records import precision_parts as precision_parts  # re-exported
 from components.trainer.schedule import make_learning_rate_schedule, make_optimizer
+from components.trainer.step_loop import StepLoop
 from components.trainer.summaries import TrainSummaries
 from components.trainer.train_step import make_train_step
 from config import PipelineConfig
@@ -82,72 +83,6 @@ from savedmodel import base_model as base_model_lib
 
 log = logging.getLogger(__name__)
 PREFERENCE_TASKS = ("dpo", "grpo")  # from a base model, which is also the frozen reference
-
-
-@dataclasses.dataclass
-class TrainResult:
-    """What a training run did. `figures()` is the JSON-able part."""
-
-    model: DeepSeekCausalLM
-    train_steps: int
-    resumed_from_step: int
-    steps_run: int
-    tokens_seen: int
-    train_wall_s: float
-    tokens_per_second: float
-    steady_tokens_per_second: float
-    mfu: float
-    steady_mfu: float
-    final_loss: float
-    history: list[dict]  # the whole run's window records, from step 1 across restarts
-    strategy: str
-    num_replicas: int
-    num_workers: int
-    precision: str
-    global_batch_size: int
-    per_replica_batch_size: int
-    grad_accum_steps: int
-    flops_per_token: int
-    peak_flops: float
-    checkpoint_dir: str
-    last_checkpoint: str | None
-    trainable_params: int = 0
-    total_params: int = 0
-    base_model: str = ""
-    teacher_model: str = ""
-    jit_compile: bool = False
-    moe_capacity_factor: float = 0.0
-    moe_dropped_fraction: float = 0.0
-    skipped_steps: int = 0
-    frozen_weights_dtype: str = "none"
-    trainable_weights_dtype: str = "float32"
-    optimizer_states_dtype: str = "float32"
-    compute_dtype: str = "float32"
-    source_weights: dict = dataclasses.field(default_factory=dict)
-    source_tokens: dict = dataclasses.field(default_factory=dict)
-    source_token_shares: dict = dataclasses.field(default_factory=dict)
-    # V4 from scratch: how the hash layers' tid2eid were built (`hash_tables.build_tid2eid`).
-    tid2eid: dict = dataclasses.field(default_factory=dict)
-    source_sequences: dict = dataclasses.field(default_factory=dict)
-    stopped_early: str = ""
-
-    def figures(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
-
-
-@dataclasses.dataclass
-class TrainingState:
-    """What `setup` builds in the strategy's scope."""
-
-    model: DeepSeekCausalLM
-    selection: trainable.Selection
-    optimizer: keras.optimizers.Optimizer
-    step: tf.Variable
-    teacher: DeepSeekCausalLM | None
-    skipped: tf.Variable  # steps skipped (not finite) so far: batches consumed = step + skipped
-    source_tokens: tf.Variable | None = None  # int64 [S]: tokens trained per source
-    source_sequences: tf.Variable | None = None  # int64 [S]: sequences drawn per source
-    reference: DeepSeekCausalLM | None = None  # DPO, GRPO: the frozen base model
 
 
 def setup(config: PipelineConfig, strategy, precision: str, *, warm_start: bool,
@@ -348,6 +283,36 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
     checkpoints = Checkpointer(checkpoint_dir, chief=strategy_lib.is_chief(strategy))
     state = setup(config, strategy, precision, warm_start=checkpoints.latest is None,
                   base_model=base_model, teacher_model=teacher_model, num_sources=len(names))
+    run, resumed_from, tid2eid = _start(config, plan, strategy, state, checkpoints, dataset_fn,
+                                        names, log_dir, base_model, tokenizer)
+    run.loop(strategy, plan.num_workers)
+    run.clock.stop()
+    run.tensorboard.flush()
+    checkpoints.close()
+    sources = run.sources
+    sources.sync()
+    result = train_result(config, plan, state, resumed_from, run.step, run.window, run.clock,
+                          checkpoints, base_model, teacher_model)
+    return dataclasses.replace(
+        result, source_weights=weights if set(weights) == set(names) else {},
+        source_tokens=sources.token_counts(), source_token_shares=sources.shares(),
+        source_sequences=sources.sequence_counts(), stopped_early=run.stopped_early,
+        tid2eid=tid2eid)
+
+
+def _start(config: PipelineConfig, plan: RunPlan, strategy, state: TrainingState,
+           checkpoints: Checkpointer, dataset_fn, names: list[str], log_dir: str | None,
+           base_model: str, tokenizer) -> tuple[StepLoop, int, dict]:
+    """Restores the latest checkpoint (if any) into `state` and readies the loop: V4's
+    hash tables from scratch, the step, the batches after those already drawn, the
+    logging window, TensorBoard and the clock. Arguments as `train`'s (`names`: the
+    sources).
+
+    Returns:
+      (the `StepLoop`, the step resumed from (0: a fresh run), how V4's hash layers'
+      tid2eid were built ({}: not built)).
+    """
+    tc = config.train
     # The history's records, checkpointed with the run. Not under the strategy's scope: a
     # string is not broadcast between workers (each holds the same records).
     stored_history = tf.Variable("[]", dtype=tf.string, trainable=False, name="history")
@@ -365,141 +330,17 @@ def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str 
     train_step, figure_names = _make_step(config, plan, strategy, state, len(names),
                                           tokenizer=tokenizer, consumed=consumed)
     sources = metrics.SourceCounts(names, state.source_tokens, state.source_sequences)
-    stopped_early = ""
     # Skipped steps consumed their batch too: resume after every batch already drawn
     # (GRPO: one batch of prompts per train.grpo_inner_steps steps).
     per_batch = tc.grpo_inner_steps if config.data.task == "grpo" else 1
     batches = iter(data.distribute_global_batches(
         strategy, dataset_fn, plan.grad_accum_steps, skip_steps=consumed // per_batch))
     window = metrics.MetricWindow(make_learning_rate_schedule(tc), tc.batch_size * tc.seq_len,
-                                  plan.flops_per_token, peak_flops, figure_names)
+                                  plan.flops_per_token, plan.peak_flops, figure_names)
     window.resume(stored_history)
     tensorboard = TrainSummaries(log_dir if checkpoints.chief else None, state.model)
-    clock = metrics.RunClock()
-    heartbeat = Heartbeat.from_env()
-    with Progress(tc.train_steps, step, window.tokens_per_step, logger=log,
-                  enabled=checkpoints.chief and progress_enabled()) as progress, \
-            PreemptionWatcher(strategy, plan.num_workers) as preemption:
-        guard = FiniteGuard(state.model, state.skipped, tc.max_skipped_steps, progress.log,
-                            checkpoints.last_good)
-        saved = step if checkpoints.latest else -1
-        while step < tc.train_steps:
-            heartbeat.beat(step)
-            if preemption.agreed():  # every worker, after the same steps
-                with progress.suspended():
-                    _save_and_stop(step, saved, guard, checkpoints, sources, window)
-            try:
-                out = train_step(batches)
-            except (tf.errors.OutOfRangeError, StopIteration):
-                if tc.on_source_exhausted != "stop":
-                    raise
-                stopped_early = f"the data ended at step {step}"
-                progress.log("train.on_source_exhausted=stop: %s of %d; training ends there",
-                             stopped_early, tc.train_steps)
-                if saved != step:  # the last full global batch: checkpoint it
-                    guard.check_losses()
-                    _before_saving(step, guard, sources, window)
-                    checkpoints.save(step)
-                break
-            applied = not bool(out["skipped"])
-            sources.add(out, applied)
-            if not applied:
-                guard.skip(step + 1, out)
-                continue
-            step += 1
-            guard.applied(step, out["terms"][0])
-            progress.step(step, out["terms"][0])
-            window.add(out)
-            first = clock.step_done(out["terms"])
-            is_log = first or step % tc.log_every == 0 or step == tc.train_steps
-            is_ckpt = step % tc.checkpoint_every == 0 or step == tc.train_steps
-            if is_log or is_ckpt:
-                guard.check_losses()
-            if is_log:
-                record, load = window.close(step, int(state.skipped.numpy()), timed=not first)
-                sources.sync()
-                record["source_tokens"], record["token_share"] = (sources.token_counts(),
-                                                                  sources.shares())
-                progress.log_window(record, tc.train_steps, timed=not first)
-                tensorboard.write(record, load)
-            if is_ckpt:
-                _before_saving(step, guard, sources, window)
-                with clock.saving(), progress.suspended():  # TensorFlow logs while it saves
-                    checkpoints.save(step)
-                saved = step
-            if is_log:
-                window.restart()  # after the log line and any saving: tokens/s of steps only
-    clock.stop()
-    tensorboard.flush()
-    checkpoints.close()
-    sources.sync()
-    result = _result(config, plan, state, resumed_from, step, window, clock, checkpoints,
-                     base_model, teacher_model)
-    return dataclasses.replace(
-        result, source_weights=weights if set(weights) == set(names) else {},
-        source_tokens=sources.token_counts(), source_token_shares=sources.shares(),
-        source_sequences=sources.sequence_counts(), stopped_early=stopped_early,
-        tid2eid=tid2eid)
-
-
-def _before_saving(step: int, guard: FiniteGuard, sources: metrics.SourceCounts,
-                   window: metrics.MetricWindow) -> None:
-    """What every checkpoint write of step `step` needs first: finite weights (or
-    FloatingPointError), and the source counts and the history in their checkpointed
-    variables."""
-    guard.check_weights(step)
-    sources.store()
-    window.store()
-
-
-def _save_and_stop(step: int, saved: int, guard: FiniteGuard, checkpoints: Checkpointer,
-                   sources: metrics.SourceCounts, window: metrics.MetricWindow) -> None:
-    """On preemption: checkpoints `step` (unless it is saved already) and raises `Preempted`
-    (the history keeps the records closed so far: the open window's steps have none)."""
-    if saved != step:
-        _before_saving(step, guard, sources, window)
-        checkpoints.save(step)
-    path = f"{checkpoints.checkpoint_dir.rstrip('/')}/ckpt-{step}"
-    checkpoints.close()
-    log.warning("preempted (SIGTERM): checkpoint %s written at step %d; the next run "
-                "resumes from it", path, step)
-    raise Preempted(f"preempted (SIGTERM) at step {step}; checkpoint {path}", step, path)
-
-
-def _result(config: PipelineConfig, plan: RunPlan, state: TrainingState, resumed_from: int,
-            step: int, window: metrics.MetricWindow, clock: metrics.RunClock,
-            checkpoints: Checkpointer, base_model: str, teacher_model: str) -> TrainResult:
-    """The `TrainResult` of a finished run (`clock` stopped) that ended at `step`
-    (`train.train_steps`, or fewer when the data ran out)."""
-    tc = config.train
-    tokens_per_step = tc.batch_size * tc.seq_len
-    steps_run = step - resumed_from
-    return TrainResult(
-        model=state.model, train_steps=step, resumed_from_step=resumed_from,
-        steps_run=steps_run, tokens_seen=step * tokens_per_step,
-        **clock.figures(steps_run, tokens_per_step, plan.flops_per_token, plan.peak_flops),
-        final_loss=window.final_loss, history=window.history, **dataclasses.asdict(plan),
-        checkpoint_dir=checkpoints.checkpoint_dir, last_checkpoint=checkpoints.final(),
-        trainable_params=state.selection.trainable_params,
-        total_params=state.selection.total_params, base_model=base_model,
-        teacher_model=teacher_model, moe_dropped_fraction=window.run_dropped_fraction,
-        skipped_steps=int(state.skipped.numpy()), **precision_parts(state))
-
-
-def precision_parts(state: TrainingState) -> dict[str, str]:
-    """The dtype of each part of the trained model (`precision.dtype_breakdown`):
-    `frozen_weights_dtype` (the weights not trained; "none" when all train),
-    `trainable_weights_dtype`, `optimizer_states_dtype` (the slots, e.g. AdamW's
-    moments; not its step counter), `compute_dtype` (the matmuls')."""
-    trained = {id(v) for v in state.selection.variables}
-    frozen = [v for v in state.model.weights if id(v) not in trained]
-    slots = [v for v in state.optimizer.variables if len(v.shape) > 0]
-    return {
-        "frozen_weights_dtype": precision_lib.dtype_breakdown(frozen),
-        "trainable_weights_dtype": precision_lib.dtype_breakdown(state.selection.variables),
-        "optimizer_states_dtype": precision_lib.dtype_breakdown(slots),
-        "compute_dtype": state.model.compute_dtype,
-    }
+    return StepLoop(config, state, checkpoints, train_step, batches, sources, window,
+                    tensorboard, metrics.RunClock(), log, step), resumed_from, tid2eid
 
 
 def _make_step(config: PipelineConfig, plan: RunPlan, strategy, state: TrainingState,
@@ -544,7 +385,8 @@ def _make_step(config: PipelineConfig, plan: RunPlan, strategy, state: TrainingS
 def resolve_jit_compile(setting: str, accelerator=None) -> bool:
     """`train.jit_compile` for this machine (`accelerator`, a `hardware.Accelerator`;
     detected when None): "true"/"false", or "auto" = on for GPUs and TPUs, off on CPUs
-    (where XLA measured slower: README, `benchmarks/train_throughput.py`)."""
+    (where XLA measured slower: `benchmarks/train_throughput.py`,
+    docs/benchmarks/train-throughput.md)."""
     if setting == "auto":
         from components.trainer import hardware
 

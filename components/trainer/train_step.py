@@ -100,146 +100,228 @@ def make_train_step(model, optimizer, variables, strategy, *, micro_batches: int
         source_sequences: float32 (S,), its sequences per source (float32: exact,
           a step's counts being far below 2^24; summed over replicas as the terms).
     """
-    mtp_depths = len(model.mtp_layers)
-    mtp_weight = model.config.mtp_loss_weight
     moe_mask = [True] * len(model.moe_layers) if moe_mask is None else list(moe_mask)
-    n_moe, n_experts = model.num_moe_layers, model.config.n_routed_experts
-    replicas = strategy.num_replicas_in_sync
-    whole_step_compiled = jit_compile and replicas == 1
-    forward_kwargs = {} if moe_capacity_factor is None or not n_moe else {
+    forward_kwargs = {} if moe_capacity_factor is None or not model.num_moe_layers else {
         "moe_capacity_factor": moe_capacity_factor}
-
     if objective is None:
         objective = LanguageModelObjective(
-            model, mtp_weight, teacher, distill_alpha, distill_temperature, recompute,
-            forward_kwargs)
-    num_figures = len(objective.figure_names)
+            model, model.config.mtp_loss_weight, teacher, distill_alpha, distill_temperature,
+            recompute, forward_kwargs)
+    return TrainStep(model, optimizer, variables, strategy, objective,
+                     micro_batches=micro_batches, grad_clip_norm=grad_clip_norm,
+                     loss_scaling=loss_scaling, moe_mask=moe_mask, step_counter=step_counter,
+                     jit_compile=jit_compile, num_sources=num_sources).build()
 
-    def micro_step(batch, targets):
+
+class TrainStep:
+    """The parts of one optimizer step (`make_train_step`), traced into its tf.functions.
+
+    Each method is one part of the step in the module docstring; `build` wraps them in
+    the tf.functions of the step (which parts XLA compiles: `jit_compile`).
+
+    Attributes:
+      whole_step_compiled: one replica under XLA: `replica_step` holds the whole step.
+      accumulate_fn: `accumulate`, or its XLA-compiled tf.function (several replicas under
+        XLA: the replica's part of the step).
+      replica_step_fn: `replica_step`, or its XLA-compiled tf.function (the whole step).
+    """
+
+    def __init__(self, model, optimizer, variables, strategy, objective, *,
+                 micro_batches: int, grad_clip_norm: float, loss_scaling: bool,
+                 moe_mask: list[bool], step_counter, jit_compile: bool, num_sources: int):
+        """Arguments as `make_train_step`'s (`moe_mask`: one bool per MoE layer;
+        `objective` given)."""
+        self.model, self.optimizer, self.variables = model, optimizer, variables
+        self.strategy, self.objective = strategy, objective
+        self.micro_batches, self.grad_clip_norm = micro_batches, grad_clip_norm
+        self.loss_scaling, self.moe_mask, self.step_counter = loss_scaling, moe_mask, step_counter
+        self.num_sources = num_sources
+        self.mtp_depths = len(model.mtp_layers)
+        self.n_moe, self.n_experts = model.num_moe_layers, model.config.n_routed_experts
+        self.replicas = strategy.num_replicas_in_sync
+        self.whole_step_compiled = jit_compile and self.replicas == 1
+        self.num_figures = len(objective.figure_names)
+        self.accumulate_fn = self.accumulate
+        if jit_compile and not self.whole_step_compiled:  # several replicas: the replica's part
+            self.accumulate_fn = tf.function(self.accumulate, jit_compile=True, autograph=False)
+        self.replica_step_fn = self.replica_step
+        if self.whole_step_compiled:
+            self.replica_step_fn = tf.function(self.replica_step, jit_compile=True,
+                                               autograph=False)
+        self.step_on_fn = None  # `build`
+
+    def build(self):
+        """The step function `make_train_step` returns: `train_step(iterator)`, with
+        `train_step.step_on` and `train_step.xla_step`."""
+        # No autograph: the step has no Python control flow on tensors, and
+        # converting Keras' code costs seconds of tracing.
+        self.step_on_fn = tf.function(self.step_on, autograph=False)
+        train_step = tf.function(self.train_step, autograph=False)
+        # The XLA-compiled whole step (one replica), for compile-only checks of large shapes:
+        # `train_step.xla_step.experimental_get_compiler_ir(batch)(stage="hlo")`; else None.
+        train_step.xla_step = self.replica_step_fn if self.whole_step_compiled else None
+        # One step on a batch already made (GRPO's sampled completions): `step_on(batch)`.
+        train_step.step_on = self.step_on_fn
+        return train_step
+
+    def micro_step(self, batch, targets):
         """Loss terms (6,), figures (F,), expert load (M, E), dropped (M,) and gradients of
-        one micro-batch (`batch`: this micro-batch's rows of every key)."""
-        scale = 1.0 / (micro_batches * tf.distribute.get_replica_context().num_replicas_in_sync)
+        one micro-batch (`batch`: this micro-batch's rows of every key; `targets`: int
+        (1 + D,), the global batch's target counts)."""
+        objective, optimizer = self.objective, self.optimizer
+        scale = 1.0 / (self.micro_batches
+                       * tf.distribute.get_replica_context().num_replicas_in_sync)
         aux = objective.prepare(batch)  # no gradient: a teacher's logits, a reference's log-probs
         with tf.GradientTape() as tape:
             out = objective.loss(batch, aux, targets, scale)
-            scaled = optimizer.scale_loss(out["loss"]) if loss_scaling else out["loss"]
-        grads = [tf.convert_to_tensor(g) for g in tape.gradient(scaled, variables)]
+            scaled = optimizer.scale_loss(out["loss"]) if self.loss_scaling else out["loss"]
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(scaled, self.variables)]
         terms = tf.stack([out.get(name, tf.constant(0.0)) for name in LOSS_TERMS])  # (6,)
-        figures = out.get("figures", tf.zeros([num_figures]))  # (F,) scaled: sums are means
+        figures = out.get("figures", tf.zeros([self.num_figures]))  # (F,) scaled: sums are means
         dropped = out.get("moe_dropped")
-        dropped = tf.zeros([n_moe]) if dropped is None else tf.cast(dropped, tf.float32)  # (M,)
+        dropped = (tf.zeros([self.n_moe]) if dropped is None
+                   else tf.cast(dropped, tf.float32))  # (M,)
         return terms, figures, out["expert_load"], dropped, grads
 
-    def accumulate(batch, targets):
-        """Sums over this replica's k micro-batches: terms, figures, load, dropped, gradients."""
+    def accumulate(self, batch, targets):
+        """Sums over this replica's k micro-batches (`batch`: {key: (k, ...)}): terms (6,),
+        figures (F,), load (M, E), dropped (M,), gradients (as `variables`)."""
+        micro_batches = self.micro_batches
         if micro_batches == 1:
-            return micro_step({k: v[0] for k, v in batch.items()}, targets)
+            return self.micro_step({k: v[0] for k, v in batch.items()}, targets)
 
         def body(i, terms, figures, load, dropped, grads):
-            t_i, f_i, l_i, d_i, g_i = micro_step({k: v[i] for k, v in batch.items()}, targets)
+            t_i, f_i, l_i, d_i, g_i = self.micro_step({k: v[i] for k, v in batch.items()},
+                                                      targets)
             return (i + 1, terms + t_i, figures + f_i, load + l_i, dropped + d_i,
                     [g + gi for g, gi in zip(grads, g_i, strict=True)])
 
-        zeros = (tf.zeros([len(LOSS_TERMS)]), tf.zeros([num_figures]),
-                 tf.zeros([n_moe, n_experts]), tf.zeros([n_moe]),
-                 [tf.zeros(v.shape, v.dtype) for v in variables])
+        zeros = (tf.zeros([len(LOSS_TERMS)]), tf.zeros([self.num_figures]),
+                 tf.zeros([self.n_moe, self.n_experts]), tf.zeros([self.n_moe]),
+                 [tf.zeros(v.shape, v.dtype) for v in self.variables])
         _, terms, figures, load, dropped, grads = tf.while_loop(
             lambda i, *_: i < micro_batches, body, (0, *zeros))
         return terms, figures, load, dropped, grads
 
-    if jit_compile and not whole_step_compiled:  # several replicas: compile the replica's part
-        accumulate = tf.function(accumulate, jit_compile=True, autograph=False)
-
-    def update_router_biases(load):
-        speed = model.config.router_bias_update_speed
-        for i, (moe, update) in enumerate(zip(model.moe_layers, moe_mask, strict=True)):
+    def update_router_biases(self, load):
+        """Moves the trained routers' biases by the global expert load (float32 (M, E))."""
+        speed = self.model.config.router_bias_update_speed
+        for i, (moe, update) in enumerate(zip(self.model.moe_layers, self.moe_mask, strict=True)):
             if update:  # every replica's copy gets the same update (the global load)
                 moe.update_bias(load[i], speed)
 
-    def count_step():
-        if step_counter is not None:
-            step_counter.assign_add(1)
+    def count_step(self):
+        """Adds 1 to the step counter (if any)."""
+        if self.step_counter is not None:
+            self.step_counter.assign_add(1)
 
-    def replica_step(batch):
-        """One optimizer step on this replica's [k, b, T] slice of the global batch."""
-        labels = batch["labels"]  # (k, b, T), or (k, b, 2, T): DPO pairs
-        source = batch.get(SOURCE_KEY)  # (k, b) or None (one source)
-        if source is None:
-            source = tf.zeros(tf.shape(labels)[:2], tf.int32)  # (k, b)
-        per_row = tf.reduce_sum(tf.cast(labels != IGNORE_LABEL, tf.float32),
-                                axis=list(range(2, labels.shape.rank)))  # (k, b)
-        source_ids = tf.reshape(source, [-1])  # (k b,)
-        counts = tf.stack([
-            tf.math.unsorted_segment_sum(tf.reshape(per_row, [-1]), source_ids, num_sources),
-            tf.math.unsorted_segment_sum(tf.ones_like(source_ids, tf.float32), source_ids,
-                                         num_sources)])  # (2, S): tokens, sequences
+    def replica_step(self, batch):
+        """One optimizer step on this replica's [k, b, T] slice of the global batch.
+
+        Returns:
+          (the step's outputs (`make_train_step`), the all-reduced gradients when the
+          cross-replica context applies them (several replicas, no loss scaling), else []).
+        """
+        counts = source_counts(batch, self.num_sources)  # (2, S)
         ctx = tf.distribute.get_replica_context()
-        rows = tf.reshape(labels, [micro_batches, -1, labels.shape[-1]])  # (k, rows, T)
-        local = tf.add_n([losses.num_targets(rows[i], mtp_depths)
-                          for i in range(micro_batches)])  # (1 + D,)
-        targets = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)  # (1 + D,) global
-        terms, figures, load, dropped, grads = accumulate(batch, targets)
+        targets = global_targets(ctx, batch["labels"], self.micro_batches, self.mtp_depths)
+        terms, figures, load, dropped, grads = self.accumulate_fn(batch, targets)
         terms, figures, load, dropped, counts, grads = ctx.all_reduce(
             tf.distribute.ReduceOp.SUM, (terms, figures, load, dropped, counts, grads))
         grad_norm = tf.linalg.global_norm(grads)  # of the (loss-scaled) global gradient
         finite = tf.logical_and(tf.math.is_finite(grad_norm),
                                 tf.reduce_all(tf.math.is_finite(terms)))
-        if loss_scaling:  # the LossScaleOptimizer skips a non-finite step itself (and
-            scale = tf.identity(optimizer.dynamic_scale)  # halves its scale): it must see
-            apply(grads, grad_norm, scale)  # the overflow
+        if self.loss_scaling:  # the LossScaleOptimizer skips a non-finite step itself (and
+            scale = tf.identity(self.optimizer.dynamic_scale)  # halves its scale): it must
+            self.apply(grads, grad_norm, scale)  # see the overflow
             grad_norm = grad_norm / scale  # the unscaled norm
-        elif replicas == 1:  # (several replicas: applied from the cross-replica context)
-            tf.cond(finite, lambda: _then(apply(grads, grad_norm)), tf.no_op)
-        if whole_step_compiled:  # one replica: the rest of the step in the same XLA cluster
-            tf.cond(finite, lambda: _then(update_router_biases(load), count_step()), tf.no_op)
+        elif self.replicas == 1:  # (several replicas: applied from the cross-replica context)
+            tf.cond(finite, lambda: _then(self.apply(grads, grad_norm)), tf.no_op)
+        if self.whole_step_compiled:  # one replica: the rest of the step in the same XLA cluster
+            tf.cond(finite, lambda: _then(self.update_router_biases(load), self.count_step()),
+                    tf.no_op)
         out = {"terms": terms, "grad_norm": grad_norm, "expert_load": load,
                "moe_dropped": dropped, "skipped": tf.logical_not(finite), "figures": figures,
                "source_tokens": counts[0], "source_sequences": counts[1]}
-        return out, (grads if replicas > 1 and not loss_scaling else [])
+        return out, (grads if self.replicas > 1 and not self.loss_scaling else [])
 
-    def apply(grads, grad_norm, scale=None):
+    def apply(self, grads, grad_norm, scale=None):
         """Clips the global gradient (its norm `grad_norm`) and applies it (replica context).
         With loss scaling, `scale` is the loss scale the gradients carry."""
-        clip = grad_clip_norm
-        if loss_scaling:
+        clip = self.grad_clip_norm
+        if self.loss_scaling:
             clip *= scale  # clipping scaled grads at clip*s = unscaled at clip
         clipped, _ = tf.clip_by_global_norm(grads, clip, use_norm=grad_norm)
-        optimizer.apply(clipped, variables)
+        self.optimizer.apply(clipped, self.variables)
 
-    if whole_step_compiled:
-        replica_step = tf.function(replica_step, jit_compile=True, autograph=False)
-
-    # No autograph: the step has no Python control flow on tensors, and
-    # converting Keras' code costs seconds of tracing.
-    @tf.function(autograph=False)
-    def step_on(batch):
+    def step_on(self, batch):
         """One step on `batch`: per-replica values of this step's micro-batch stacks."""
-        out, grads = strategy.run(replica_step, args=(batch,))
+        strategy = self.strategy
+        out, grads = strategy.run(self.replica_step_fn, args=(batch,))
         # All replicas hold the same all-reduced values: take the first local one.
         out = {k: strategy.experimental_local_results(v)[0] for k, v in out.items()}
-        if not whole_step_compiled:
-            def update():  # cross-replica context: one update for every copy
-                if grads:  # several replicas: the optimizer's apply runs on each (a cond in
-                    # the replica context could not hold the optimizer's merge_call)
-                    norm = out["grad_norm"]
-                    strategy.run(lambda g: _then(apply(g, norm)), args=(grads,))
-                update_router_biases(out["expert_load"])
-                count_step()
-                return tf.no_op()
-
-            tf.cond(out["skipped"], tf.no_op, update)
+        if not self.whole_step_compiled:
+            tf.cond(out["skipped"], tf.no_op, lambda: self.cross_replica_update(out, grads))
         return out
 
-    @tf.function(autograph=False)
-    def train_step(iterator):
-        return step_on(next(iterator))
+    def cross_replica_update(self, out, grads):
+        """The applied step's updates in the cross-replica context, one for every copy:
+        the gradients `grads` (several replicas; else []), the router biases and the
+        step counter. Returns a no-op (the end of a `tf.cond` branch)."""
+        if grads:  # several replicas: the optimizer's apply runs on each (a cond in
+            # the replica context could not hold the optimizer's merge_call)
+            norm = out["grad_norm"]
+            self.strategy.run(lambda g: _then(self.apply(g, norm)), args=(grads,))
+        self.update_router_biases(out["expert_load"])
+        self.count_step()
+        return tf.no_op()
 
-    # The XLA-compiled whole step (one replica), for compile-only checks of large shapes:
-    # `train_step.xla_step.experimental_get_compiler_ir(batch)(stage="hlo")`; else None.
-    train_step.xla_step = replica_step if whole_step_compiled else None
-    # One step on a batch already made (GRPO's sampled completions): `step_on(batch)`.
-    train_step.step_on = step_on
-    return train_step
+    def train_step(self, iterator):
+        """One step on the next element of `iterator` (`step_on`)."""
+        return self.step_on_fn(next(iterator))
+
+
+def source_counts(batch, num_sources: int):
+    """The target tokens and sequences of each source in this replica's batch.
+
+    Args:
+      batch: {"labels": int32 (k, b, T), or (k, b, 2, T) (DPO pairs); optionally
+        "source": int32 (k, b), each sequence's source (absent: all source 0)}.
+      num_sources: S.
+
+    Returns:
+      float32 (2, S): tokens (labels other than IGNORE_LABEL), sequences.
+    """
+    labels = batch["labels"]  # (k, b, T), or (k, b, 2, T): DPO pairs
+    source = batch.get(SOURCE_KEY)  # (k, b) or None (one source)
+    if source is None:
+        source = tf.zeros(tf.shape(labels)[:2], tf.int32)  # (k, b)
+    per_row = tf.reduce_sum(tf.cast(labels != IGNORE_LABEL, tf.float32),
+                            axis=list(range(2, labels.shape.rank)))  # (k, b)
+    source_ids = tf.reshape(source, [-1])  # (k b,)
+    return tf.stack([
+        tf.math.unsorted_segment_sum(tf.reshape(per_row, [-1]), source_ids, num_sources),
+        tf.math.unsorted_segment_sum(tf.ones_like(source_ids, tf.float32), source_ids,
+                                     num_sources)])  # (2, S): tokens, sequences
+
+
+def global_targets(ctx, labels, micro_batches: int, mtp_depths: int):
+    """N: the global batch's target tokens (`losses.num_targets`), all-reduced over `ctx`'s
+    replicas.
+
+    Args:
+      ctx: the replica context.
+      labels: int32 (k, b, T) or (k, b, 2, T), this replica's labels.
+      micro_batches: k.
+      mtp_depths: D, the MTP modules.
+
+    Returns:
+      (1 + D,) the main and each MTP depth's target counts over the global batch.
+    """
+    rows = tf.reshape(labels, [micro_batches, -1, labels.shape[-1]])  # (k, rows, T)
+    local = tf.add_n([losses.num_targets(rows[i], mtp_depths)
+                      for i in range(micro_batches)])  # (1 + D,)
+    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, local)  # (1 + D,) global
 
 
 def _then(*_):

@@ -1,4 +1,5 @@
-"""Transform's module: `preprocessing_fn`, the entry point TFX calls.
+"""Transform's module: `preprocessing_fn`, the entry point TFX calls. Thin by design:
+its steps (which tokenizer, its analyzer, the ids) are in `encoding.py`.
 
 Text -> token ids with a byte-level BPE (`tokenizer.py`): learned from the
 training split during this very run (the default), or given by `tokenizer.path`
@@ -47,18 +48,14 @@ pipeline: tf.Transform maps rows to rows and cannot change their number.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import tensorflow as tf
-import tensorflow_transform as tft
 
-from components.transform.tokenizer_analyzer import CopyTokenizer, LearnByteLevelBpe
+from components.transform import encoding
 from config.sources import DEFAULT_SOURCE
-from tokenization import chat_template, tokenizer
+from tokenization import chat_template
 from tokenization.byte_level_bpe import ByteLevelBpe
-from tokenization.byte_pair_encoder import BytePairEncoder
-from tokenization.pre_tokenizer import PRE_TOKENIZERS, PreTokenizer
 
 TEXT_KEY = "text"
 PROMPT_KEY = "prompt"  # SFT runs only; TEXT_KEY is then the response
@@ -74,8 +71,6 @@ PROMPT_TASKS = ("sft", "grpo", "dpo")
 SOURCE_NAME_KEY = "source_name"
 DEFAULT_SOURCE_NAME = DEFAULT_SOURCE.encode()
 TOKENIZER_ANALYZER_NAME = "tokenizer"
-# Placeholder asset contents while the analyzer has not run (tf.Transform needs them).
-_DEFAULT_ASSETS = [b"{}", b"{}", b"-1\t-1\n"]
 
 
 def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> dict[str, Any]:
@@ -104,16 +99,9 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
 
     pipeline_config = PipelineConfig.from_json(custom_config["pipeline_config"])
     config = pipeline_config.tokenizer
-    task = pipeline_config.data.task
     sft = PROMPT_KEY in inputs
     dpo = REJECTED_KEY in inputs
-    needed = ([PROMPT_KEY, REJECTED_KEY] if task == "dpo" or dpo
-              else [PROMPT_KEY] if task in PROMPT_TASKS else [])
-    missing = [key for key in needed if key not in inputs]
-    if missing:
-        raise ValueError(f"data.task={task}, but the examples have no "
-                         f"{' or '.join(repr(k) for k in missing)} feature (features: "
-                         f"{sorted(inputs)}); were they made by a {task} run?")
+    check_features(inputs, pipeline_config.data.task)
     text = tf.reshape(inputs[TEXT_KEY], [-1])  # (B,)
     num_bytes = tf.cast(tf.strings.length(text, unit="BYTE"), tf.int64)  # (B,)
     prompt = tf.reshape(inputs[PROMPT_KEY], [-1]) if sft else None  # (B,)
@@ -122,64 +110,10 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
     given = ByteLevelBpe.from_file(config.path) if config.path else None
     extra_config = ({"chat_template": chat_template.resolve(pipeline_config.data, given)}
                     if sft else None)
-    if given is not None:
-        pre_tokenizer, added_tokens = given.pre_tokenizer_config, given.added_tokens
-        eos_id = given.eos_id if sft else None
-        analyzer_inputs = [tf.zeros([0], tf.string)]
-        ptransform = CopyTokenizer(config.path, extra_config)
-    else:
-        pre_tokenizer, added_tokens = PRE_TOKENIZERS[config.pre_tokenizer], \
-            tokenizer.LEARNED_ADDED_TOKENS
-        eos_id = tokenizer.EOS_ID
-        learn_from = text
-        if sft:  # (2B,): the prompts without their added tokens' text, and the responses
-            learn_from = tf.concat([_without_added_tokens(prompt, added_tokens), text], 0)
-        if dpo:  # (3B,): and the rejected responses
-            learn_from = tf.concat([learn_from, rejected], 0)
-        # Analyze pass: count the units of the text (cheap), not the pre-tokens;
-        # the analyzer gets each batch's distinct units and their counts.
-        units = tokenizer.units(learn_from, PreTokenizer(pre_tokenizer))  # (B, units)
-        distinct, _, counts = tf.unique_with_counts(units.flat_values, out_idx=tf.int64)
-        analyzer_inputs = [distinct, counts]  # (U,), (U,)
-        ptransform = LearnByteLevelBpe(config.vocab_size, config.pre_tokenizer,
-                                       config.min_frequency, extra_config)
-    _, _, tables_path = tft.experimental.ptransform_analyzer(
-        inputs=analyzer_inputs, ptransform=ptransform, output_dtypes=[tf.string] * 3,
-        output_shapes=[[]] * 3, output_asset_default_values=_DEFAULT_ASSETS,
-        name=TOKENIZER_ANALYZER_NAME)
-    if _analyze_phase():
-        # Only the analyzer's inputs are computed in this trace, but the
-        # encoder's table lookups are stateful ops, which a tf.function runs even
-        # when nothing reads them: left in, they would tokenize the whole corpus
-        # once more. No ids in this phase.
-        # tf.Transform also finds the features the transform reads from a trace of this
-        # phase (`get_transform_input_columns`): the empty ids depend on every text
-        # feature the final trace encodes, or a run with a given tokenizer (whose
-        # analyzer reads no feature) would not be fed its `prompt` ("Unexpected output
-        # keys requested").
-        none = tf.add_n([tf.cast(tf.strings.length(t), tf.int64) * 0
-                         for t in (text, prompt, rejected) if t is not None])  # (B,) zeros
-        ids = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int64), none)  # (B, 0)
-        prompt_ids = rejected_ids = ids
-    elif dpo:
-        encoder = BytePairEncoder(pre_tokenizer, added_tokens, tables_path)
-        batch = tf.shape(text, out_type=tf.int64)[0]
-        three = encoder.encode(tf.concat([prompt, text, rejected], 0))  # (3B, tokens), one pass
-        prompt_ids, chosen_ids = three[:batch], three[batch:2 * batch]  # (B, P), (B, C)
-        rejected_ids = three[2 * batch:]  # (B, R)
-        eos = tf.RaggedTensor.from_tensor(tf.fill([batch, 1], tf.constant(eos_id, tf.int64)))
-        ids = tf.concat([prompt_ids, chosen_ids, eos], axis=1)  # (B, P + C + 1)
-        rejected_ids = tf.concat([prompt_ids, rejected_ids, eos], axis=1)  # (B, P + R + 1)
-    elif sft:
-        encoder = BytePairEncoder(pre_tokenizer, added_tokens, tables_path)
-        batch = tf.shape(text, out_type=tf.int64)[0]
-        both = encoder.encode(tf.concat([prompt, text], 0))  # (2B, tokens), one pass
-        prompt_ids, response_ids = both[:batch], both[batch:]  # (B, P), (B, R)
-        eos = tf.RaggedTensor.from_tensor(tf.fill([batch, 1], tf.constant(eos_id, tf.int64)))
-        ids = tf.concat([prompt_ids, response_ids, eos], axis=1)  # (B, P + R + 1)
-    else:
-        encoder = BytePairEncoder(pre_tokenizer, added_tokens, tables_path)
-        ids = encoder.encode(text)  # (B, tokens)
+    plan = encoding.tokenizer_plan(config, given, extra_config, text, prompt, rejected)
+    tables_path = encoding.analyze_tokenizer(plan, TOKENIZER_ANALYZER_NAME)
+    ids, prompt_ids, rejected_ids = encoding.encode_texts(plan, tables_path, text, prompt,
+                                                          rejected)
     outputs = {INPUT_IDS_KEY: ids.to_sparse(), NUM_BYTES_KEY: num_bytes,
                SOURCE_NAME_KEY: source_names(inputs, text)}
     if sft:
@@ -189,6 +123,24 @@ def preprocessing_fn(inputs: dict[str, Any], custom_config: dict[str, Any]) -> d
         outputs[REJECTED_NUM_BYTES_KEY] = tf.cast(
             tf.strings.length(rejected, unit="BYTE"), tf.int64)  # (B,)
     return outputs
+
+
+def check_features(inputs: dict[str, Any], task: str) -> None:
+    """Checks that the examples have the features `task` (`data.task`) reads: a `prompt`
+    for sft and grpo; a `prompt` and a `rejected` for dpo, or when they have a
+    `rejected` feature.
+
+    Raises:
+      ValueError: naming the missing features and the features there are.
+    """
+    dpo = REJECTED_KEY in inputs
+    needed = ([PROMPT_KEY, REJECTED_KEY] if task == "dpo" or dpo
+              else [PROMPT_KEY] if task in PROMPT_TASKS else [])
+    missing = [key for key in needed if key not in inputs]
+    if missing:
+        raise ValueError(f"data.task={task}, but the examples have no "
+                         f"{' or '.join(repr(k) for k in missing)} feature (features: "
+                         f"{sorted(inputs)}); were they made by a {task} run?")
 
 
 def source_names(inputs: dict[str, Any], text: tf.Tensor) -> tf.Tensor:
@@ -206,27 +158,3 @@ def source_names(inputs: dict[str, Any], text: tf.Tensor) -> tf.Tensor:
     if names.shape.rank == 1:
         return names  # (B,)
     return tf.reshape(names[:, :1], [-1])  # (B,)
-
-
-def _without_added_tokens(texts: tf.Tensor, added_tokens) -> tf.Tensor:
-    """texts (tf.string [N]) with every added token's text removed (RE2 literal match)."""
-    if not added_tokens:
-        return texts
-    pattern = "|".join(re.escape(t.content).replace("\\ ", " ") for t in
-                       sorted(added_tokens, key=lambda t: -len(t.content.encode())))
-    return tf.strings.regex_replace(texts, pattern, "")
-
-
-def _analyze_phase() -> bool:
-    """True while tf.Transform traces preprocessing_fn to compute analyzer inputs.
-
-    An analyzer whose value is not known yet leaves its tensor in the graph's
-    TENSOR_REPLACEMENTS collection; tf.Transform itself checks that collection to
-    decide that a trace returns analyzer inputs only (tensorflow_transform
-    `impl_helper.get_traced_transform_fn`). The final trace, whose outputs are
-    written, has every analyzer evaluated and the collection empty.
-    """
-    from tensorflow_transform import analyzer_nodes
-
-    graph = tf.compat.v1.get_default_graph()
-    return bool(graph.get_collection(analyzer_nodes.TENSOR_REPLACEMENTS))
