@@ -113,7 +113,7 @@ def add_parsers(sub) -> None:
     kfp.add_argument("--serving-dir", metavar="URI",
                      help="Pusher's destination (default <pipeline-root>/serving)")
     console.add_arguments(kfp, "compile-kfp")
-    kfp.add_argument("--preset", default="cpu_small", help="tiny | cpu_small | gpu_base")
+    kfp.add_argument("--preset", default="cpu_small", help="a preset name (config/presets.py): tiny, cpu_small, gpu_base, deepseek_v3, the *_v4 presets, ...")
     kfp.add_argument("--train-steps", type=int, help="override train.train_steps")
     kfp.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                      help="override any config field")

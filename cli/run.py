@@ -133,7 +133,7 @@ def add_parsers(sub) -> None:
                      help="a named source's own value of a data.FIELD, FIELD one of "
                      f"{', '.join(SOURCE_SETTINGS)} (repeatable): --source-set "
                      "poems.jsonl_text_field=content")
-    run.add_argument("--preset", default="cpu_small", help="tiny | cpu_small | gpu_base")
+    run.add_argument("--preset", default="cpu_small", help="a preset name (config/presets.py): tiny, cpu_small, gpu_base, deepseek_v3, the *_v4 presets, ...")
     run.add_argument("--output", help="output directory (default: runs/<corpus>-<preset>)")
     run.add_argument("--train-steps", type=int, help="override train.train_steps")
     run.add_argument("--task", choices=("pretrain", "sft", "dpo", "grpo"),
@@ -184,7 +184,7 @@ def add_parsers(sub) -> None:
                      "(repeatable) names a source of a mixture, as for run")
     val.add_argument("--source-set", action="append", metavar="NAME.FIELD=VALUE",
                      help="a named source's own value of a data.FIELD (repeatable), as for run")
-    val.add_argument("--preset", default="cpu_small", help="tiny | cpu_small | gpu_base")
+    val.add_argument("--preset", default="cpu_small", help="a preset name (config/presets.py): tiny, cpu_small, gpu_base, deepseek_v3, the *_v4 presets, ...")
     val.add_argument("--output", help="output directory (default: runs/validate-<corpus>)")
     val.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                      help="override any config field, e.g. --set data.invalid_utf8=reject")

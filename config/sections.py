@@ -27,7 +27,17 @@ V4_MODEL_TYPE = "deepseek_v4"
 
 @dataclasses.dataclass(frozen=True)
 class GenerationConfig:
-    """Defaults of the pushed model's text-generation signature."""
+    """Defaults of the pushed model's text generation, as `hf-export` writes them to
+    generation_config.json (`savedmodel/hf_generation.py`).
+
+    Attributes:
+      max_new_tokens: tokens generated at most; also `serving_default`'s when a request
+        gives none (`serving/server.py`).
+      temperature: sampling temperature; 0 is greedy (`do_sample: false`).
+      top_k: sample among the k most probable tokens (with temperature > 0).
+      top_p: nucleus sampling: the smallest set of tokens whose probability reaches p
+        (with temperature > 0).
+    """
 
     max_new_tokens: int = 64
     temperature: float = 0.8

@@ -125,6 +125,10 @@ class TrainConfig:
         embedding, norms and router float32). Applied after training (and pruning),
         before the Trainer's eval, so the Evaluator gates the model that is pushed; the
         checkpoint directory ignores it.
+      on_source_exhausted: what a data mixture does when a source runs out: `repeat`
+        (every source repeats, reshuffled each epoch, so a small source is up-sampled) or
+        `stop` (every source is read once; training ends the first time the sampler picks
+        a source with no window left, `components/trainer/mixture.py`).
       dpo_beta: DPO's beta (`data.task="dpo"`; Rafailov et al. 2023, eq. 7): how far the
         policy may move from the reference (the base model) for a given preference.
       grpo_group_size: G, completions sampled per prompt (`data.task="grpo"`;
