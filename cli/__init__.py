@@ -42,7 +42,9 @@ One module per group of commands, each with its handlers and `add_parsers(sub)`:
   hf.py (hf-import, hf-export)   prune.py (prune)   harness.py (harness-task)   plan.py (plan)
 and what they share: data.py (default corpus, --data), settings.py (config, warm start,
 teacher, output directory, --until choices), progress.py (component progress lines),
-model_dir.py (--model: a SavedModel or a serving dir's newest version), console.py.
+model_dir.py (--model: a SavedModel or a serving dir's newest version), console.py (the
+quiet session), quiet_commands.py (which commands are quiet, their --verbose, --log-dir and
+log files).
 """
 
 
@@ -64,6 +66,7 @@ from cli import (
     metadata,
     plan,
     prune,
+    quiet_commands,
     run,
     serve,
     text,
@@ -99,13 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def log_dir(args: argparse.Namespace) -> str:
     """--log-dir; else <output>/logs for commands with --output (`default_output` when not
-    given), else the per-user `console.default_log_dir()`."""
+    given), else the per-user `quiet_commands.default_log_dir()`."""
     if args.log_dir:
         return args.log_dir
-    if console.QUIET_COMMANDS[args.command].logs_under_output:
+    if quiet_commands.QUIET_COMMANDS[args.command].logs_under_output:
         args.output = args.output or default_output(args)
         return os.path.join(args.output, "logs")
-    return console.default_log_dir()
+    return quiet_commands.default_log_dir()
 
 
 # Arguments that name files (the rest is text): their refusal says how to get around it.
@@ -144,13 +147,13 @@ def check_argument_bytes(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parses `argv` (default: sys.argv[1:]) and runs the command; returns its exit code.
-    A quiet command (`console.QUIET_COMMANDS`) runs inside `console.session`.
+    A quiet command (`quiet_commands.QUIET_COMMANDS`) runs inside `console.session`.
     An argument that is not UTF-8 is refused in one line (`check_argument_bytes`), and
     stdout and stderr write any undecodable byte as `\\xNN`."""
     console.escape_undecodable(sys.stdout, sys.stderr)
     args = build_parser().parse_args(argv)
     check_argument_bytes(args)
-    quiet = console.QUIET_COMMANDS.get(args.command)
+    quiet = quiet_commands.QUIET_COMMANDS.get(args.command)
     if quiet is None:  # libraries log on the console, TensorFlow's C++ INFO and WARNING muted
         logging.basicConfig(level=logging.INFO, format=console.LOG_FORMAT)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(args, "preset") and hasattr(args, "set"):
         config_from_args(args, check_tokenizer=False)  # a bad value: one line, no log opened
     command_line = shlex.join(["deepseek-tfx"] + list(sys.argv[1:] if argv is None else argv))
-    with console.session(console.log_path(args.command, log_dir(args)), verbose=args.verbose,
+    with console.session(quiet_commands.log_path(args.command, log_dir(args)), verbose=args.verbose,
                          announce=quiet.announce, header=command_line):
         return args.fn(args)
 

@@ -10,7 +10,7 @@ import json
 import os
 import time
 
-from cli import console
+from cli import console, quiet_commands
 from cli.data import split_data_path
 
 DEFAULT_REQUESTS = 64
@@ -119,5 +119,5 @@ def add_parsers(sub) -> None:
                      f"{DEFAULT_BATCH_SIZE})")
     cmp.add_argument("--label-a", metavar="A", help="DIR_A's name in the table (default v<version>)")
     cmp.add_argument("--label-b", metavar="B", help="DIR_B's name in the table (default v<version>)")
-    console.add_arguments(cmp, "compare")
+    quiet_commands.add_arguments(cmp, "compare")
     cmp.set_defaults(fn=cmd_compare)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from cli import console
+from cli import quiet_commands
 from cli.model_dir import resolve_model_dir
 from common import memory
 from savedmodel.precision import AUTO, HF_DTYPES, WEIGHT_DTYPES
@@ -75,7 +75,7 @@ def add_parsers(sub) -> None:
                        "(bf16 and FP8 checkpoints -> bfloat16, float32 -> float32); int8 = "
                        "int8 projections with per-channel scales (embedding, norms and "
                        "router float32)")
-    console.add_arguments(hf_in, "hf-import")
+    quiet_commands.add_arguments(hf_in, "hf-import")
     hf_in.set_defaults(fn=cmd_hf_import)
 
     hf_out = sub.add_parser("hf-export", help="SavedModel -> HF DeepSeek-V3 checkpoint")
@@ -93,5 +93,5 @@ def add_parsers(sub) -> None:
                         help="the safetensors' dtype: auto = the SavedModel's own precision "
                         "(a bf16 import exports the tensors it was imported from; an int8 "
                         "model exports its dequantized kernels in float32)")
-    console.add_arguments(hf_out, "hf-export")
+    quiet_commands.add_arguments(hf_out, "hf-export")
     hf_out.set_defaults(fn=cmd_hf_export)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from cli import console
+from cli import quiet_commands
 from cli.settings import component_order, config_from_args, parse_overrides
 
 
@@ -112,7 +112,7 @@ def add_parsers(sub) -> None:
                      "(default: Tiny Shakespeare baked into the image)")
     kfp.add_argument("--serving-dir", metavar="URI",
                      help="Pusher's destination (default <pipeline-root>/serving)")
-    console.add_arguments(kfp, "compile-kfp")
+    quiet_commands.add_arguments(kfp, "compile-kfp")
     kfp.add_argument("--preset", default="cpu_small", help="a preset name (config/presets.py): tiny, cpu_small, gpu_base, deepseek_v3, the *_v4 presets, ...")
     kfp.add_argument("--train-steps", type=int, help="override train.train_steps")
     kfp.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",

@@ -1,4 +1,4 @@
-"""The libraries' loggers around a command that is not quiet (`console.QUIET_COMMANDS`):
+"""The libraries' loggers around a command that is not quiet (`quiet_commands.QUIET_COMMANDS`):
 such a command logs on the console, and absl, Beam and TensorFlow are muted below
 WARNING while it runs."""
 

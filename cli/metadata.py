@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cli import console
+from cli import quiet_commands
 
 
 def cmd_mlmd(args: argparse.Namespace) -> int:
@@ -48,5 +48,5 @@ def add_parsers(sub) -> None:
                          "eval, samples, lineage) of the newest run in a directory")
     rep.add_argument("--output", required=True, help="a run's output directory (holds "
                      "metadata.db); report.html is written there")
-    console.add_arguments(rep, "report")
+    quiet_commands.add_arguments(rep, "report")
     rep.set_defaults(fn=cmd_report)

@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 
-from cli import console
+from cli import quiet_commands
 from cli.data import split_data_path
 from cli.model_dir import resolve_model_dir
 from common import memory
@@ -234,5 +234,5 @@ def add_parsers(sub) -> None:
                    f"{DEFAULT_SEQ_LEN})")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help=f"tokens measured at most (default {DEFAULT_MAX_TOKENS})")
-    console.add_arguments(p, "prune")
+    quiet_commands.add_arguments(p, "prune")
     p.set_defaults(fn=cmd_prune)

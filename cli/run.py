@@ -8,7 +8,7 @@ import argparse
 import os
 import time
 
-from cli import console
+from cli import quiet_commands
 from cli.console import failure_message
 from cli.data import data_lines, default_corpus, split_data_path
 from cli.progress import show_progress
@@ -174,7 +174,7 @@ def add_parsers(sub) -> None:
                      help="distill from this model (a pushed SavedModel or Hugging Face "
                      "directory with the same tokenizer): train.distill_alpha, "
                      "train.distill_temperature")
-    console.add_arguments(run, "run")
+    quiet_commands.add_arguments(run, "run")
     run.set_defaults(fn=cmd_run)
 
     val = sub.add_parser("validate", help="ingest, validate (TFDV) and clean only; print the "
@@ -188,5 +188,5 @@ def add_parsers(sub) -> None:
     val.add_argument("--output", help="output directory (default: runs/validate-<corpus>)")
     val.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                      help="override any config field, e.g. --set data.invalid_utf8=reject")
-    console.add_arguments(val, "validate")
+    quiet_commands.add_arguments(val, "validate")
     val.set_defaults(fn=cmd_validate, weight=None)

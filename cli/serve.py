@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cli import console
+from cli import quiet_commands
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -155,5 +155,5 @@ def add_parsers(sub) -> None:
         default = getattr(defaults, field)
         srv.add_argument("--" + field.replace("_", "-"), type=int, default=default,
                          metavar=metavar, help=f"{what} (default {default})")
-    console.add_arguments(srv, "serve")
+    quiet_commands.add_arguments(srv, "serve")
     srv.set_defaults(fn=cmd_serve)

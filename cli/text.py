@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from cli import console
+from cli import console, quiet_commands
 from cli.data import split_data_path
 from cli.model_dir import resolve_model_dir
 
@@ -247,7 +247,7 @@ def add_parsers(sub) -> None:
     gen.add_argument("--top-k", type=int, default=50, help="0 = off")
     gen.add_argument("--top-p", type=float, default=0.95, help="1.0 = off")
     gen.add_argument("--seed", type=int, default=0)
-    console.add_arguments(gen, "generate")
+    quiet_commands.add_arguments(gen, "generate")
     gen.set_defaults(fn=cmd_generate)
 
     chat = sub.add_parser("chat", help="talk to a pushed or imported model, replies streamed "
@@ -261,7 +261,7 @@ def add_parsers(sub) -> None:
     chat.add_argument("--top-p", type=float, help="1.0 = off (default: the model's)")
     chat.add_argument("--seed", type=int, default=0,
                       help="the first reply samples step t with seed (S, t), as generate")
-    console.add_arguments(chat, "chat")
+    quiet_commands.add_arguments(chat, "chat")
     chat.set_defaults(fn=cmd_chat)
 
     ev = sub.add_parser("evaluate", help="bits per byte and perplexity of a pushed model on text, "
@@ -280,5 +280,5 @@ def add_parsers(sub) -> None:
                     help="scoring window in tokens (default: the pipeline's train.seq_len; "
                     "min(max_position_embeddings, 1024) for a model without a pipeline config, "
                     "e.g. from hf-import)")
-    console.add_arguments(ev, "evaluate")
+    quiet_commands.add_arguments(ev, "evaluate")
     ev.set_defaults(fn=cmd_evaluate)

@@ -249,7 +249,7 @@ def config_page() -> str:
 def fixed_environment() -> Iterator[None]:
     """A fixed help width and per-user log directory while the parser is built and its
     help formatted (both are read from the environment)."""
-    from cli.console import LOG_DIR_ENV
+    from cli.quiet_commands import LOG_DIR_ENV
 
     saved = {k: os.environ.get(k) for k in ("COLUMNS", "LINES", LOG_DIR_ENV)}
     os.environ.update({"COLUMNS": str(HELP_COLUMNS), "LINES": "50", LOG_DIR_ENV: LOG_DIR})

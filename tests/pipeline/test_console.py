@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import cli
-from cli import console, library_logs
+from cli import console, library_logs, quiet_commands
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -157,27 +157,27 @@ def test_entry_turns_a_reported_error_into_exit_code_1(monkeypatch):
 def test_every_quiet_command_has_verbose_and_log_dir():
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    for command in console.QUIET_COMMANDS:
+    for command in quiet_commands.QUIET_COMMANDS:
         options = {o for a in sub.choices[command]._actions for o in a.option_strings}
         assert {"--verbose", "-v", "--log-dir"} <= options, command
     assert "--verbose" not in {o for a in sub.choices["mlmd"]._actions for o in a.option_strings}
 
 
 def test_log_dirs(tmp_path, monkeypatch):
-    monkeypatch.setenv(console.LOG_DIR_ENV, str(tmp_path / "env"))
-    assert console.default_log_dir() == str(tmp_path / "env")
-    monkeypatch.delenv(console.LOG_DIR_ENV)
+    monkeypatch.setenv(quiet_commands.LOG_DIR_ENV, str(tmp_path / "env"))
+    assert quiet_commands.default_log_dir() == str(tmp_path / "env")
+    monkeypatch.delenv(quiet_commands.LOG_DIR_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert console.default_log_dir() == str(tmp_path / "deepseek-tfx" / "logs")
+    assert quiet_commands.default_log_dir() == str(tmp_path / "deepseek-tfx" / "logs")
     parser = cli.build_parser()
     args = parser.parse_args(["run", "--output", str(tmp_path / "out")])
     assert cli.log_dir(args) == str(tmp_path / "out" / "logs")
     args = parser.parse_args(["generate", "--model", "m", "--prompt", "p"])
-    assert cli.log_dir(args) == console.default_log_dir()
+    assert cli.log_dir(args) == quiet_commands.default_log_dir()
     args = parser.parse_args(["generate", "--model", "m", "--prompt", "p", "--log-dir", "here"])
     assert cli.log_dir(args) == "here"
-    path = console.log_path("generate", str(tmp_path), when=0)
+    path = quiet_commands.log_path("generate", str(tmp_path), when=0)
     assert Path(path).name.startswith("generate-19700101-") or Path(path).name.startswith(
         "generate-1969")  # local time
     Path(path).write_text("")
-    assert console.log_path("generate", str(tmp_path), when=0) == path[:-4] + "-2.log"
+    assert quiet_commands.log_path("generate", str(tmp_path), when=0) == path[:-4] + "-2.log"
