@@ -45,7 +45,7 @@ def _sft_reject(source: str, record: int, reason: str) -> Document:
     return Document("", source, record, reason, prompt="")
 
 
-def _record_reject(task: str, source: str, record: int, reason: str) -> Document:
+def record_reject(task: str, source: str, record: int, reason: str) -> Document:
     """A rejected SFT/GRPO record (`prompt` ""), or DPO record (`prompt`, `rejected` "")."""
     return Document("", source, record, reason, prompt="",
                     rejected="" if task == "dpo" else None)
@@ -187,7 +187,7 @@ def dpo_document(obj: Any, source: str, record: int, config: DataConfig,
       normalization: `chosen_equals_rejected`).
     """
     if not isinstance(obj, dict):
-        return _record_reject("dpo", source, record, REJECT_NOT_AN_OBJECT)
+        return record_reject("dpo", source, record, REJECT_NOT_AN_OBJECT)
     turns, raw, reason = _prompt_turns(obj, config)
     responses, raw_responses, rendered = [], [], ""
     if not reason:
@@ -201,7 +201,7 @@ def dpo_document(obj: Any, source: str, record: int, config: DataConfig,
     if not reason:
         rendered, reason = _rendered(turns, chat)
     if reason:
-        return _record_reject("dpo", source, record, reason)
+        return record_reject("dpo", source, record, reason)
     chosen, rejected = responses
     changed = [m["content"] for m in turns] + responses != raw + raw_responses
     return Document(chosen, source, record, repairs=(REPAIR_NORMALIZED,) if changed else (),
@@ -220,7 +220,7 @@ def grpo_document(obj: Any, source: str, record: int, config: DataConfig,
       with one of the GRPO reject reasons of this module.
     """
     if not isinstance(obj, dict):
-        return _record_reject("grpo", source, record, REJECT_NOT_AN_OBJECT)
+        return record_reject("grpo", source, record, REJECT_NOT_AN_OBJECT)
     turns, raw, reason = _prompt_turns(obj, config)
     answers, raw_answers, rendered = [], [], ""
     if not reason:
@@ -230,7 +230,7 @@ def grpo_document(obj: Any, source: str, record: int, config: DataConfig,
     if not reason:
         rendered, reason = _rendered(turns, chat)
     if reason:
-        return _record_reject("grpo", source, record, reason)
+        return record_reject("grpo", source, record, reason)
     changed = [m["content"] for m in turns] + answers != raw + raw_answers
     return Document(answers[0], source, record,
                     repairs=(REPAIR_NORMALIZED,) if changed else (), prompt=rendered)

@@ -111,17 +111,17 @@ from corpus.document_record import (
     Document,
 )
 from corpus.file_readers import (
-    _apply_utf8_policy,
-    _named,
-    _read_csv,
-    _read_csv_records,
-    _read_jsonl,
-    _read_jsonl_records,
-    _read_parquet,
-    _read_parquet_records,
-    _read_text,
-    _record_fields,
-    _reject_for,
+    apply_utf8_policy,
+    read_csv,
+    read_csv_records,
+    read_jsonl,
+    read_jsonl_records,
+    read_parquet,
+    read_parquet_records,
+    read_text,
+    record_fields,
+    reject_for,
+    with_source_name,
 )
 from tokenization.chat_template import ChatFormat, chat_format
 
@@ -189,32 +189,32 @@ def read_documents(path: str, source: str, config: DataConfig | None = None,
     """
     config = config or DataConfig()
     records = config.task in RECORD_TASKS
-    named = functools.partial(_named, source_name=source_name)
+    named = functools.partial(with_source_name, source_name=source_name)
     if special_file_kind(path):  # os.stat only: a FIFO's open() would wait for a writer
-        yield named(_reject_for(config, source, 0, REJECT_NOT_REGULAR_FILE))
+        yield named(reject_for(config, source, 0, REJECT_NOT_REGULAR_FILE))
         return
     fmt = "jsonl" if config.document_boundary == "jsonl" else file_format(path)
     if records and fmt == "text":
         raise ValueError(
             f"{path}: data.task={config.task} reads records from JSONL, CSV or Parquet files "
-            f"(with {_record_fields(config)}), not plain text; remove the file or rename it")
+            f"(with {record_fields(config)}), not plain text; remove the file or rename it")
     if records:
         chat = chat or chat_format(config)
-        readers = {"jsonl": _read_jsonl_records, "csv": _read_csv_records,
-                   "parquet": _read_parquet_records}
+        readers = {"jsonl": read_jsonl_records, "csv": read_csv_records,
+                   "parquet": read_parquet_records}
         read = functools.partial(readers[fmt], chat=chat)
     else:
-        read = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet,
-                "text": _read_text}[fmt]
+        read = {"jsonl": read_jsonl, "csv": read_csv, "parquet": read_parquet,
+                "text": read_text}[fmt]
     count = 0
     try:
         for doc in read(path, source, config):
             count += 1
-            yield named(_apply_utf8_policy(doc, config.invalid_utf8))
+            yield named(apply_utf8_policy(doc, config.invalid_utf8))
     except (OSError, tf.errors.OpError, EOFError, gzip.BadGzipFile) as e:
         raise OSError(f"{path}: cannot read: {e}") from e
     if count == 0:
-        yield named(_reject_for(config, source, 0, REJECT_EMPTY_FILE))
+        yield named(reject_for(config, source, 0, REJECT_EMPTY_FILE))
 
 
 # ----------------------------------------------------------------------------- SFT records

@@ -16,7 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from config import DataConfig
-from corpus.chat_records import _record_reject, dpo_document, grpo_document, sft_document
+from corpus.chat_records import dpo_document, grpo_document, record_reject, sft_document
 from corpus.document_record import (
     RECORD_TASKS,
     REJECT_INVALID_CSV,
@@ -71,7 +71,7 @@ def _has_invalid_bytes(text: str) -> bool:
     return any(_SURROGATE_LOW <= ch <= _SURROGATE_HIGH for ch in text)
 
 
-def _apply_utf8_policy(doc: Document, policy: str) -> Document:
+def apply_utf8_policy(doc: Document, policy: str) -> Document:
     if doc.reject_reason or not any(text and _has_invalid_bytes(text)
                                     for text in (doc.text, doc.prompt, doc.rejected)):
         return doc
@@ -91,15 +91,15 @@ def _apply_utf8_policy(doc: Document, policy: str) -> Document:
         prompt=replaced(doc.prompt), rejected=replaced(doc.rejected))
 
 
-def _reject_for(config: DataConfig, source: str, record: int, reason: str) -> Document:
+def reject_for(config: DataConfig, source: str, record: int, reason: str) -> Document:
     """A rejected record of `config.task`'s form: a document, or a record with `prompt`
     "" (and `rejected` "" for DPO), so that every example has the schema's features."""
     if config.task not in RECORD_TASKS:
         return Document("", source, record, reason)
-    return _record_reject(config.task, source, record, reason)
+    return record_reject(config.task, source, record, reason)
 
 
-def _record_fields(config: DataConfig) -> str:
+def record_fields(config: DataConfig) -> str:
     """The fields a record of `config.task` needs, as an error message names them."""
     if config.task == "sft":
         return (f"'{config.prompt_field}'/'{config.response_field}' or "
@@ -111,7 +111,7 @@ def _record_fields(config: DataConfig) -> str:
     return f"{prompt} and '{config.answer_field}'"
 
 
-def _named(doc: Document, source_name: str) -> Document:
+def with_source_name(doc: Document, source_name: str) -> Document:
     return doc if doc.source_name == source_name else dataclasses.replace(
         doc, source_name=source_name)
 
@@ -125,7 +125,7 @@ def _bounded_lines(f, limit: int) -> Iterator[tuple[str, bool]]:
         yield piece, piece.endswith("\n")
 
 
-def _read_text(path: str, source: str, config: DataConfig) -> Iterator[Document]:
+def read_text(path: str, source: str, config: DataConfig) -> Iterator[Document]:
     limit = config.max_chars
     record = 0
 
@@ -198,7 +198,7 @@ def _jsonl_objects(path: str, config: DataConfig) -> Iterator[tuple[int, Any, st
                 yield i, None, REJECT_INVALID_JSON
 
 
-def _read_jsonl(path: str, source: str, config: DataConfig) -> Iterator[Document]:
+def read_jsonl(path: str, source: str, config: DataConfig) -> Iterator[Document]:
     field = config.jsonl_text_field
     for i, obj, reason in _jsonl_objects(path, config):
         if reason:
@@ -247,7 +247,7 @@ def _csv_rows(path: str, config: DataConfig,
             yield row_number, header, row, ""
 
 
-def _read_csv(path: str, source: str, config: DataConfig) -> Iterator[Document]:
+def read_csv(path: str, source: str, config: DataConfig) -> Iterator[Document]:
     column = config.csv_text_column
 
     def check_header(header: list[str]) -> None:
@@ -265,7 +265,7 @@ def _read_csv(path: str, source: str, config: DataConfig) -> Iterator[Document]:
             yield Document(row[header.index(column)], source, row_number)
 
 
-def _read_parquet(path: str, source: str, config: DataConfig) -> Iterator[Document]:
+def read_parquet(path: str, source: str, config: DataConfig) -> Iterator[Document]:
     import pyarrow.parquet as pq
 
     column = config.parquet_text_column
@@ -295,11 +295,11 @@ def _read_parquet(path: str, source: str, config: DataConfig) -> Iterator[Docume
 _RECORD_DOCUMENTS = {"sft": sft_document, "dpo": dpo_document, "grpo": grpo_document}
 
 
-def _read_jsonl_records(path: str, source: str, config: DataConfig,
+def read_jsonl_records(path: str, source: str, config: DataConfig,
                         chat: ChatFormat) -> Iterator[Document]:
     document = _RECORD_DOCUMENTS[config.task]
     for i, obj, reason in _jsonl_objects(path, config):
-        yield (_record_reject(config.task, source, i, reason) if reason
+        yield (record_reject(config.task, source, i, reason) if reason
                else document(obj, source, i, config, chat))
 
 
@@ -325,11 +325,11 @@ def _record_columns(path: str, names: list[str], config: DataConfig, kind: str) 
             "data.chosen_field, data.rejected_field" if config.task == "dpo"
             else "data.answer_field")
         raise ValueError(f"{path}: the {kind} lacks the columns of a {config.task} record: "
-                         f"{_record_fields(config)} (it has {names[:20]}; set {settings})")
+                         f"{record_fields(config)} (it has {names[:20]}; set {settings})")
     return have
 
 
-def _read_csv_records(path: str, source: str, config: DataConfig,
+def read_csv_records(path: str, source: str, config: DataConfig,
                       chat: ChatFormat) -> Iterator[Document]:
     """CSV rows; a messages column holds the chat as JSON text."""
     columns: list[str] = []
@@ -340,7 +340,7 @@ def _read_csv_records(path: str, source: str, config: DataConfig,
 
     for row_number, header, row, reason in _csv_rows(path, config, check_header):
         if reason:
-            yield _record_reject(config.task, source, row_number, reason)
+            yield record_reject(config.task, source, row_number, reason)
             continue
         obj = {c: row[header.index(c)] for c in columns if header.index(c) < len(row)}
         if obj.get(config.messages_field, "") == "":
@@ -349,12 +349,12 @@ def _read_csv_records(path: str, source: str, config: DataConfig,
             try:
                 obj[config.messages_field] = json.loads(obj[config.messages_field])
             except json.JSONDecodeError:
-                yield _record_reject(config.task, source, row_number, REJECT_INVALID_MESSAGES)
+                yield record_reject(config.task, source, row_number, REJECT_INVALID_MESSAGES)
                 continue
         yield document(obj, source, row_number, config, chat)
 
 
-def _read_parquet_records(path: str, source: str, config: DataConfig,
+def read_parquet_records(path: str, source: str, config: DataConfig,
                           chat: ChatFormat) -> Iterator[Document]:
     """Parquet rows; a messages column is a list of {role, content} structs."""
     import pyarrow.parquet as pq

@@ -43,9 +43,8 @@ from reporting import report_data
 from reporting.report_data import Unavailable
 from reporting.report_sections import (
     PREFERENCE_PANELS,
-    _e,
-    _unavailable,
     comparison_html,
+    escape,
     lineage_html,
     restarts_table,
     samples_html,
@@ -60,6 +59,7 @@ from reporting.report_sections import (
     section_training,
     sources_html,
     tasks_html,
+    unavailable_html,
 )
 
 # This room's names, with the section builders it re-exports from `report_sections`.
@@ -143,18 +143,18 @@ def build_html(output_dir: str) -> str:
         try:
             content = builders[name]()
         except Unavailable as e:
-            content = _unavailable(_TITLES[name], str(e))
+            content = unavailable_html(_TITLES[name], str(e))
         except Exception as e:  # noqa: BLE001 (one section's failure must not lose the page)
-            content = _unavailable(_TITLES[name], f"{type(e).__name__}: {e}")
-        body.append(f'<section id="{name}"><h2>{_e(_TITLES[name])}</h2>{content}</section>')
-    nav = "".join(f'<a href="#{n}">{_e(_TITLES[n].split(":")[0])}</a>' for n in SECTIONS)
+            content = unavailable_html(_TITLES[name], f"{type(e).__name__}: {e}")
+        body.append(f'<section id="{name}"><h2>{escape(_TITLES[name])}</h2>{content}</section>')
+    nav = "".join(f'<a href="#{n}">{escape(_TITLES[n].split(":")[0])}</a>' for n in SECTIONS)
     when = time.strftime("%Y-%m-%d %H:%M:%S")
     run_name = report_data.run_name(run)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>deepseek-tfx run report</title><style>{_CSS}</style></head><body>"
-            f"<header><h1>deepseek-tfx run report</h1><p>{_e(run.paths['output_dir'])} · "
-            f"run {_e(run_name)} · written {when}</p></header><nav>{nav}</nav>"
+            f"<header><h1>deepseek-tfx run report</h1><p>{escape(run.paths['output_dir'])} · "
+            f"run {escape(run_name)} · written {when}</p></header><nav>{nav}</nav>"
             f"<main>{''.join(body)}</main></body></html>")
 
 

@@ -14,24 +14,24 @@ from reporting import report_data
 from reporting.report_data import SAMPLE_NEW_TOKENS, RunData, Unavailable
 
 
-def _e(value) -> str:
+def escape(value) -> str:
     return html.escape(str(value))
 
 
-def _unavailable(what: str, why: str) -> str:
-    return f'<p class="missing">{_e(what)} not available: {_e(why)}</p>'
+def unavailable_html(what: str, why: str) -> str:
+    return f'<p class="missing">{escape(what)} not available: {escape(why)}</p>'
 
 
 def _table(header: list[str], rows: list[list], cls: str = "") -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def _breakable(name: str) -> str:
     """`name` escaped, with line-break opportunities after "_" and before a capital that
     follows a small letter (ExampleValidator, latest_blessed_model_resolver)."""
-    return re.sub(r"(_|(?<=[a-z])(?=[A-Z]))", r"\1<wbr>", _e(name))
+    return re.sub(r"(_|(?<=[a-z])(?=[A-Z]))", r"\1<wbr>", escape(name))
 
 
 def _fmt(value) -> str:
@@ -58,13 +58,13 @@ def section_pipeline(run: RunData) -> str:
         boxes = []
         for e in column:
             status = _STATUS.get(e["state"], e["state"].lower())
-            after = f'<div class="after">after {_e(", ".join(e["after"]))}</div>' if e["after"] else ""
+            after = f'<div class="after">after {escape(", ".join(e["after"]))}</div>' if e["after"] else ""
             boxes.append(f'<div class="node {status.replace(" ", "-")}"><b>{_breakable(e["component"])}</b>'
-                         f'<div>{_e(status)} · {e["duration_s"]:.1f} s</div>{after}</div>')
+                         f'<div>{escape(status)} · {e["duration_s"]:.1f} s</div>{after}</div>')
         cols.append('<div class="col">' + "".join(boxes) + "</div>")
     total = sum(e["duration_s"] for e in run.executions)
     failed = [e["component"] for e in run.executions if e["state"] not in ("COMPLETE", "CACHED")]
-    verdict = (f'<p class="bad">not finished: {_e(", ".join(failed))}</p>' if failed
+    verdict = (f'<p class="bad">not finished: {escape(", ".join(failed))}</p>' if failed
                else "<p>every component done or cached.</p>")
     return (f'<div class="flow">{"<span class=arrow>→</span>".join(cols)}</div>{verdict}'
             f"<p>sum of component durations {total:.1f} s (from the executions' create and "
@@ -81,7 +81,7 @@ def _records(run: RunData) -> str:
     try:
         report = report_data.cleaning_report(run)
     except Unavailable as e:
-        return _unavailable("records", str(e))
+        return unavailable_html("records", str(e))
     total = report["total"]
     rows = [["read", total["read"], ""], ["kept", total["kept"], ""],
             ["dropped", total["dropped"], ""]]
@@ -101,7 +101,7 @@ def _anomalies(run: RunData) -> str:
     try:
         rows = report_data.anomaly_rows(run)
     except Unavailable as e:
-        return _unavailable("TFDV anomalies", str(e))
+        return unavailable_html("TFDV anomalies", str(e))
     if not rows:
         return "<h3>TFDV anomalies (ExampleValidator)</h3><p>none: every split matches the schema.</p>"
     return ("<h3>TFDV anomalies (ExampleValidator)</h3>"
@@ -112,7 +112,7 @@ def _drift(run: RunData) -> str:
     try:
         anomalies = run.output("DriftValidator", "ExampleAnomalies")
     except Unavailable as e:
-        return _unavailable("drift", str(e))
+        return unavailable_html("drift", str(e))
     head = "<h3>Drift (DriftValidator, Jensen-Shannon divergence)</h3>"
     if not anomalies.get("baseline_statistics"):
         return head + "<p>no blessed run to compare with (the text profile is recorded).</p>"
@@ -121,7 +121,7 @@ def _drift(run: RunData) -> str:
     rows = [[k[len("drift_"):], f"{v:.4f}"] for k, v in sorted(anomalies.items())
             if k.startswith("drift_") and isinstance(v, float)]
     return (head + f"<p>vs. the latest blessed run: <b>{verdict}</b>{accepted}; baseline "
-            f"{_e(anomalies['baseline_statistics'])}</p>"
+            f"{escape(anomalies['baseline_statistics'])}</p>"
             + _table(["split / feature", "divergence"], rows))
 
 
@@ -176,7 +176,7 @@ def section_training(run: RunData, events) -> str:
                 "n_routed_experts_before", "pruned_experts_kept", "pruning_tokens",
                 "trainer_eval_loss", "trainer_eval_loss_before_pruning", "base_model",
                 "teacher_model")
-        cells = "".join(f"<div><span>{_e(k)}</span> {_e(_fmt(summary[k]))}</div>"
+        cells = "".join(f"<div><span>{escape(k)}</span> {escape(_fmt(summary[k]))}</div>"
                         for k in keys if k in summary)
         out += f'<h3>training_summary.json</h3><div class="figures">{cells}</div>'
         out += restarts_table(summary.get("restart_log") or [])
@@ -188,7 +188,7 @@ def restarts_table(restarts: list[dict]) -> str:
     if not restarts:
         return ""
     rows = "".join(
-        f"<tr><td>{r['restart']}</td><td>{_e(r['cause'])}</td><td>{_e(r['reason'])}</td>"
+        f"<tr><td>{r['restart']}</td><td>{escape(r['cause'])}</td><td>{escape(r['reason'])}</td>"
         f"<td>{r['resumed_from_step']}</td><td>{r['workers_before']} → {r['workers_after']}"
         f"</td><td>{r['grad_accum_steps']}</td></tr>" for r in restarts)
     return ("<h3>restarts of the worker group</h3><table><tr><th>restart</th><th>cause</th>"
@@ -217,7 +217,7 @@ def section_moe(run: RunData, events) -> str:
                 "(token, expert) pairs in a logging window over the mean share (1.0 = "
                 "balanced).</p>" + report_plots.expert_load_heatmaps(layers))
     else:
-        out += _unavailable("expert load", "no moe/*/expert_load summaries")
+        out += unavailable_html("expert load", "no moe/*/expert_load summaries")
     complete = [(layer, s) for layer, s in sorted(bias.items())
                 if {"min", "max", "mean_abs"} <= set(s)]
     if complete:
@@ -244,19 +244,19 @@ def section_eval(run: RunData) -> str:
             for k in keys]
     verdict = "blessed" if metrics.get("blessed") else "NOT blessed"
     out = (f'<p class="{"good" if metrics.get("blessed") else "bad"}"><b>{verdict}</b>: '
-           f'{_e(metrics.get("message", ""))}</p>'
+           f'{escape(metrics.get("message", ""))}</p>'
            + _table(["metric", "candidate", "baseline (last blessed)"], rows, "narrow"))
     if config:
         ev = config.get("eval", {})
         task = config.get("data", {}).get("task")
-        gates = {"dpo": f", eval.min_reward_accuracy = {_e(ev.get('min_reward_accuracy'))}",
-                 "grpo": f", eval.min_pass_at_1 = {_e(ev.get('min_pass_at_1'))}"}.get(task, "")
-        out += (f"<p>thresholds: eval.max_bits_per_byte = {_e(ev.get('max_bits_per_byte'))}, "
-                f"eval.baseline_tolerance = {_e(ev.get('baseline_tolerance'))}{gates}</p>")
+        gates = {"dpo": f", eval.min_reward_accuracy = {escape(ev.get('min_reward_accuracy'))}",
+                 "grpo": f", eval.min_pass_at_1 = {escape(ev.get('min_pass_at_1'))}"}.get(task, "")
+        out += (f"<p>thresholds: eval.max_bits_per_byte = {escape(ev.get('max_bits_per_byte'))}, "
+                f"eval.baseline_tolerance = {escape(ev.get('baseline_tolerance'))}{gates}</p>")
         summary = report_data.training_summary(run) or {}
         if task in ("dpo", "grpo") and summary.get("base_model"):
             out += (f"<p>reference policy (the frozen base model): "
-                    f"<code>{_e(summary['base_model'])}</code></p>")
+                    f"<code>{escape(summary['base_model'])}</code></p>")
         bars = {"candidate": candidate["bits_per_byte"]}
         if baseline:
             bars["baseline"] = baseline["bits_per_byte"]
@@ -275,7 +275,7 @@ def comparison_html(baseline: dict, candidate: dict) -> str:
 
     rows = [r for r in comparison_rows(baseline, candidate) if r.group == "quality"]
     header, cells = table_cells(rows, ("baseline", "candidate"))
-    note = (f"<p>{_e(NOT_SIGNIFICANT_NOTE)}; ± is the standard error.</p>"
+    note = (f"<p>{escape(NOT_SIGNIFICANT_NOTE)}; ± is the standard error.</p>"
             if any(r.significant is False for r in rows) else "")
     return ("<h3>Candidate vs baseline (the quality rows of <code>deepseek-tfx compare</code>)"
             "</h3>" + _table(header, cells) + note)
@@ -383,7 +383,7 @@ def tasks_html(tasks: dict, baseline: dict | None, min_scores=None) -> str:
                      "baseline" if baseline is not None else "baseline (none)", "n",
                      "few-shot", "truncated"], rows))
     if min_scores:
-        out += f"<p>thresholds: eval.min_scores = {_e(min_scores)}</p>"
+        out += f"<p>thresholds: eval.min_scores = {escape(min_scores)}</p>"
     return out
 
 
@@ -401,12 +401,12 @@ def samples_html(destination: str, samples: list[tuple[str, str]]) -> str:
     line breaks shown as ↵, both escaped; `destination` is the SavedModel that wrote them."""
     items = [f'<div class="sample"><span class="prompt">{_newlines(prompt)}</span>'
              f"{_newlines(text)}</div>" for prompt, text in samples]
-    return (f"<p>greedy, {SAMPLE_NEW_TOKENS} new tokens, from {_e(destination)} (prompt in "
+    return (f"<p>greedy, {SAMPLE_NEW_TOKENS} new tokens, from {escape(destination)} (prompt in "
             f"bold: the start of eval documents; ↵ = a line break)</p>{''.join(items)}")
 
 
 def _newlines(text: str) -> str:
-    return _e(text).replace("\n", '<span class="nl">↵</span> ')
+    return escape(text).replace("\n", '<span class="nl">↵</span> ')
 
 
 def section_lineage(run: RunData) -> str:
@@ -429,7 +429,7 @@ def lineage_html(destination: str, data: dict) -> str:
             inputs = f"read {e['input_base']} ({e.get('input_fingerprint')})"
         rows.append([e["component"], e["id"], e["state"].lower(), inputs])
     files = [[f.get("sha256"), int(f.get("bytes", 0)), f["path"]] for f in data["input_files"]]
-    return (f"<p>{_e(data['model']['type'])} {_e(destination)}, back to the input files:</p>"
+    return (f"<p>{escape(data['model']['type'])} {escape(destination)}, back to the input files:</p>"
             + _table(["component", "execution", "state", "inputs"], rows)
             + _table(["sha256", "bytes", "input file"], files))
 

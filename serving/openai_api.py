@@ -99,7 +99,7 @@ from starlette.concurrency import run_in_threadpool
 from serving.http_body import HTTPError
 from serving.openai_engine import EngineReply
 from serving.openai_model import OpenAIError
-from serving.openai_replies import _chat_reply, _completions_reply
+from serving.openai_replies import chat_reply, completions_reply
 from serving.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -221,12 +221,12 @@ def make_openai_router(models: ModelRegistry,
     @router.post("/v1/completions")
     async def completions(request: Request):
         return await answer(request, CompletionRequest,
-                            lambda server, req, loop: _completions_reply(server, req, loop,
+                            lambda server, req, loop: completions_reply(server, req, loop,
                                                                          counted))
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await answer(request, ChatCompletionRequest,
-                            lambda server, req, loop: _chat_reply(server, req, loop, counted))
+                            lambda server, req, loop: chat_reply(server, req, loop, counted))
 
     return router

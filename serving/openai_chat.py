@@ -9,35 +9,35 @@ import time
 import uuid
 
 from serving.deepseek_chat import ChatPlan, ChatPlanError, plan_chat
-from serving.openai_completions import _completion_ids
-from serving.openai_logprobs import _token_logprobs
+from serving.openai_completions import completion_token_ids
+from serving.openai_logprobs import prompt_token_logprobs
 from serving.openai_model import (
+    ModelText,
     OpenAIError,
-    _check_room,
-    _cut,
-    _generate,
-    _grammar_of,
-    _Text,
-    _text_of,
-    _token_string,
-    _tokenize,
+    check_room,
+    cut_at_stops,
+    generate_texts,
+    grammar_of,
+    text_of,
     token_pieces,
+    token_string,
+    tokenize_texts,
 )
 from serving.openai_schema import ChatCompletionRequest
 from serving.server import ModelServer
 from tokenization import chat_template
 
 
-def _plan(server: ModelServer, text: _Text, req: ChatCompletionRequest) -> ChatPlan:
+def chat_plan(server: ModelServer, text: ModelText, req: ChatCompletionRequest) -> ChatPlan:
     """The request's DeepSeek features (`serving/deepseek_chat.py`), checked against the
     model's template."""
     try:
-        return plan_chat(req, text.template, server.name, lambda: _grammar_of(server))
+        return plan_chat(req, text.template, server.name, lambda: grammar_of(server))
     except ChatPlanError as e:
         raise OpenAIError(400, str(e), param=e.param) from e
 
 
-def _render(server: ModelServer, text: _Text, req: ChatCompletionRequest,
+def _render(server: ModelServer, text: ModelText, req: ChatCompletionRequest,
             plan: ChatPlan) -> tuple[str, str]:
     """(signature, prompt) for the messages (see `serving/openai_api.py`)."""
     if server.chat_prompt is None:
@@ -74,53 +74,53 @@ def _render(server: ModelServer, text: _Text, req: ChatCompletionRequest,
     return "generate_raw", rendered
 
 
-def _chat_prompt(server: ModelServer, text: _Text, req: ChatCompletionRequest,
+def chat_prompt_ids(server: ModelServer, text: ModelText, req: ChatCompletionRequest,
                  plan: ChatPlan) -> tuple[str, str, list[int], int]:
     """(signature, prompt, what the model reads (ids), max_tokens) of a chat request, its
     room in the context checked."""
     signature, prompt = _render(server, text, req, plan)
     if signature == "generate":
         prefix, suffix = server.chat_prompt
-        context = _tokenize(server, [prefix + prompt + suffix])[0]
+        context = tokenize_texts(server, [prefix + prompt + suffix])[0]
     else:
-        context = [text.eos_id, *_tokenize(server, [prompt])[0]]
+        context = [text.eos_id, *tokenize_texts(server, [prompt])[0]]
     asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     room = (server.context - len(context)) if server.context else None
     if asked is None:
         asked = server.default_max_new_tokens or room or 16
         if room is not None:
             asked = max(min(asked, room), 1)
-    _check_room(server, len(context), asked, "messages")
+    check_room(server, len(context), asked, "messages")
     if asked == 0:
         raise OpenAIError(400, "max_tokens must be at least 1", param="max_tokens")
     return signature, prompt, context, asked
 
 
-def _chat(server: ModelServer, req: ChatCompletionRequest) -> tuple[dict, list[str]]:
+def chat_completion(server: ModelServer, req: ChatCompletionRequest) -> tuple[dict, list[str]]:
     """(the chat.completion, the reply's pieces of whole characters for streaming)."""
     if req.logprobs and req.stream:
         raise OpenAIError(400, "logprobs with stream is not supported", param="logprobs")
     if req.top_logprobs is not None and not req.logprobs:
         raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    text = _text_of(server)
-    plan = _plan(server, text, req)
+    text = text_of(server)
+    plan = chat_plan(server, text, req)
     if plan.thinking or plan.tool_format or plan.constraint:
         raise OpenAIError(400, "thinking, tools and response_format need the serving "
                           "engine (off, or not usable with logprobs)", param="model")
-    signature, prompt, context, asked = _chat_prompt(server, text, req, plan)
-    [reply], [generated] = _generate(server, signature, [prompt], asked, req)
-    reply, stopped = _cut(reply, req.stop)
+    signature, prompt, context, asked = chat_prompt_ids(server, text, req, plan)
+    [reply], [generated] = generate_texts(server, signature, [prompt], asked, req)
+    reply, stopped = cut_at_stops(reply, req.stop)
     finish = "stop" if stopped or generated < asked else "length"
-    reply_ids = _completion_ids(server, text, context, reply, generated,
+    reply_ids = completion_token_ids(server, text, context, reply, generated,
                                 exact=not stopped and req.temperature == 0)
     logprobs = None
     if req.logprobs:
-        values, alternatives = _token_logprobs(server, context + reply_ids, len(context),
+        values, alternatives = prompt_token_logprobs(server, context + reply_ids, len(context),
                                                req.top_logprobs or 0)
 
         def entry(token_id, value):
             s = text.surface(token_id)
-            return {"token": _token_string(s), "logprob": value, "bytes": list(s)}
+            return {"token": token_string(s), "logprob": value, "bytes": list(s)}
 
         logprobs = {"content": [
             {**entry(t, v), "top_logprobs": [entry(i, a) for i, a in alt]}

@@ -10,25 +10,25 @@ import uuid
 
 import numpy as np
 
-from serving.openai_logprobs import _logits, _logits_many, _token_logprobs
+from serving.openai_logprobs import logits_of, logits_of_many, prompt_token_logprobs
 from serving.openai_model import (
+    ModelText,
     OpenAIError,
-    _check_room,
-    _cut,
-    _decode,
-    _generate,
-    _Text,
-    _text_of,
-    _token_string,
-    _tokenize,
+    check_room,
+    cut_at_stops,
+    decode_ids,
+    generate_texts,
+    text_of,
     token_pieces,
+    token_string,
+    tokenize_texts,
 )
 from serving.openai_schema import CompletionRequest
 from serving.server import ModelServer
 
 
-def _completion_prompts(server: ModelServer, req: CompletionRequest,
-                        text: _Text) -> tuple[list[str], list[list[int]], int, bool]:
+def completion_prompts(server: ModelServer, req: CompletionRequest,
+                        text: ModelText) -> tuple[list[str], list[list[int]], int, bool]:
     """(prompts as text, what the model reads of each ([EOS] + ids), max_tokens, whether
     it is one greedy token), the prompts checked (count, ids, room in the context)."""
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
@@ -45,10 +45,10 @@ def _completion_prompts(server: ModelServer, req: CompletionRequest,
                 raise OpenAIError(400, f"prompt token ids must be in [0, {vocab}) "
                                   f"(vocab_size); prompt {i} has {bad[0]}", param="prompt")
         prompt_ids = [list(ids) for ids in req.prompt]
-        prompts = [_decode(text, ids) for ids in prompt_ids]
+        prompts = [decode_ids(text, ids) for ids in prompt_ids]
     else:
         prompts = [_fim(text, p, req.suffix) for p in req.prompt]
-        prompt_ids = _tokenize(server, prompts)
+        prompt_ids = tokenize_texts(server, prompts)
     contexts = [[text.eos_id, *ids] for ids in prompt_ids]  # what generate prepends
     # One greedy token is the argmax of the last position's logits: no `generate` call,
     # and no position of its own, so the prompt may fill the context (lm-evaluation-
@@ -56,7 +56,7 @@ def _completion_prompts(server: ModelServer, req: CompletionRequest,
     greedy_one = max_tokens == 1 and req.temperature == 0
     for i, ids in enumerate(contexts):
         if not (greedy_one and server.context and len(ids) <= server.context):
-            _check_room(server, len(ids), max_tokens, "prompt",
+            check_room(server, len(ids), max_tokens, "prompt",
                         f" {i}" if len(contexts) > 1 else "")
     return prompts, contexts, max_tokens, greedy_one
 
@@ -65,7 +65,7 @@ def _completion_prompts(server: ModelServer, req: CompletionRequest,
 FIM_BEGIN, FIM_HOLE, FIM_END = "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"
 
 
-def _fim(text: _Text, prompt: str, suffix: str | None) -> str:
+def _fim(text: ModelText, prompt: str, suffix: str | None) -> str:
     """`prompt`, or with a `suffix` DeepSeek's FIM prompt: begin + prompt + hole + suffix +
     end (the reply is the middle). 400 naming the FIM tokens the tokenizer lacks."""
     if suffix is None:
@@ -77,38 +77,38 @@ def _fim(text: _Text, prompt: str, suffix: str | None) -> str:
     return FIM_BEGIN + prompt + FIM_HOLE + suffix + FIM_END
 
 
-def _completion(server: ModelServer, req: CompletionRequest) -> dict:
-    text = _text_of(server)
-    prompts, contexts, max_tokens, greedy_one = _completion_prompts(server, req, text)
+def text_completion(server: ModelServer, req: CompletionRequest) -> dict:
+    text = text_of(server)
+    prompts, contexts, max_tokens, greedy_one = completion_prompts(server, req, text)
     signature = "generate_raw" if "generate_raw" in server.signatures else "generate"
     completions, generated = [""] * len(prompts), [0] * len(prompts)
     known_ids: list[list[int] | None] = [None] * len(prompts)  # completion ids, when known
     memo: dict[tuple[int, ...], np.ndarray] = {}  # logits of a sequence, computed once
     if greedy_one:
-        for i, logits in enumerate(_logits_many(server, contexts)):
+        for i, logits in enumerate(logits_of_many(server, contexts)):
             memo[tuple(contexts[i])] = logits
             token = int(np.argmax(logits[-1]))
             known_ids[i] = [] if token == text.eos_id else [token]
             if token != text.eos_id:  # as generate: [EOS] ends the completion, uncounted
-                completions[i], generated[i] = _decode(text, [token]), 1
+                completions[i], generated[i] = decode_ids(text, [token]), 1
     elif max_tokens:
-        completions, generated = _generate(server, signature, prompts, max_tokens, req)
+        completions, generated = generate_texts(server, signature, prompts, max_tokens, req)
     finished, scored = [], []
     for i, (completion, n) in enumerate(zip(completions, generated, strict=True)):
-        completion, stopped = _cut(completion, req.stop)
+        completion, stopped = cut_at_stops(completion, req.stop)
         ended = not stopped and n < max_tokens  # the model ended it with [EOS]
         finished.append((completion, "stop" if stopped or ended else "length"))
         if req.logprobs is not None:
             if known_ids[i] is not None and not stopped:
                 ids = list(known_ids[i])
             else:
-                ids = _completion_ids(server, text, contexts[i], completion, n,
+                ids = completion_token_ids(server, text, contexts[i], completion, n,
                                       exact=not stopped and req.temperature == 0)
             scored.append(ids + ([text.eos_id] if ended else []))
     if req.logprobs is not None:  # every choice's logits in batched calls
         wanted = {tuple((c + ids)[:-1]) for c, ids in zip(contexts, scored, strict=True)}
         wanted = [w for w in wanted if w and w not in memo]
-        memo.update(zip(wanted, _logits_many(server, wanted), strict=True))
+        memo.update(zip(wanted, logits_of_many(server, wanted), strict=True))
     choices = []
     for i, (prompt, (completion, finish)) in enumerate(zip(prompts, finished, strict=True)):
         logprobs = None
@@ -128,26 +128,26 @@ def _completion(server: ModelServer, req: CompletionRequest) -> dict:
 GREEDY_REDO_MAX = 64  # the most tokens re-derived by argmax (one logits call each)
 
 
-def _completion_ids(server: ModelServer, text: _Text, context: list[int], completion: str,
+def completion_token_ids(server: ModelServer, text: ModelText, context: list[int], completion: str,
                     generated: int, exact: bool) -> list[int]:
     """The ids of a completion: the `tokenize` ids of its text. When they are not as many
     as the tokens generated (e.g. a byte token of a character cut off by max_tokens, whose
     text is U+FFFD) and the completion was greedy and not cut by a stop sequence
     (`exact`), the greedy ids are derived again, one `logits` call per token, and kept
     when they decode to the same text."""
-    ids = _tokenize(server, [completion])[0] if completion else []
+    ids = tokenize_texts(server, [completion])[0] if completion else []
     if len(ids) == generated or not exact or generated > GREEDY_REDO_MAX:
         return ids
     greedy = list(context)
     for _ in range(generated):
-        greedy.append(int(np.argmax(_logits(server, greedy)[-1])))
+        greedy.append(int(np.argmax(logits_of(server, greedy)[-1])))
     greedy = greedy[len(context):]
     same = b"".join(text.plain_surfaces[i] if i < len(text.plain_surfaces) else b""
                     for i in greedy).decode("utf-8", errors="replace") == completion
     return greedy if same else ids
 
 
-def _completion_logprobs(server: ModelServer, text: _Text, context: list[int],
+def _completion_logprobs(server: ModelServer, text: ModelText, context: list[int],
                          completion_ids: list[int], req: CompletionRequest,
                          logits: np.ndarray | None = None) -> dict:
     """OpenAI's legacy logprobs object of one choice (see `serving/openai_api.py`); `logits`:
@@ -155,21 +155,21 @@ def _completion_logprobs(server: ModelServer, text: _Text, context: list[int],
     # context = [EOS] + prompt ids: every token is scored after [EOS], as generated
     start = 1 if req.echo else len(context)
     ids = context + completion_ids
-    values, alternatives = _token_logprobs(server, ids, start, req.logprobs,
+    values, alternatives = prompt_token_logprobs(server, ids, start, req.logprobs,
                                            null_first=req.echo and len(context) > 1,
                                            logits=logits)
     scored = ids[start:]
-    prompt_chars = len(_decode(text, context[1:]))
+    prompt_chars = len(decode_ids(text, context[1:]))
     surfaces = [text.surface(t) for t in scored]
     offsets, chars = [], 0 if req.echo else prompt_chars
     for piece in token_pieces(surfaces):
         offsets.append(chars)
         chars += len(piece)
     return {
-        "tokens": [_token_string(s) for s in surfaces],
+        "tokens": [token_string(s) for s in surfaces],
         "token_logprobs": values,
         "top_logprobs": [None if alt is None else
-                         {_token_string(text.surface(i)): v for i, v in alt}
+                         {token_string(text.surface(i)): v for i, v in alt}
                          for alt in alternatives],
         "text_offset": offsets,
     }

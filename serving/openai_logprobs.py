@@ -9,24 +9,24 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from serving.openai_model import CONTEXT_LENGTH_EXCEEDED, OpenAIError, _run, _text_of
+from serving.openai_model import CONTEXT_LENGTH_EXCEEDED, OpenAIError, run_signature, text_of
 from serving.server import ModelServer
 from serving.server_checks import JSON_BYTES_PER_FLOAT
 
 
-def _logits(server: ModelServer, ids: list[int]) -> np.ndarray:
+def logits_of(server: ModelServer, ids: list[int]) -> np.ndarray:
     """The logits signature on `ids`: float32 [len(ids), vocab]; 400 past the context."""
     if server.context and len(ids) > server.context:
         raise OpenAIError(400, f"{len(ids)} tokens to score do not fit the {server.context}-"
                           f"token context (max_position_embeddings) of model '{server.name}'",
                           param="prompt", code=CONTEXT_LENGTH_EXCEEDED)
-    return _run(server, "logits", {"input_ids": np.array([ids], np.int32)}, 1)["logits"][0]
+    return run_signature(server, "logits", {"input_ids": np.array([ids], np.int32)}, 1)["logits"][0]
 
 
 LOGITS_BUDGET_BYTES = 256 * 1024**2  # float32 logits of one batched `logits` call
 
 
-def _logits_many(server: ModelServer, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+def logits_of_many(server: ModelServer, seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
     """The logits signature on each of `seqs` in as few calls as allowed: rows sorted by
     length, right-padded (causal attention and dropless routing: a row's logits do not
     depend on what follows it or on the other rows), at most `serve.max_batch_size` rows
@@ -34,9 +34,9 @@ def _logits_many(server: ModelServer, seqs: Sequence[Sequence[int]]) -> list[np.
     for a sequence longer than the context."""
     for ids in seqs:
         if server.context and len(ids) > server.context:
-            _logits(server, list(ids))  # raises the 400 naming the prompt
+            logits_of(server, list(ids))  # raises the 400 naming the prompt
     serve = getattr(server, "serve", None)
-    vocab = server.vocab_size or len(_text_of(server).surfaces)
+    vocab = server.vocab_size or len(text_of(server).surfaces)
     order = sorted((i for i in range(len(seqs)) if seqs[i]), key=lambda i: -len(seqs[i]))
     out: list[np.ndarray] = [np.zeros([0, vocab], np.float32)] * len(seqs)
     while order:
@@ -47,10 +47,10 @@ def _logits_many(server: ModelServer, seqs: Sequence[Sequence[int]]) -> list[np.
                        serve.max_response_bytes // (width * vocab * JSON_BYTES_PER_FLOAT))
         rows = max(1, min(len(order), most))
         chunk, order = order[:rows], order[rows:]
-        batch = np.full([rows, width], _text_of(server).eos_id, np.int32)  # [B, T]
+        batch = np.full([rows, width], text_of(server).eos_id, np.int32)  # [B, T]
         for r, i in enumerate(chunk):
             batch[r, :len(seqs[i])] = seqs[i]
-        logits = _run(server, "logits", {"input_ids": batch}, rows)["logits"]  # [B, T, V]
+        logits = run_signature(server, "logits", {"input_ids": batch}, rows)["logits"]  # [B, T, V]
         for r, i in enumerate(chunk):
             out[i] = logits[r, :len(seqs[i])]
     return out
@@ -63,7 +63,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum())
 
 
-def _token_logprobs(server: ModelServer, ids: list[int], start: int, top: int,
+def prompt_token_logprobs(server: ModelServer, ids: list[int], start: int, top: int,
                     null_first: bool = False, logits: np.ndarray | None = None
                     ) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
     """Logprobs of ids[start:] given the ids before each (one `logits` call on ids[:-1],
@@ -77,7 +77,7 @@ def _token_logprobs(server: ModelServer, ids: list[int], start: int, top: int,
     # the context (a prompt that fills it, plus the token generated from its last
     # position) is scored within the context.
     if logits is None and len(ids) > 1:  # else given: the logits of ids[:-1]
-        logits = _logits(server, ids[:-1])  # [T - 1, V]
+        logits = logits_of(server, ids[:-1])  # [T - 1, V]
     values: list[float | None] = []
     alternatives: list[list[tuple[int, float]] | None] = []
     for position in range(start, len(ids)):

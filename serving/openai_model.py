@@ -1,4 +1,4 @@
-"""What the OpenAI endpoints need of one served model: its tokenizer's text (`_Text`,
+"""What the OpenAI endpoints need of one served model: its tokenizer's text (`ModelText`,
 read once per model), its signatures called with errors in OpenAI's shape
 (`OpenAIError`), generation through the batcher, the context check, and its grammar.
 
@@ -38,7 +38,7 @@ class OpenAIError(Exception):
                             status_code=self.status, headers=headers)
 
 
-class _Text:
+class ModelText:
     """What the endpoints need of one model's tokenizer, read once from its SavedModel."""
 
     def __init__(self, server: ModelServer):
@@ -74,14 +74,14 @@ _texts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _texts_lock = threading.Lock()
 
 
-def _text_of(server: ModelServer) -> _Text:
+def text_of(server: ModelServer) -> ModelText:
     with _texts_lock:
         if server not in _texts:
-            _texts[server] = _Text(server)
+            _texts[server] = ModelText(server)
         return _texts[server]
 
 
-def _run(server: ModelServer, name: str, inputs: dict, rows: int) -> dict:
+def run_signature(server: ModelServer, name: str, inputs: dict, rows: int) -> dict:
     """`server.run`, its errors as OpenAIError."""
     try:
         return server.run(name, inputs, rows)
@@ -95,12 +95,12 @@ def _strings(texts: Sequence[str]) -> np.ndarray:
     return np.array([t.encode("utf-8") for t in texts], dtype=object)
 
 
-def _tokenize(server: ModelServer, texts: Sequence[str]) -> list[list[int]]:
-    out = _run(server, "tokenize", {"text": _strings(texts)}, len(texts))
+def tokenize_texts(server: ModelServer, texts: Sequence[str]) -> list[list[int]]:
+    out = run_signature(server, "tokenize", {"text": _strings(texts)}, len(texts))
     return [ids[:n].tolist() for ids, n in zip(out["input_ids"], out["lengths"], strict=True)]
 
 
-def _decode(text: _Text, ids: Sequence[int]) -> str:
+def decode_ids(text: ModelText, ids: Sequence[int]) -> str:
     return b"".join(text.surface(i) for i in ids).decode("utf-8", errors="replace")
 
 
@@ -115,7 +115,7 @@ def token_pieces(surfaces: Sequence[bytes]) -> list[str]:
     return pieces
 
 
-def _token_string(surface: bytes) -> str:
+def token_string(surface: bytes) -> str:
     """A token's text, or OpenAI's `bytes:\\xe4\\xbd` for bytes that are not whole UTF-8."""
     try:
         return surface.decode("utf-8")
@@ -123,18 +123,18 @@ def _token_string(surface: bytes) -> str:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in surface)
 
 
-def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
+def cut_at_stops(text: str, stops: list[str]) -> tuple[str, bool]:
     """(text before the first stop sequence, whether one was found)."""
     cut = cut_at_stop(text, stops)
     return cut, len(cut) < len(text)
 
 
-def _generate(server: ModelServer, signature: str, prompts: list[str], max_tokens: int,
+def generate_texts(server: ModelServer, signature: str, prompts: list[str], max_tokens: int,
               req) -> tuple[list[str], list[int]]:
     """(completion text, tokens generated) per prompt: one call of `signature`."""
     rows = len(prompts)
     seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
-    out = _run(server, signature, {
+    out = run_signature(server, signature, {
         "prompt": _strings(prompts),
         "max_new_tokens": np.full([rows], max_tokens, np.int32),
         "temperature": np.full([rows], req.temperature, np.float32),
@@ -149,7 +149,7 @@ def _generate(server: ModelServer, signature: str, prompts: list[str], max_token
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt too long
 
 
-def _check_room(server: ModelServer, prompt_tokens: int, max_tokens: int, param: str,
+def check_room(server: ModelServer, prompt_tokens: int, max_tokens: int, param: str,
                 at: str = "") -> None:
     """prompt_tokens + max_tokens within the context (max_position_embeddings: what cached
     decoding holds, prompt and reply together), else a 400 `context_length_exceeded`
@@ -177,7 +177,7 @@ def _check_room(server: ModelServer, prompt_tokens: int, max_tokens: int, param:
 _grammars: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _grammar_of(server: ModelServer) -> TokenGrammar:
+def grammar_of(server: ModelServer) -> TokenGrammar:
     """The model's `TokenGrammar` (llguidance over its tokenizer.json), built once."""
     with _texts_lock:
         if server not in _grammars:

@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from serving.engine import EngineOverloaded, Sampling
-from serving.openai_chat import _chat, _chat_prompt, _plan
-from serving.openai_completions import _completion, _completion_prompts
+from serving.openai_chat import chat_completion, chat_plan, chat_prompt_ids
+from serving.openai_completions import completion_prompts, text_completion
 from serving.openai_engine import EngineReply, EngineRows, sse
-from serving.openai_model import OpenAIError, _text_of, _tokenize, token_pieces
+from serving.openai_model import OpenAIError, text_of, token_pieces, tokenize_texts
 from serving.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -69,7 +69,7 @@ def _engine_rows(server: ModelServer, req, loop, contexts: list[list[int]],
 
 def _logit_bias(server: ModelServer, req) -> dict[int, float]:
     """OpenAI's logit_bias ({"token id": bias in [-100, 100]}) as {id: bias}."""
-    vocab = server.vocab_size or len(_text_of(server).surfaces)
+    vocab = server.vocab_size or len(text_of(server).surfaces)
     bias = {}
     for key, value in (req.logit_bias or {}).items():
         if not key.isdigit() or not 0 <= int(key) < vocab:
@@ -114,14 +114,14 @@ def _completion_events(completion: dict, pieces: list[list[str]],
 Counted = Callable[[ModelServer, dict], None]  # the router's usage hook: (server, {"usage"})
 
 
-def _completions_reply(server: ModelServer, req: CompletionRequest, loop, counted: Counted):
+def completions_reply(server: ModelServer, req: CompletionRequest, loop, counted: Counted):
     """/v1/completions: the engine's reply (`EngineReply`, made in the event loop) when the
     model has the engine and the request needs no logprobs, else the batcher's."""
     if req.stream and req.logprobs is not None:
         raise OpenAIError(400, "logprobs with stream is not supported", param="logprobs")
     if _engine_of(server, req) is not None:
-        text = _text_of(server)
-        prompts, contexts, max_tokens, _ = _completion_prompts(server, req, text)
+        text = text_of(server)
+        prompts, contexts, max_tokens, _ = completion_prompts(server, req, text)
         if max_tokens and all(len(c) + max_tokens <= server.engine.max_len for c in contexts):
             rows = _engine_rows(server, req, loop, contexts, max_tokens)
             return EngineReply(rows, "completion", server.name, req.stream, _include_usage(req),
@@ -129,31 +129,31 @@ def _completions_reply(server: ModelServer, req: CompletionRequest, loop, counte
                                echo=[p for p in prompts for _ in range(req.n)]
                                if req.echo else None)
     _one_choice(req)
-    completion = _completion(server, req)
+    completion = text_completion(server, req)
     counted(server, completion)
     if not req.stream:
         return JSONResponse(completion)
-    text = _text_of(server)
+    text = text_of(server)
     pieces = []
     for choice in completion["choices"]:
-        ids = _tokenize(server, [choice["text"]])[0] if choice["text"] else []
+        ids = tokenize_texts(server, [choice["text"]])[0] if choice["text"] else []
         pieces.append([p for p in token_pieces([text.surface(t) for t in ids]) if p])
     return StreamingResponse(_completion_events(completion, pieces, _include_usage(req)),
                              media_type="text/event-stream")
 
 
-def _chat_reply(server: ModelServer, req: ChatCompletionRequest, loop, counted: Counted):
-    """/v1/chat/completions: the engine's reply, or the batcher's (`_completions_reply`)."""
+def chat_reply(server: ModelServer, req: ChatCompletionRequest, loop, counted: Counted):
+    """/v1/chat/completions: the engine's reply, or the batcher's (`completions_reply`)."""
     if _engine_of(server, req) is not None:
-        text = _text_of(server)
-        plan = _plan(server, text, req)
-        _, _, context, asked = _chat_prompt(server, text, req, plan)
+        text = text_of(server)
+        plan = chat_plan(server, text, req)
+        _, _, context, asked = chat_prompt_ids(server, text, req, plan)
         if len(context) + asked <= server.engine.max_len:
             rows = _engine_rows(server, req, loop, [context], asked, plan.constraint)
             return EngineReply(rows, "chat", server.name, req.stream, _include_usage(req),
                                lambda usage: counted(server, {"usage": usage}), plan=plan)
     _one_choice(req)
-    completion, pieces = _chat(server, req)
+    completion, pieces = chat_completion(server, req)
     counted(server, completion)
     if not req.stream:
         return JSONResponse(completion)

@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from serving.tool_calls import INVOKE_CLOSE, PARAMETER_CLOSE, _to_json
+from serving.tool_calls import INVOKE_CLOSE, PARAMETER_CLOSE, to_json
 from tokenization.deepseek_v4_chat import (
     DSML_TOKEN,
     THINKING_END_TOKEN,
@@ -36,7 +36,7 @@ def _parameter_rules(rule: str, key: str, schema: Mapping[str, Any],
     alternatives, extra = [], []
     if isinstance(choices, list):  # each value with its closing tag: one lexeme apiece
         strings = [c for c in choices if isinstance(c, str)]
-        others = [_to_json(c) for c in choices if not isinstance(c, str)]
+        others = [to_json(c) for c in choices if not isinstance(c, str)]
         if strings:
             values = " | ".join(_lark_string(c + PARAMETER_CLOSE) for c in strings)
             alternatives.append(f"{as_text} ({values})")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from serving.tool_calls import INVOKE_CLOSE, PARAMETER_CLOSE, _to_json
+from serving.tool_calls import INVOKE_CLOSE, PARAMETER_CLOSE, to_json
 from tokenization.deepseek_v4_chat import (
     DSML_TOKEN,
     TOOL_CALLS_END,
@@ -36,7 +36,7 @@ def render_tools_v4(tools: Sequence[Mapping[str, Any]]) -> str:
             raise ValueError(f"a tool must be {{'type': 'function', 'function': {{...}}}}, "
                              f"got {tool!r:.80}")
         functions.append(tool["function"])
-    return TOOLS_PROMPT.replace("{tool_schemas}", "\n".join(map(_to_json, functions)))
+    return TOOLS_PROMPT.replace("{tool_schemas}", "\n".join(map(to_json, functions)))
 
 
 def encode_arguments_v4(arguments: str | Mapping[str, Any] | None) -> str:
@@ -50,7 +50,7 @@ def encode_arguments_v4(arguments: str | Mapping[str, Any] | None) -> str:
     for key, value in tool_call_arguments(arguments).items():
         is_str = isinstance(value, str)
         lines.append(f'<{DSML_TOKEN}parameter name="{key}" string="{"true" if is_str else "false"}">'
-                     f"{value if is_str else _to_json(value)}{PARAMETER_CLOSE}")
+                     f"{value if is_str else to_json(value)}{PARAMETER_CLOSE}")
     return "\n".join(lines)
 
 

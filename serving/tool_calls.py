@@ -99,7 +99,7 @@ class ToolCallParseError(ValueError):
     """A tool-call block the parser cannot read (raised with `strict=True`)."""
 
 
-def _to_json(value: Any) -> str:
+def to_json(value: Any) -> str:
     """encoding_dsv4.py `to_json`."""
     return json.dumps(value, ensure_ascii=False)
 
@@ -129,7 +129,7 @@ def _dsml_parameters(body: str, pos: int, name: str) -> tuple[str, int]:
     while True:
         pos = _SPACE.match(body, pos).end()
         if body.startswith(INVOKE_CLOSE, pos):
-            pairs = ", ".join(f"{_to_json(k)}: {v}" for k, v in arguments.items())
+            pairs = ", ".join(f"{to_json(k)}: {v}" for k, v in arguments.items())
             return "{" + pairs + "}", pos + len(INVOKE_CLOSE)
         opened = _PARAMETER_OPEN.match(body, pos)
         if opened is None:
@@ -145,7 +145,7 @@ def _dsml_parameters(body: str, pos: int, name: str) -> tuple[str, int]:
         value = body[opened.end():close]
         if string == "false":
             _check_json(value, f'parameter {key!r} of {name!r} (string="false")')
-        arguments[key] = _to_json(value) if string == "true" else value
+        arguments[key] = to_json(value) if string == "true" else value
         pos = close + len(PARAMETER_CLOSE)
 
 

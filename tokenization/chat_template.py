@@ -57,10 +57,10 @@ from tokenization.template_sandbox import (
     RENDER_ALLOWANCE_CHARS,
     ChatTemplateError,
     ChatTemplateLimitError,
+    RenderBudget,
     RenderLimits,
-    _Budget,
-    _budget,
-    _compile,
+    compile_template,
+    render_budget,
 )
 
 # This room's names, with the errors and limits it re-exports from `template_sandbox`.
@@ -137,7 +137,7 @@ def _check_template_kwargs(template_kwargs: Mapping[str, Any] | None) -> dict[st
     kwargs = dict(template_kwargs or {})
     if not kwargs:
         return kwargs
-    taken = _RENDER_VARIABLES | set(_compile(DEFAULT_CHAT_TEMPLATE).environment.globals)
+    taken = _RENDER_VARIABLES | set(compile_template(DEFAULT_CHAT_TEMPLATE).environment.globals)
     for name in kwargs:
         if not isinstance(name, str) or not name.isidentifier() or name in taken:
             raise ChatTemplateError(
@@ -182,11 +182,11 @@ def render_prompt(template: str, messages: Sequence[Mapping[str, Any]], bos_toke
     if messages[-1].get("role") == "assistant":
         raise ChatTemplateError("the last message is the assistant's: the prompt holds the "
                                 "turns before the response, not the response")
-    compiled = _compile(template)
+    compiled = compile_template(template)
     limits = limits or RenderLimits.for_messages(
         messages, bos_token, eos_token, *(v for v in kwargs.values() if isinstance(v, str)))
-    budget = _Budget(limits)
-    token = _budget.set(budget)
+    budget = RenderBudget(limits)
+    token = render_budget.set(budget)
     pieces, size = [], 0
     try:
         for piece in compiled.generate(**kwargs, messages=[dict(m) for m in messages],
@@ -206,7 +206,7 @@ def render_prompt(template: str, messages: Sequence[Mapping[str, Any]], bos_toke
     except Exception as e:  # noqa: BLE001 (any error inside a user's template)
         raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from e
     finally:
-        _budget.reset(token)
+        render_budget.reset(token)
     return "".join(pieces)
 
 

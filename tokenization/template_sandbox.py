@@ -53,7 +53,7 @@ class RenderLimits:
         return cls(min(MAX_RENDER_CHARS, 2 * given + RENDER_ALLOWANCE_CHARS))
 
 
-class _Budget:
+class RenderBudget:
     """What one render may still use; `check` raises once past it."""
 
     def __init__(self, limits: RenderLimits):
@@ -73,26 +73,26 @@ class _Budget:
                 f"the limit of {self.limits.max_chars:,}; refused")
 
 
-_budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar(
+render_budget: contextvars.ContextVar[RenderBudget | None] = contextvars.ContextVar(
     "chat_template_budget", default=None)
 
 
-def _current() -> _Budget:
-    budget = _budget.get()
-    return budget if budget is not None else _Budget(RenderLimits())  # outside render_prompt
+def _current() -> RenderBudget:
+    budget = render_budget.get()
+    return budget if budget is not None else RenderBudget(RenderLimits())  # outside render_prompt
 
 
 def _length(x: Any) -> int | None:
     return len(x) if isinstance(x, (str, bytes, list, tuple)) else None
 
 
-def _check_int(value: Any, budget: _Budget) -> None:
+def _check_int(value: Any, budget: RenderBudget) -> None:
     if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
         raise ChatTemplateLimitError(f"the chat template would compute an integer of over "
                                      f"{MAX_INT_BITS:,} bits; refused")
 
 
-def _check_binop(operator: str, left: Any, right: Any, budget: _Budget) -> None:
+def _check_binop(operator: str, left: Any, right: Any, budget: RenderBudget) -> None:
     """Refuses an operation whose result would be past the budget, before computing it."""
     budget.check()
     if operator == "*":
@@ -113,7 +113,7 @@ def _check_binop(operator: str, left: Any, right: Any, budget: _Budget) -> None:
         _check_format(left, budget)
 
 
-def _check_format(spec: str, budget: _Budget) -> None:
+def _check_format(spec: str, budget: RenderBudget) -> None:
     """A %-style or str.format string whose widths or precisions could be past the budget."""
     for number in _NUMBER.findall(spec):
         if len(number) > 9 or int(number) > budget.limits.max_chars:
@@ -129,7 +129,7 @@ def _replaced_length(text: str, old: Any, new: Any, count: Any = -1) -> int:
     return len(text) + hits * (len(new) - len(old))
 
 
-def _check_call(obj: Any, args: tuple, kwargs: dict, budget: _Budget) -> tuple:
+def _check_call(obj: Any, args: tuple, kwargs: dict, budget: RenderBudget) -> tuple:
     """Refuses the str methods that build large values from small arguments; returns
     `args` (an iterator given to `join` is drawn into a list, to be measured)."""
     budget.check()
@@ -275,7 +275,7 @@ def _guard(tree, env):
 
 
 @functools.lru_cache(maxsize=16)
-def _compile(template: str):
+def compile_template(template: str):
     from jinja2 import TemplateError
 
     def raise_exception(message):

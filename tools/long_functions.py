@@ -44,14 +44,18 @@ def product_files(root: Path = ROOT) -> list[Path]:
     return sorted(p for pkg in PACKAGES for p in (root / pkg).rglob("*.py"))
 
 
-def long_functions(path: Path, max_lines: int = MAX_FUNCTION_LINES) -> list[tuple[str, int, int]]:
-    """(qualified name, first line, length in lines) of each function in `path` longer
-    than `max_lines`, nested functions and methods included.
+def long_functions(path: Path, max_lines: int = MAX_FUNCTION_LINES,
+                   source: str | None = None) -> list[tuple[str, int, int]]:
+    """(qualified name, first line, length in lines) of each function in `path` (or in
+    `source`, its text when already read) longer than `max_lines`, nested functions and
+    methods included.
 
     Raises:
       SyntaxError: `path` is not valid Python.
     """
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    if source is None:
+        source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source, filename=str(path))
     found = []
 
     def visit(node: ast.AST, prefix: str) -> None:
@@ -77,9 +81,10 @@ def offenders(root: Path = ROOT, max_lines: int = MAX_FUNCTION_LINES,
     lines = []
     for path in product_files(root):
         rel = path.relative_to(root).as_posix()
-        for name, lineno, length in long_functions(path, max_lines):
+        source = path.read_text(encoding="utf-8")
+        for name, lineno, length in long_functions(path, max_lines, source):
             lines.append(f"{rel}:{lineno} {name} ({length} lines > {max_lines})")
-        n = len(path.read_text(encoding="utf-8").splitlines())
+        n = len(source.splitlines())
         if n > max_file_lines and rel not in FILE_EXCEPTIONS:
             lines.append(f"{rel} ({n} lines > {max_file_lines})")
     return lines

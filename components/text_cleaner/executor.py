@@ -64,10 +64,8 @@ from tfx.types import artifact_utils
 
 from components.text_cleaner.dedup import (
     FindDuplicates,
-    SeenTwiceCombineFn,
     bloom_bits,
     doc_key,
-    pack_keys,  # noqa: F401  (re-exported: it was defined here before dedup.py)
     parse_doc_key,
     record_keys,
     split_order,
@@ -84,7 +82,6 @@ from corpus import cleaning
 
 REPORT_FILE = "cleaning_report.json"
 # The names of the deduplication's Beam classes here before `dedup.py` (tests use them).
-_SeenTwiceCombineFn, _FindDuplicates = SeenTwiceCombineFn, FindDuplicates
 
 
 class DataValidationError(RuntimeError):
@@ -138,7 +135,8 @@ def _first_string(features, name: str) -> str:
 
 
 def _to_example(record: dict[str, Any]) -> bytes:
-    from corpus.documents import Document, document_to_example
+    from corpus.document_record import Document
+    from corpus.documents import document_to_example
 
     doc = Document(record["text"], record["source"], record["record"],
                    repairs=tuple(record["repairs"]), prompt=record.get("prompt"),

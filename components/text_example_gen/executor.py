@@ -52,7 +52,8 @@ from tfx.types import artifact_utils, standard_component_specs
 
 from common.files import file_sha256, special_file_kind, split_input_path
 from config import DEFAULT_SOURCE
-from corpus.documents import RECORD_TASKS, document_to_example, read_documents
+from corpus.document_record import RECORD_TASKS
+from corpus.documents import document_to_example, read_documents
 from tokenization.chat_template import chat_format
 
 

@@ -37,7 +37,7 @@ MODEL_PROPERTIES = {
     "trainable_params": int, "total_params": int, "sft_records": int, "sft_records_used": int,
     "sft_rejected_too_long": int, "sft_response_tokens": int, "jit_compile": bool,
     "moe_capacity_factor": float, "moe_dropped_fraction": float, "skipped_steps": int,
-    # which precision each part is in (`train_loop.precision_parts`, run_fn)
+    # which precision each part is in (`run_records.precision_parts`, run_fn)
     "frozen_weights_dtype": str, "trainable_weights_dtype": str,
     "optimizer_states_dtype": str, "compute_dtype": str, "exported_weights_dtype": str,
     # elastic restarts of the worker group (`launcher.py`)

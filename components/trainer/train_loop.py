@@ -71,7 +71,6 @@ from components.trainer import strategy as strategy_lib
 from components.trainer.checkpointer import Checkpointer
 from components.trainer.model_io import build_model
 from components.trainer.run_records import TrainingState, TrainResult, train_result
-from components.trainer.run_records import precision_parts as precision_parts  # re-exported
 from components.trainer.schedule import make_learning_rate_schedule, make_optimizer
 from components.trainer.step_loop import StepLoop
 from components.trainer.summaries import TrainSummaries

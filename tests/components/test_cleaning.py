@@ -88,7 +88,7 @@ def test_minhash_estimates_jaccard():
 
 def _find_duplicates(records, data, tmp_path, kept=False):
     """Runs the executor's `_FindDuplicates` on records as the executor builds them."""
-    from components.text_cleaner.executor import doc_key, pack_keys
+    from components.text_cleaner.dedup import doc_key, pack_keys
 
     packed = [
         pack_keys(doc_key(0, r["source"], r["record"], r.get("source_name", "default")),
@@ -152,7 +152,8 @@ def test_doc_keys_sort_in_keep_first_order():
 
 @pytest.mark.parametrize("input_bytes", [0, 1_000, 46_600_000, 10**10])
 def test_bloom_sizes_are_powers_of_two(input_bytes):
-    from components.text_cleaner.executor import _SeenTwiceCombineFn, bloom_bits
+    from components.text_cleaner.dedup import SeenTwiceCombineFn as _SeenTwiceCombineFn
+    from components.text_cleaner.dedup import bloom_bits
 
     bits = bloom_bits(input_bytes, bands=9)
     assert bits & (bits - 1) == 0 and 1 << 16 <= bits <= 1 << 32
@@ -292,7 +293,8 @@ def _find_duplicates_packed(packed, data, tmp_path, kept=False):
     (source_name, source, record))."""
     import apache_beam as beam
 
-    from components.text_cleaner.executor import _FindDuplicates, parse_doc_key
+    from components.text_cleaner.dedup import FindDuplicates as _FindDuplicates
+    from components.text_cleaner.dedup import parse_doc_key
 
     tmp_path.mkdir(exist_ok=True)
     out = str(tmp_path / "duplicates")

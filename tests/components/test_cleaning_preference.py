@@ -71,7 +71,8 @@ def test_dpo_duplicates_are_keyed_on_the_triple(tmp_path):
     response to the same prompt and chosen one is a pair of its own."""
     import apache_beam as beam
 
-    from components.text_cleaner.executor import _FindDuplicates, parse_doc_key, record_keys
+    from components.text_cleaner.dedup import FindDuplicates as _FindDuplicates
+    from components.text_cleaner.dedup import parse_doc_key, record_keys
 
     def r(source, record, prompt, chosen, rejected):
         return dict(source=source, record=record, prompt=_p(prompt), text=chosen,

@@ -169,10 +169,10 @@ def test_json_schema_replies_are_valid_with_chinese_keys_and_values(client):
 
 
 def test_prefix_completion_continues_the_assistant_text(client, served):
-    from serving.openai_model import _text_of
+    from serving.openai_model import text_of
     from tokenization import chat_template
 
-    text = _text_of(served[1])
+    text = text_of(served[1])
     prefix = "床前明月光，"
     messages = USER + [{"role": "assistant", "content": prefix, "prefix": True}]
     chat = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8,

@@ -372,9 +372,9 @@ def test_prompts_scored_together_equal_prompts_scored_alone(client, served):
 
 
 def _decode_ids(server, ids) -> str:
-    from serving.openai_model import _decode, _text_of
+    from serving.openai_model import decode_ids, text_of
 
-    return _decode(_text_of(server), ids)
+    return decode_ids(text_of(server), ids)
 
 
 class _Stub:
