@@ -68,9 +68,9 @@ def build_pipeline(
     (`enable_cache`, `until`, `num_workers`, `accept_drift`, ...).
 
     Returns:
-      (tfx.dsl.Pipeline, paths dict of `run_paths`).
+      (the TFX `Pipeline`, paths dict of `run_paths`).
     """
-    from tfx import v1 as tfx
+    from tfx.orchestration.metadata import sqlite_metadata_connection_config
 
     from pipeline.pipeline import create_pipeline
 
@@ -83,7 +83,7 @@ def build_pipeline(
         input_pattern=input_pattern,
         serving_model_dir=paths["serving_model_dir"],
         config=config,
-        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
+        metadata_connection_config=sqlite_metadata_connection_config(
             paths["metadata_path"]
         ),
         beam_pipeline_args=with_local_dependencies(
@@ -103,10 +103,10 @@ def run_local(config: PipelineConfig, input_base: str, input_pattern: str, outpu
     worker processes on this machine, over loopback (`components/trainer/launcher.py`);
     accept_drift: the DriftValidator records drift but does not stop the run.
     """
-    from tfx import v1 as tfx
+    from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
     pipeline, paths = build_pipeline(config, input_base, input_pattern, output_dir, **options)
-    tfx.orchestration.LocalDagRunner().run(pipeline)
+    LocalDagRunner().run(pipeline)
     return paths
 
 

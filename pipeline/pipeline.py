@@ -15,7 +15,23 @@ import hashlib
 import os
 
 import tensorflow_data_validation as tfdv
-from tfx import v1 as tfx
+
+# TFX's own modules, not `tfx.v1`: importing `tfx.v1` imports its Google Cloud extensions
+# (Vertex AI, BigQuery), ~6 s of every run's start-up (docs/development.md).
+from tfx.components.example_validator.component import ExampleValidator
+from tfx.components.pusher.component import Pusher
+from tfx.components.schema_gen.import_schema_gen.component import ImportSchemaGen
+from tfx.components.statistics_gen.component import StatisticsGen
+from tfx.components.transform.component import Transform
+from tfx.dsl.components.common.importer import Importer
+from tfx.dsl.components.common.resolver import Resolver
+from tfx.dsl.input_resolution.strategies.latest_blessed_model_strategy import (
+    LatestBlessedModelStrategy,
+)
+from tfx.orchestration.pipeline import Pipeline
+from tfx.proto import pusher_pb2, trainer_pb2
+from tfx.types import standard_artifacts
+from tfx.types.channel import Channel
 from tfx_bsl.public.proto import slicing_spec_pb2
 
 from components.drift_validator.component import DriftValidator
@@ -197,7 +213,7 @@ def _ingestion(config: PipelineConfig, input_base: str, input_pattern: str, sche
         input_pattern=input_pattern,
         config=component_config(config, _sections(config, "TextExampleGen")),
     )
-    statistics_gen = tfx.components.StatisticsGen(
+    statistics_gen = StatisticsGen(
         examples=example_gen.outputs["examples"],
         # Sketches (Misra-Gries top-k, KMV uniques) instead of exact value counts: the
         # exact ones group every distinct text, i.e. the whole corpus, in memory. Each
@@ -210,7 +226,7 @@ def _ingestion(config: PipelineConfig, input_base: str, input_pattern: str, sche
                 slicing_specs=[slicing_spec_pb2.SlicingSpec(feature_keys=["source_name"])]
             ) if config.data.sources else None),
     )
-    schema_gen = tfx.components.ImportSchemaGen(schema_file=schema_path)
+    schema_gen = ImportSchemaGen(schema_file=schema_path)
     return example_gen, statistics_gen, schema_gen
 
 
@@ -224,7 +240,7 @@ def _validation(config: PipelineConfig, example_gen, statistics_gen, schema_gen,
     baseline and `create_pipeline` leaves the resolver out: for KubeflowV2DagRunner, which
     compiles only TFX's built-in resolver strategies (`deepseek-tfx compile-kfp`).
     """
-    example_validator = tfx.components.ExampleValidator(
+    example_validator = ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"]
     )
     cleaner = TextCleaner(
@@ -232,10 +248,10 @@ def _validation(config: PipelineConfig, example_gen, statistics_gen, schema_gen,
         anomalies=example_validator.outputs["anomalies"],
         pipeline_config=component_config(config, CONFIG_SECTIONS["TextCleaner"]).to_json(),
     )
-    statistics_resolver = tfx.dsl.Resolver(
+    statistics_resolver = Resolver(
         strategy_class=LatestBlessedRunStatisticsStrategy,
-        statistics=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ExampleStatistics),
-        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+        statistics=Channel(type=standard_artifacts.ExampleStatistics),
+        model_blessing=Channel(type=standard_artifacts.ModelBlessing),
         examples=cleaner.outputs["cleaned_examples"],
     ).with_id("latest_blessed_statistics_resolver")
     drift_validator = DriftValidator(
@@ -250,7 +266,7 @@ def _validation(config: PipelineConfig, example_gen, statistics_gen, schema_gen,
 def _transform(config: PipelineConfig, cleaner, schema_gen, tokenizer_fingerprint: str):
     """The Transform of the cleaned examples: `PREPROCESSING_FN`, with its code's and the
     given tokenizer's fingerprints in its custom_config."""
-    return tfx.components.Transform(
+    return Transform(
         examples=cleaner.outputs["cleaned_examples"],
         schema=schema_gen.outputs["schema"],
         preprocessing_fn=PREPROCESSING_FN,
@@ -286,10 +302,10 @@ def _trainer_inputs(base_model: str | None, teacher_model: str | None,
     (`REPLAY_EXAMPLES_IMPORTER`) reuses the artifact, so this pipeline run's context holds
     it, and the Trainer records the ids on the new Model artifact.
     """
-    model_resolver = tfx.dsl.Resolver(
-        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
-        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
-        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+    model_resolver = Resolver(
+        strategy_class=LatestBlessedModelStrategy,
+        model=Channel(type=standard_artifacts.Model),
+        model_blessing=Channel(type=standard_artifacts.ModelBlessing),
     ).with_id("latest_blessed_model_resolver")
     importer = None
     trainer_extra = {}
@@ -297,8 +313,8 @@ def _trainer_inputs(base_model: str | None, teacher_model: str | None,
 
     if base_model and base_model != "latest":
         path = _abspath(base_model)
-        importer = tfx.dsl.Importer(
-            source_uri=path, artifact_type=tfx.types.standard_artifacts.Model,
+        importer = Importer(
+            source_uri=path, artifact_type=standard_artifacts.Model,
         ).with_id(BASE_MODEL_IMPORTER)
         baseline = importer.outputs["result"]
         # The Importer reuses an artifact of the same URI: the weights' fingerprint
@@ -314,9 +330,9 @@ def _trainer_inputs(base_model: str | None, teacher_model: str | None,
         trainer_extra["checkpoint_root"] = checkpoint_root
     replay_importer = None
     if replay_lineage:
-        replay_importer = tfx.dsl.Importer(
+        replay_importer = Importer(
             source_uri=replay_lineage["examples_uri"],
-            artifact_type=tfx.types.standard_artifacts.Examples,
+            artifact_type=standard_artifacts.Examples,
         ).with_id(REPLAY_EXAMPLES_IMPORTER)
         trainer_extra["replay_lineage"] = {k: replay_lineage[k] for k in (
             "examples_id", "base_model_id")}
@@ -345,8 +361,8 @@ def _trainer(config: PipelineConfig, transform, schema_gen, base_model, num_work
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
         schema=schema_gen.outputs["schema"],
-        train_args=tfx.proto.TrainArgs(num_steps=config.train.train_steps),
-        eval_args=tfx.proto.EvalArgs(num_steps=config.train.eval_batches),
+        train_args=trainer_pb2.TrainArgs(num_steps=config.train.train_steps),
+        eval_args=trainer_pb2.EvalArgs(num_steps=config.train.eval_batches),
         custom_config={"pipeline_config": config.to_json(), "num_workers": num_workers,
                        "code_fingerprint": source_fingerprint(TRAINER_MODULES), **trainer_extra},
     ).with_id("Trainer")  # VertexTrainer's too
@@ -367,11 +383,11 @@ def _evaluation_and_push(config: PipelineConfig, transform, trainer, baseline,
         pipeline_config=config.to_json(),
         task_fingerprints=task_fingerprints(config) if config.eval.tasks else None,
     )
-    pusher = tfx.components.Pusher(
+    pusher = Pusher(
         model=trainer.outputs["model"],
         model_blessing=evaluator.outputs["blessing"],
-        push_destination=tfx.proto.PushDestination(
-            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_model_dir)
+        push_destination=pusher_pb2.PushDestination(
+            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_model_dir)
         ),
     )
     return evaluator, pusher
@@ -385,7 +401,7 @@ def create_pipeline(
     accept_drift: bool = False, drift_baseline: bool = True, base_model: str | None = None,
     teacher_model: str | None = None, checkpoint_root: str | None = None,
     vertex_training: dict | None = None, replay_lineage: dict | None = None,
-) -> tfx.dsl.Pipeline:
+) -> Pipeline:
     """Builds the TFX pipeline of its stages' components (`_ingestion` to `_evaluation_and_push`).
 
     Args:
@@ -453,7 +469,7 @@ def create_pipeline(
     if transform in components:
         # Drift stops the run before Transform and training (unless accepted).
         transform.add_upstream_node(drift_validator)
-    return tfx.dsl.Pipeline(
+    return Pipeline(
         pipeline_name=pipeline_name, pipeline_root=pipeline_root, components=components,
         enable_cache=enable_cache, metadata_connection_config=metadata_connection_config,
         beam_pipeline_args=beam_pipeline_args or [])

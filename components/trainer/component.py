@@ -8,13 +8,13 @@ Metadata (`executor.py`). TFX recommends subclassing over the deprecated
 
 from __future__ import annotations
 
-from tfx import v1 as tfx
+from tfx.components.trainer import component as tfx_trainer
 from tfx.dsl.components.base import executor_spec
 
 from components.trainer.executor import Executor
 
 
-class Trainer(tfx.components.Trainer):
+class Trainer(tfx_trainer.Trainer):
     """`tfx.components.Trainer` whose executor records training figures in MLMD."""
 
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(Executor)
