@@ -11,14 +11,21 @@ from the table, by a matmul probe (`probe_matmul_peak`): TensorFlow's own
 matmul on a few matrix shapes (`PROBE_SHAPES`) in the compute dtype, each
 warmed up, then timed several times; the best shape's median rate. The probe is
 what MFU on a CPU is measured against: what the BLAS actually reaches here,
-not a data-sheet number. The Trainer probes once per run, before training, and
-`training_summary.json` records the probe's figures (`peak_probe`).
+not a data-sheet number. The Trainer probes before training, and
+`training_summary.json` records the probe's figures (`peak_probe`). A CPU's probe is kept
+for PROBE_CACHE_HOURS in a per-user cache (`cached_cpu_probe`), keyed by the CPU model, the
+cores and threads this process may use, the TensorFlow version and the dtype: runs on the
+same machine then share one MFU denominator, and a run starts 3-5 s sooner.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
+import json
+import logging
+import math
 import os
 import time
 
@@ -196,7 +203,8 @@ def peak_flops(accelerator: Accelerator, compute_dtype: str) -> tuple[float, str
     probe's figures.
 
     GPUs/TPUs: the published table, else a probe on the first device. CPU: the
-    probe (the whole host: all cores together form one device here).
+    probe (the whole host: all cores together form one device here), through the
+    per-user cache (`cached_cpu_probe`).
 
     Returns:
       (flop_per_s, source, probe) with source "table:<key>" or "probe:<dtype> matmul",
@@ -215,6 +223,82 @@ def peak_flops(accelerator: Accelerator, compute_dtype: str) -> tuple[float, str
             raise ValueError(f"no peak FLOP/s known for {accelerator.name!r}")
         probe = probe_matmul_peak(compute_dtype, shapes=((8192, 8192, 8192),), device="/GPU:0")
         return probe.peak_flops, probe.source, probe.figures()
-    probe = probe_matmul_peak(compute_dtype)
-    return probe.peak_flops, probe.source, probe.figures()
+    figures = cached_cpu_probe(accelerator, compute_dtype)
+    return figures["peak_flops"], f"probe:{compute_dtype} matmul", figures
+
+
+PROBE_CACHE_DIR_ENV = "DEEPSEEK_TFX_CACHE_DIR"  # default: $XDG_CACHE_HOME or ~/.cache, /deepseek-tfx
+PEAK_PROBE_ENV = "DEEPSEEK_TFX_PEAK_PROBE"  # "fresh": probe again, whatever the cache holds
+PROBE_CACHE_HOURS = 24.0  # a cached probe older than this is measured again
+
+log = logging.getLogger(__name__)
+
+
+def probe_cache_path() -> str:
+    """The JSON file of cached CPU probes: `$DEEPSEEK_TFX_CACHE_DIR/peak_probe.json`, by
+    default under `$XDG_CACHE_HOME` (or `~/.cache`) `/deepseek-tfx/`."""
+    base = os.environ.get(PROBE_CACHE_DIR_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "deepseek-tfx")
+    return os.path.join(base, "peak_probe.json")
+
+
+def probe_key(accelerator: Accelerator, dtype: str) -> str:
+    """What a CPU probe's figure depends on: the CPU model, the cores this process may run
+    on, TensorFlow's intra-op threads (0: its default), its version, and the dtype."""
+    import tensorflow as tf
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    return f"{accelerator.name}|cores={cores}|intra_op_threads={threads}|tf={tf.__version__}|{dtype}"
+
+
+def _usable(entry, dtype: str, now: float) -> bool:
+    try:
+        return (entry["dtype"] == dtype and math.isfinite(entry["peak_flops"])
+                and entry["peak_flops"] > 0
+                and 0 <= now - entry["measured_at_unix"] < PROBE_CACHE_HOURS * 3600)
+    except (KeyError, TypeError):
+        return False
+
+
+def cached_cpu_probe(accelerator: Accelerator, dtype: str, probe=None) -> dict:
+    """The CPU probe's figures (`PeakProbe.figures()` plus `peak_flops` in FLOP/s,
+    `measured_at`, `key` and `cached`), from the cache when it holds a usable entry for
+    `probe_key(accelerator, dtype)` younger than PROBE_CACHE_HOURS, else from a new probe
+    (`probe`, default `probe_matmul_peak(dtype)`), which is then written to the cache.
+
+    Args:
+      accelerator: the CPU (`detect()`).
+      dtype: the matmuls' dtype, as `probe_matmul_peak`'s.
+      probe: a callable dtype -> `PeakProbe` (tests pass a fake).
+
+    `DEEPSEEK_TFX_PEAK_PROBE=fresh` probes again whatever the cache holds. An unreadable or
+    malformed cache file is measured over; one that cannot be written is logged and left
+    (the run goes on with its probe). Writes are atomic (a temporary file, then rename), so
+    concurrent runs on one machine never read half a file.
+    """
+    path, key, now = probe_cache_path(), probe_key(accelerator, dtype), time.time()
+    try:
+        with open(path, encoding="utf-8") as f:
+            cache = json.load(f)
+        cache = cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):
+        cache = {}
+    entry = cache.get(key)
+    if os.environ.get(PEAK_PROBE_ENV, "") != "fresh" and _usable(entry, dtype, now):
+        return {**entry, "cached": True}
+    result = (probe or probe_matmul_peak)(dtype)
+    entry = {**result.figures(), "peak_flops": result.peak_flops, "key": key,
+             "measured_at_unix": now, "cache": path,
+             "measured_at": datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
+             .isoformat(timespec="seconds")}
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({**cache, key: entry}, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("peak probe not cached (%s): %s", path, e)
+    return {**entry, "cached": False}
 

@@ -296,11 +296,13 @@ def measure_cpu_peak(job: job_lib.TrainingJob) -> None:
     """On CPUs, probe the matmul peak for MFU (`hardware.peak_flops`) into `job`.
 
     Called once per run before training (and before any worker starts: loopback
-    workers share this host and its probe)."""
+    workers share this host and its probe); the probe comes from the per-user cache
+    when one younger than a day matches this machine (`hardware.cached_cpu_probe`)."""
     accelerator, _, policy, _ = job_lib.plan(job)
     if accelerator.kind == "cpu":
         job.peak_flops_per_device, job.peak_flops_source, job.peak_probe = hardware.peak_flops(
             accelerator, precision.compute_dtype(policy))
-        log.info("peak: %.1f GFLOP/s (%s; per shape median/min/max GFLOP/s %s)",
+        log.info("peak: %.1f GFLOP/s (%s, %s %s; per shape median/min/max GFLOP/s %s)",
                  job.peak_flops_per_device / 1e9, job.peak_flops_source,
-                 job.peak_probe["shapes_gflops_median_min_max"])
+                 "cached, measured" if job.peak_probe["cached"] else "measured",
+                 job.peak_probe["measured_at"], job.peak_probe["shapes_gflops_median_min_max"])
