@@ -12,7 +12,7 @@ on `--data`, saved as a servable SavedModel (`save_text_model`) in a temporary d
   in graph   `score_tasks(from_saved_model(dir), [task], --batch-size)`: one `logits` call per
              batch of (example, choice) rows; the first call (tracing) is not timed, then
              the best of `--repeats` runs.
-  harness    the task converted (`savedmodel.harness_tasks`), serve started on a free
+  harness    the task converted (`evaluation.harness_tasks`), serve started on a free
              loopback port (timed until `ready`), then `lm_eval run --model
              local-completions` once per `--harness-batch-sizes` (prompts per request);
              examples/s from the harness's own `total_evaluation_time_seconds` (requests
@@ -94,7 +94,7 @@ def build_model(out: Path, preset: str, data: Path, task_texts: list[str]) -> tu
 
 
 def in_graph(model_dir: str, task, batch_size: int, repeats: int) -> dict:
-    from savedmodel.task_models import from_saved_model, score_tasks
+    from evaluation.task_models import from_saved_model, score_tasks
 
     model = from_saved_model(model_dir)
     start = time.perf_counter()
@@ -190,8 +190,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="also print one JSON object")
     args = parser.parse_args(argv)
 
-    from savedmodel.harness_tasks import write_harness_task
-    from savedmodel.tasks import continuations, fewshot_prompt, load_task
+    from evaluation.harness_tasks import write_harness_task
+    from evaluation.tasks import continuations, fewshot_prompt, load_task
 
     task = load_task(args.task)
     n_choices = sum(len(ex.choices) for ex in task.examples)

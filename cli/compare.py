@@ -105,7 +105,7 @@ def add_parsers(sub) -> None:
                      "load run's prompts (default: no bits per byte, built-in English and "
                      "Chinese prompts)")
     cmp.add_argument("--tasks", nargs="+", metavar="FILE", help="task files (JSONL, "
-                     "savedmodel/tasks.py)")
+                     "evaluation/tasks.py)")
     cmp.add_argument("--json", metavar="OUT", help="where the JSON goes (default "
                      "./compare-YYYYmmdd-HHMMSS.json)")
     cmp.add_argument("--requests", type=int, metavar="N", default=DEFAULT_REQUESTS,

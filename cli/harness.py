@@ -1,5 +1,5 @@
 """`deepseek-tfx harness-task TASK.jsonl... --output DIR`: our task files as
-lm-evaluation-harness tasks (`savedmodel/harness_tasks.py`), and the `lm_eval` command that
+lm-evaluation-harness tasks (`evaluation/harness_tasks.py`), and the `lm_eval` command that
 runs them against `deepseek-tfx serve` (the harness lives in its own environment,
 harness/README.md)."""
 
@@ -69,8 +69,8 @@ def lm_eval_command(task_names: list[str], include_path: str, *, tokenizer: str,
 
 def cmd_harness_task(args: argparse.Namespace) -> int:
     """Writes the harness tasks; prints each task's name and the `lm_eval` command."""
-    from savedmodel.harness_tasks import harness_task_name, write_harness_task
-    from savedmodel.tasks import TaskFileError, load_task
+    from evaluation.harness_tasks import harness_task_name, write_harness_task
+    from evaluation.tasks import TaskFileError, load_task
 
     try:
         tasks = [load_task(path) for path in args.tasks]
@@ -108,7 +108,7 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("harness-task", help="task files -> lm-evaluation-harness tasks, and "
                        "the lm_eval command that runs them against `serve`")
     p.add_argument("tasks", nargs="+", metavar="TASK.jsonl", help="task files "
-                   "(savedmodel/tasks.py format)")
+                   "(evaluation/tasks.py format)")
     p.add_argument("--output", required=True, metavar="DIR",
                    help="where <name>.yaml and <name>.jsonl are written (--include_path)")
     p.add_argument("--tokenizer", metavar="HF_EXPORT_DIR",

@@ -63,7 +63,7 @@ def config_from_args(args: argparse.Namespace, check_tokenizer: bool = True):
 
 def with_task_paths(config):
     """`config` with `eval.tasks` as absolute paths, each task file loaded and checked with
-    `eval.min_scores` before anything runs (`savedmodel.tasks.load_tasks`).
+    `eval.min_scores` before anything runs (`evaluation.tasks.load_tasks`).
 
     Raises:
       ValueError: naming the task file, line and key, or the min_scores key.
@@ -72,7 +72,7 @@ def with_task_paths(config):
         return config
     import dataclasses
 
-    from savedmodel.tasks import load_tasks
+    from evaluation.tasks import load_tasks
 
     paths = tuple(os.path.abspath(p) for p in config.eval.tasks)
     load_tasks(paths, config.eval.min_scores)

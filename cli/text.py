@@ -180,14 +180,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Prints the metrics of `serving/evaluate.py` (bits per byte, perplexity) on `--data`
-    and each `--tasks` file's scores (`savedmodel/task_models.py`, as the LmEvaluator
+    and each `--tasks` file's scores (`evaluation/task_models.py`, as the LmEvaluator
     scores them) as one JSON object on stdout; a line per task with its chance level on
     stderr; `--samples PATH` writes each example's scores."""
     if not args.data and not args.tasks:
         raise SystemExit("error: evaluate: give --data PATH, --tasks FILE ..., or both")
     model_dir = resolve_model_dir(args.model)
     require_text_model(model_dir, "evaluate", "score text")
-    from savedmodel.tasks import TaskFileError, load_tasks
+    from evaluation.tasks import TaskFileError, load_tasks
 
     try:
         tasks = load_tasks(args.tasks or [])
@@ -210,8 +210,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                   f"documents read with the default data config, windows of {metrics['seq_len']} "
                   "tokens (--seq-len changes it)", file=console.stderr())
     if tasks:
-        from savedmodel.task_models import from_saved_model, score_tasks
-        from savedmodel.tasks import PRIMARY_METRIC
+        from evaluation.task_models import from_saved_model, score_tasks
+        from evaluation.tasks import PRIMARY_METRIC
 
         try:
             scored = score_tasks(from_saved_model(model_dir), tasks, args.batch_size)
@@ -269,7 +269,7 @@ def add_parsers(sub) -> None:
     ev.add_argument("--model", required=True, help="serving dir (newest version) or SavedModel")
     ev.add_argument("--data", help="text/JSONL file, directory or glob")
     ev.add_argument("--tasks", nargs="+", metavar="FILE",
-                    help="benchmark task files (JSONL, savedmodel/tasks.py), scored as the "
+                    help="benchmark task files (JSONL, evaluation/tasks.py), scored as the "
                     "LmEvaluator and lm-evaluation-harness score them")
     ev.add_argument("--batch-size", type=int, default=16, metavar="N",
                     help="rows per forward pass when scoring tasks (default 16)")

@@ -263,8 +263,8 @@ class EvalConfig:
       baseline_tolerance: relative slack against the last blessed model.
       max_eval_tokens: cap on eval tokens scored (0 = all).
       batch_size: sequences per eval batch (also rows per task-scoring batch).
-      tasks: benchmark task files (`savedmodel/tasks.py` JSONL format), scored as
-        lm-evaluation-harness scores them (`savedmodel/task_scoring.py`); a JSON list or
+      tasks: benchmark task files (`evaluation/tasks.py` JSONL format), scored as
+        lm-evaluation-harness scores them (`evaluation/task_scoring.py`); a JSON list or
         a comma-separated string. The CLI makes them absolute paths.
       min_scores: {"TASK": minimum acc (exact_match for a generation task), or
         "TASK/METRIC": minimum METRIC (acc, acc_norm, acc_bytes, exact_match)}, each in

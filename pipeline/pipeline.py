@@ -42,6 +42,7 @@ from components.text_example_gen.component import TextExampleGen
 from components.trainer.component import Trainer
 from config import PipelineConfig, TokenizerConfig, TrainConfig
 from config.data import CHAT_TASKS
+from evaluation.tasks import load_tasks
 from models.deepseek.config import DeepSeekConfig
 from pipeline.component_order import (
     BASE_MODEL_IMPORTER,
@@ -50,7 +51,6 @@ from pipeline.component_order import (
     REPLAY_EXAMPLES_IMPORTER,
 )
 from pipeline.sources import source_fingerprint
-from savedmodel.tasks import load_tasks
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA_FILE = os.path.join(_ROOT, "data", "schema", "schema.pbtxt")
@@ -165,11 +165,11 @@ def component_config(config: PipelineConfig, sections: tuple[str, ...]) -> Pipel
 
 def task_fingerprints(config: PipelineConfig) -> str:
     """JSON {task file: sha256 of its bytes} of `eval.tasks`, after loading and checking
-    them with `eval.min_scores` (`savedmodel.tasks.load_tasks`), so that a bad task file
+    them with `eval.min_scores` (`evaluation.tasks.load_tasks`), so that a bad task file
     stops the run before anything runs and an edited one re-runs the LmEvaluator.
 
     Raises:
-      savedmodel.tasks.TaskFileError (a ValueError): see `load_tasks`.
+      evaluation.tasks.TaskFileError (a ValueError): see `load_tasks`.
     """
     import json
 
@@ -374,7 +374,7 @@ def _evaluation_and_push(config: PipelineConfig, transform, trainer, baseline,
     blessed, pushed to `serving_model_dir`.
 
     Raises:
-      savedmodel.tasks.TaskFileError (a ValueError): see `task_fingerprints`.
+      evaluation.tasks.TaskFileError (a ValueError): see `task_fingerprints`.
     """
     evaluator = LmEvaluator(
         examples=transform.outputs["transformed_examples"],

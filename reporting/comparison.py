@@ -4,7 +4,7 @@ run report's candidate-vs-baseline comparison, and the plain-text table.
 `comparison_rows(a, b)` takes two result dicts of the shape
 
     {"bits_per_byte": float | None, "perplexity": float | None,
-     "tasks": {task: metrics (savedmodel/task_scoring.py: acc, acc_norm, exact_match,
+     "tasks": {task: metrics (evaluation/task_scoring.py: acc, acc_norm, exact_match,
                *_stderr, chance, type, n, ...)},
      "latency": {"p50_ms", "p99_ms", "tokens_per_second", ...}}     (optional)
 

@@ -273,7 +273,7 @@ def eval_metrics(run: RunData) -> dict:
 
 def eval_tasks(run: RunData) -> tuple[dict, dict | None]:
     """(the candidate's task metrics, the baseline's or None) from metrics.json:
-    {task: metrics (savedmodel/task_scoring.py)}; the first is {} when the LmEvaluator
+    {task: metrics (evaluation/task_scoring.py)}; the first is {} when the LmEvaluator
     scored no tasks (eval.tasks empty, or a run from before tasks).
 
     Raises:

@@ -3,7 +3,7 @@ one machine, one model at a time (never two loaded at once).
 
 For each model, in order:
   1. bits per byte and perplexity on the data (`serving/evaluate.py`, as `evaluate`);
-  2. each task's scores (`savedmodel/task_models.py`, as the LmEvaluator scores them);
+  2. each task's scores (`evaluation/task_models.py`, as the LmEvaluator scores them);
   3. a load run against the model served as `deepseek-tfx serve` serves it (the same app:
      `serving/http_app.py`, on a free loopback port in a background thread, after the
      server's warm-up): `requests` POSTs to OpenAI's /v1/completions, at most
@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from savedmodel.tasks import Task, TaskFileError, load_task
+from evaluation.tasks import Task, TaskFileError, load_task
 
 # Fixed prompts of a load run when there is no data (English and Chinese).
 BUILTIN_PROMPTS = ("The quick brown fox", "Once upon a time, there was", "ROMEO:\nBut soft,",
@@ -208,7 +208,7 @@ def _measure(model_dir: str, files: list[str] | None, data_pattern: str | None,
              max_tokens: int, batch_size: int) -> dict:
     """One model's figures (see `compare_models`); the model is released on return."""
     from config import ServeConfig
-    from savedmodel.task_models import from_saved_model, score_tasks
+    from evaluation.task_models import from_saved_model, score_tasks
     from serving.evaluate import evaluate_text_files
     from serving.http_app import make_app, serving_in_thread
     from serving.server import ModelServer
@@ -254,7 +254,7 @@ def compare_models(dirs: dict[str, str], data_pattern: str | None, task_paths: l
       data_pattern: a glob of text files (text, JSONL, CSV, Parquet, as `evaluate`
         reads them) for bits per byte and the load run's prompts; None: no bits per
         byte, built-in English and Chinese prompts.
-      task_paths: task files (`savedmodel/tasks.py`), loaded once for all models.
+      task_paths: task files (`evaluation/tasks.py`), loaded once for all models.
       requests: timed requests of the load run (>= 1).
       concurrency: requests at a time (>= 1).
       max_tokens: completion tokens per request (OpenAI's max_tokens, >= 1).

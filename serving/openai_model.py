@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 from fastapi.responses import JSONResponse
 
+from evaluation.task_scoring import cut_at_stop
 from savedmodel.layout import read_tokenizer
-from savedmodel.task_scoring import cut_at_stop
 from serving.batcher import Unavailable
 from serving.grammar import TokenGrammar
 from serving.server import BadRequest, ModelServer

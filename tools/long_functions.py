@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("common", "models", "tokenization", "config", "savedmodel", "corpus", "components",
+PACKAGES = ("common", "models", "tokenization", "config", "savedmodel", "corpus", "evaluation", "components",
             "serving", "pipeline", "reporting", "cli", "tools")
 MAX_FUNCTION_LINES = 80
 MAX_FILE_LINES = 500

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from config import PipelineConfig
-from savedmodel.tasks import PRIMARY_METRIC
+from evaluation.tasks import PRIMARY_METRIC
 
 NOISE_STDERRS = 2.0  # a drop within this many standard errors of the difference is noise
 PREFERENCE_TASKS = ("dpo", "grpo")  # data.task values gated by `preference_checks`

@@ -47,10 +47,11 @@ from components.lm_evaluator.preference_evaluation import (
 from components.lm_evaluator.source_scoring import evaluate_sources, read_eval_sources
 from config import PipelineConfig
 from config.data import CHAT_TASKS
-from savedmodel import scoring, task_models
+from evaluation import task_models
+from evaluation.task_models import score_tasks
+from evaluation.tasks import Task, load_tasks
+from savedmodel import scoring
 from savedmodel.layout import read_tokenizer
-from savedmodel.task_models import score_tasks
-from savedmodel.tasks import Task, load_tasks
 
 METRICS_FILE = "metrics.json"
 TASK_SAMPLES_FILE = "task_samples.json"
@@ -81,7 +82,7 @@ def evaluate_saved_model(model_dir: str, sources: Mapping[str, tuple[list, int]]
     """(metrics, task samples) of the SavedModel: perplexity and bits per byte on
     `sources` ({source name: (its own token ids, or SFT records; UTF-8 bytes)}: see
     `evaluate_sources`, metrics["by_source"] included) and, with `tasks`,
-    metrics["tasks"] = each task's scores (`savedmodel.task_models.score_tasks`);
+    metrics["tasks"] = each task's scores (`evaluation.task_models.score_tasks`);
     samples None without tasks. `loaded`: the SavedModel if already loaded."""
     loaded = loaded if loaded is not None else tf.saved_model.load(model_dir)
     logits_fn = loaded.signatures["logits"]

@@ -19,7 +19,7 @@ from components.lm_evaluator.preference_scoring import (
 from components.trainer.rewards import Reward
 from components.trainer.run_fn import TRAINING_SUMMARY
 from config import PipelineConfig
-from savedmodel import task_models
+from evaluation import task_models
 from savedmodel.layout import read_tokenizer
 from tokenization.byte_level_bpe import ByteLevelBpe
 

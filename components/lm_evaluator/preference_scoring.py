@@ -33,7 +33,7 @@ whose prompt_length + max_new_tokens exceeds seq_len is skipped and counted, as 
 Trainer leaves it out (its completion would not fit the model's window).
 
 Standard errors are sqrt(sample variance / n), the harness's `mean_stderr`
-(`savedmodel/task_scoring.py`).
+(`evaluation/task_scoring.py`).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def evaluate_grpo(generate_fn: GenerateFn, records: Sequence[tuple[str, str]], r
 
     Args:
       generate_fn: (prompts, max_new_tokens) -> greedy completions, one call per batch
-        (`savedmodel.task_models.TaskModel.generate_fn`); every call gets `batch_size`
+        (`evaluation.task_models.TaskModel.generate_fn`); every call gets `batch_size`
         prompts (the last batch is filled up with its last prompt, whose extra
         completions are dropped).
       records: (prompt text, answer text) per held-out prompt (`grpo_eval_records`).

@@ -1,6 +1,6 @@
 """The LmEvaluator's blessing rule (components/lm_evaluator/blessing.py) with benchmark
 task scores, the `eval.tasks` / `eval.min_scores` settings and their checks against the
-task files (savedmodel/tasks.py `load_tasks`)."""
+task files (evaluation/tasks.py `load_tasks`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from components.lm_evaluator.blessing import decide_blessing
 from config import get_config
-from savedmodel.tasks import TaskFileError, load_tasks
+from evaluation.tasks import TaskFileError, load_tasks
 
 TASKS = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 

@@ -5,7 +5,7 @@ per-choice log-likelihoods (within 1e-4) and its acc, acc_norm and acc_bytes (ex
 The model is hf-exported (the harness loads its tokenizer.json), the harness environment is
 installed with `uv sync --project harness --locked`, serve runs in a subprocess on a free
 loopback port, and `lm_eval run` scores the ARC-Easy fixture (100 examples) converted by
-`savedmodel.harness_tasks`, with `max_length` = the model's context C. The harness then
+`evaluation.harness_tasks`, with `max_length` = the model's context C. The harness then
 sends at most C - 1 prompt tokens, serve puts [EOS] first, and the LmEvaluator's rows are
 [EOS] + the last C - 1 tokens as well: the tiny preset's C is 64, so most ARC-Easy
 examples are truncated, and they must agree too.
@@ -87,8 +87,8 @@ def _lm_eval(task_path: str, work, hf_dir, base_url: str) -> dict:
     """Runs `lm_eval` on one task file: {"name", "rows": samples by doc_id, "results",
     "stderr"}."""
     from cli.harness import HARNESS_ENV, lm_eval_command, max_length_of
-    from savedmodel.harness_tasks import write_harness_task
-    from savedmodel.tasks import load_task
+    from evaluation.harness_tasks import write_harness_task
+    from evaluation.tasks import load_task
 
     name = write_harness_task(load_task(task_path), str(work / "tasks"))
     command = lm_eval_command([name], str(work / "tasks"), tokenizer=str(hf_dir),
@@ -159,7 +159,7 @@ def _max_difference(a, b) -> float:
 
 
 def test_harness_scored_every_example(harness, evaluator):
-    from savedmodel.tasks import load_task
+    from evaluation.tasks import load_task
 
     task = load_task(ARC_EASY)
     assert sorted(harness["samples"]) == list(range(len(task.examples))) == list(range(100))
@@ -197,8 +197,8 @@ GENERATION_EXAMPLES = [("ROMEO:\n", "I"), ("JULIET:\nO ", "Romeo"), ("春眠不�
 def test_generation_completions_match(served, harness_env, tmp_path):
     """A generation task (greedy, stop at a newline, Chinese too): the harness's
     completions, stripped, are ours (`score_tasks`), and so is exact_match."""
-    from savedmodel.task_models import from_saved_model, score_tasks
-    from savedmodel.tasks import load_task
+    from evaluation.task_models import from_saved_model, score_tasks
+    from evaluation.tasks import load_task
 
     path = tmp_path / "gen.jsonl"
     lines = [{"task": "gen", "type": "generation", "max_gen_toks": 8}] + \

@@ -11,7 +11,7 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PRODUCT = ("common", "models", "tokenization", "config", "savedmodel", "corpus",
+PRODUCT = ("common", "models", "tokenization", "config", "savedmodel", "corpus", "evaluation",
            "components", "serving", "pipeline", "reporting", "cli")
 ALLOWED = {"pipeline/kubeflow_runner.py"}
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from savedmodel import task_scoring
-from savedmodel.tasks import GENERATION, Task
+from evaluation import task_scoring
+from evaluation.tasks import GENERATION, Task
 from tokenization.byte_level_bpe import ByteLevelBpe
 
 

@@ -1,7 +1,7 @@
 """Our task files as lm-evaluation-harness tasks: `write_harness_task(task, out_dir)`.
 
 The harness (its own environment, `harness/`) defines a task as a YAML config over a
-dataset; it cannot read our task files (`savedmodel/tasks.py`). For each task this writes
+dataset; it cannot read our task files (`evaluation/tasks.py`). For each task this writes
 
   <out_dir>/<name>.jsonl   one row per example, UTF-8 (Chinese as is, not \\u-escaped):
                            multiple_choice  {"query", "choices", "label"}
@@ -23,7 +23,7 @@ dataset; it cannot read our task files (`savedmodel/tasks.py`). For each task th
 
 With `num_fewshot 0` (the YAML's, so leave `--num_fewshot` unset) the harness's prompt
 for an example is `query` byte for byte, and a choice is scored as `target_delimiter +
-choice` after it, exactly as `savedmodel/task_scoring.py` scores it; `--num_fewshot N` would
+choice` after it, exactly as `evaluation/task_scoring.py` scores it; `--num_fewshot N` would
 add N shots of the harness's own choosing on top. The harness's `acc_norm` divides by the
 choice's characters (the delimiter excluded), as ours. Scores agree on every example when
 the harness runs with `max_length = max_position_embeddings` (`cli/harness.py`,
@@ -44,7 +44,7 @@ import re
 
 import yaml
 
-from savedmodel.tasks import GENERATION, MULTIPLE_CHOICE, Task, fewshot_prompt
+from evaluation.tasks import GENERATION, MULTIPLE_CHOICE, Task, fewshot_prompt
 
 NAME_PREFIX = "deepseek_tfx_"
 _PLAIN = re.compile(r"[A-Za-z0-9_]+")
@@ -140,12 +140,12 @@ def write_harness_task(task: Task, out_dir: str) -> str:
     `out_dir` is created if absent; files of the same name are replaced.
 
     Raises:
-      TypeError: `task` is not a `savedmodel.tasks.Task`.
+      TypeError: `task` is not a `evaluation.tasks.Task`.
       ValueError: as `harness_task_config` and `harness_rows`; a task with no examples.
       OSError: `out_dir` cannot be created or written (e.g. it is a file).
     """
     if not isinstance(task, Task):
-        raise TypeError(f"expected a savedmodel.tasks.Task (load_task(path)), got "
+        raise TypeError(f"expected a evaluation.tasks.Task (load_task(path)), got "
                         f"{type(task).__name__}")
     if not task.examples:
         raise ValueError(f"task {task.name!r} ({task.path}): no examples")
@@ -159,6 +159,6 @@ def write_harness_task(task: Task, out_dir: str) -> str:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     with open(os.path.join(out_dir, name + ".yaml"), "w", encoding="utf-8") as f:
         f.write(f"# lm-evaluation-harness task written by deepseek-tfx from {task.path}\n"
-                "# (savedmodel/harness_tasks.py); prompts are rendered: run with num_fewshot 0.\n")
+                "# (evaluation/harness_tasks.py); prompts are rendered: run with num_fewshot 0.\n")
         yaml.safe_dump(config, f, allow_unicode=True, sort_keys=False, width=100)
     return name

@@ -1,4 +1,4 @@
-"""Benchmark task scoring (savedmodel/task_scoring.py, task_models.py) on a tiny model:
+"""Benchmark task scoring (evaluation/task_scoring.py, task_models.py) on a tiny model:
 the in-graph batched log-likelihoods against a row-by-row float64 reference, the harness's
 tokenization and metrics, truncation, generation exact match, and a SavedModel and its
 Keras model scoring the same."""
@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from savedmodel import task_scoring
-from savedmodel.tasks import (
+from evaluation import task_scoring
+from evaluation.tasks import (
     GENERATION,
     MULTIPLE_CHOICE,
     GenerationExample,
@@ -51,7 +51,7 @@ def saved(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="module")
 def task_model(saved):
-    from savedmodel.task_models import from_saved_model
+    from evaluation.task_models import from_saved_model
 
     return from_saved_model(str(saved))
 
@@ -138,8 +138,8 @@ def test_generation_exact_match_after_the_stop_strings():
 def test_a_saved_model_and_its_keras_model_score_alike(saved, task_model, tokenizer):
     """The SavedModel's signatures and the Keras model (as a Hugging Face baseline is
     scored) give the same log-likelihoods and the same greedy completions."""
+    from evaluation.task_models import from_keras_model, score_tasks
     from savedmodel.base_model import load_model
-    from savedmodel.task_models import from_keras_model, score_tasks
 
     mc = _task(MC)
     gen = _task([GenerationExample("the quick", "brown", ("\n",)),
@@ -155,7 +155,7 @@ def test_a_saved_model_and_its_keras_model_score_alike(saved, task_model, tokeni
 
 
 def test_generation_task_needs_a_generate_signature_and_names_must_differ(task_model):
-    from savedmodel.task_models import TaskModel, score_tasks
+    from evaluation.task_models import TaskModel, score_tasks
 
     no_generate = TaskModel(**{**task_model.__dict__, "generate_fn": None})
     with pytest.raises(ValueError, match="'g' is a generation task"):

@@ -1,4 +1,4 @@
-"""`savedmodel.harness_tasks` and `deepseek-tfx harness-task`: our task files as
+"""`evaluation.harness_tasks` and `deepseek-tfx harness-task`: our task files as
 lm-evaluation-harness task configs (YAML + JSONL), without the harness's environment (the
 harness itself runs in tests/e2e/test_lm_eval_harness_e2e.py)."""
 
@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from cli import main
-from savedmodel.harness_tasks import harness_task_name, write_harness_task
-from savedmodel.tasks import continuations, fewshot_prompt, load_task
+from evaluation.harness_tasks import harness_task_name, write_harness_task
+from evaluation.tasks import continuations, fewshot_prompt, load_task
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "tasks")
 

@@ -1,4 +1,4 @@
-"""`savedmodel.tasks`: the task file format, its strict loader, harness-style few-shot
+"""`evaluation.tasks`: the task file format, its strict loader, harness-style few-shot
 prompts, and the committed task files (tests/fixtures/tasks/, made by make_tasks.py)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from savedmodel import tasks
-from savedmodel.tasks import (
+from evaluation import tasks
+from evaluation.tasks import (
     GenerationExample,
     MultipleChoiceExample,
     TaskFileError,

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from savedmodel.tasks import GENERATION, MULTIPLE_CHOICE, Task, continuations, fewshot_prompt
+from evaluation.tasks import GENERATION, MULTIPLE_CHOICE, Task, continuations, fewshot_prompt
 
 LogitsFn = Callable[[tf.Tensor], tf.Tensor]
 # prompts -> completions (greedy, each at most max_new_tokens tokens)
