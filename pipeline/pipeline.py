@@ -432,7 +432,7 @@ def create_pipeline(
       teacher_model: a directory holding a distillation teacher (same tokenizer), passed
         to the Trainer in its custom_config (with its fingerprint).
       checkpoint_root: the parent of the Trainer's stable checkpoint directories (default
-        `<Trainer's output dir>/checkpoints`, `checkpointing.py`).
+        `<Trainer's output dir>/checkpoints`, `checkpoint_location.py`).
       vertex_training: the Trainer trains on N workers as a Vertex AI CustomJob
         (`components.trainer.vertex.VertexTrainer`); these are the custom_config keys of
         `vertex.custom_config(...)`. None: the Trainer trains in its own task.

@@ -1,7 +1,7 @@
 """Saving and restoring a run's training state in its checkpoint directory.
 
 The directory itself (one per training data and config, so that a re-run
-resumes) is chosen by `checkpointing.py`. A checkpoint holds the model, the
+resumes) is chosen by `checkpoint_location.py`. A checkpoint holds the model, the
 optimizer (slots, step, loss scale), the global step and the count of skipped
 steps (`tf.train.Checkpoint` keys model, optimizer, step, skipped_steps), and the
 loop's other state (`extra`: the tokens and sequences per mixture source, and the

@@ -25,7 +25,7 @@ class TrainingJob:
     Attributes:
       pipeline_config: `PipelineConfig.to_json()`.
       train_files: file patterns of the transformed training examples.
-      checkpoint_dir: the stable checkpoint directory (`checkpointing.py`).
+      checkpoint_dir: the stable checkpoint directory (`checkpoint_location.py`).
       log_dir: TensorBoard directory (chief).
       result_path: where the chief writes the run's figures (JSON).
       num_workers: worker processes in the cluster (1: no TF_CONFIG needed).

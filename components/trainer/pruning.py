@@ -22,7 +22,7 @@ and the Pusher pushes, the pruned model.
 The exported SavedModel's config.json and pipeline config say the pruned
 n_routed_experts (`export_serving_model` records the exported model's own config), so
 `serve`, `evaluate` and `hf-export` rebuild it right. The checkpoints hold the unpruned
-trained model (`checkpointing.AFTER_TRAINING_TRAIN_FIELDS`): adding the option to a
+trained model (`checkpoint_location.AFTER_TRAINING_TRAIN_FIELDS`): adding the option to a
 finished run re-exports without retraining.
 
 Every position of the eval batches is measured: packed windows for pre-training, and

@@ -3,7 +3,7 @@
 It reads the config from `custom_config`, trains (`job.run` in this process,
 or `launcher.run_workers` on N local worker processes when
 `custom_config["num_workers"] > 1`), with checkpoints in a directory that
-survives re-runs (`checkpointing.py`), then evaluates and exports a plain copy
+survives re-runs (`checkpoint_location.py`), then evaluates and exports a plain copy
 of the trained model (float32, or bfloat16 / int8 for LoRA on a bf16 / int8 base;
 adapters merged), its experts pruned (`train.prune_keep_experts`) and in
 `train.export_dtype`: the servable SavedModel (`savedmodel.export`) to `fn_args.serving_model_dir`, and `training_summary.json` beside it with the
@@ -20,7 +20,7 @@ import os
 import tensorflow as tf
 
 from common.json_file import read_json
-from components.trainer import checkpointing, data, hardware, model_io, precision, train_loop
+from components.trainer import checkpoint_location, data, hardware, model_io, precision, train_loop
 from components.trainer import job as job_lib
 from components.trainer.cluster_worker import is_chief, platform_cluster, run_platform_worker
 from components.trainer.pruning import prune_trained_model, pruning_figures, write_pruning_record
@@ -97,7 +97,7 @@ def check_starts(config: PipelineConfig, base: str, teacher: str, tokenizer) -> 
 def training_job(fn_args, config: PipelineConfig, tokenizer, base: str, teacher: str,
                  num_workers: int) -> job_lib.TrainingJob:
     """The run's `TrainingJob`, its checkpoints in the stable directory of this config,
-    data and start (`checkpointing.stable_checkpoint_dir`, linked from the model run
+    data and start (`checkpoint_location.stable_checkpoint_dir`, linked from the model run
     directory).
 
     Args:
@@ -113,10 +113,10 @@ def training_job(fn_args, config: PipelineConfig, tokenizer, base: str, teacher:
     starts = {role: value for role, value in (
         ("base model", custom.get("base_model_fingerprint") or base),
         ("teacher", custom.get("teacher_fingerprint", ""))) if value}
-    checkpoint_dir = checkpointing.stable_checkpoint_dir(
+    checkpoint_dir = checkpoint_location.stable_checkpoint_dir(
         fn_args.model_run_dir, config, fn_args.train_files, custom.get("checkpoint_root"),
         starts=starts)
-    checkpointing.link_from_model_run(fn_args.model_run_dir, checkpoint_dir)
+    checkpoint_location.link_from_model_run(fn_args.model_run_dir, checkpoint_dir)
     logging.info("checkpoints: %s", checkpoint_dir)
     return job_lib.TrainingJob(
         pipeline_config=config.to_json(),

@@ -19,7 +19,7 @@ import types
 import numpy as np
 import pytest
 
-from components.trainer import checkpointing
+from components.trainer import checkpoint_location
 from config import get_config
 
 STEPS = 6
@@ -61,7 +61,7 @@ def test_the_checkpoint_directory_ignores_the_pruning(train_file):
     plain = get_config("tiny")
     pruned = get_config("tiny", {"train.prune_keep_experts": KEEP})
     other = get_config("tiny", {"train.seed": 7})
-    fingerprint = checkpointing.fingerprint
+    fingerprint = checkpoint_location.fingerprint
     assert fingerprint(pruned, [train_file]) == fingerprint(plain, [train_file])
     assert fingerprint(other, [train_file]) != fingerprint(plain, [train_file])
 
@@ -126,7 +126,7 @@ def pruned_run(chinese_poems, tmp_path_factory):
     checkpoints = str(root / "checkpoints")
     job = job_lib.TrainingJob(  # the earlier run, without pruning
         pipeline_config=config.to_json(), train_files=[train],
-        checkpoint_dir=checkpointing.stable_checkpoint_dir("unused", config, [train],
+        checkpoint_dir=checkpoint_location.stable_checkpoint_dir("unused", config, [train],
                                                            checkpoints),
         log_dir=str(root / "first"), result_path=str(root / "first" / "result.json"),
         peak_flops_per_device=1e11, peak_flops_source="fixed for the test",

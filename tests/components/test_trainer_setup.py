@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.trainer import checkpointing, data, hardware, precision, strategy
+from components.trainer import checkpoint_location, data, hardware, precision, strategy
 from components.trainer.hardware import Accelerator
 from components.trainer.schedule import make_learning_rate_schedule, make_optimizer
 from config import get_config
@@ -151,21 +151,21 @@ def test_checkpoint_fingerprint(tmp_path):
     f = tmp_path / "train-00000.gz"
     data.write_examples(str(f), [[5, 6, 7], [8, 9]])
     base = get_config("tiny")
-    fp = checkpointing.fingerprint(base, [str(tmp_path / "*.gz")])
+    fp = checkpoint_location.fingerprint(base, [str(tmp_path / "*.gz")])
     assert len(fp) == 16
     # How the run is executed does not matter ...
     same = get_config("tiny", {"train.log_every": 1, "train.checkpoint_every": 3,
                                "train.grad_accum_steps": 2, "train.distribution_strategy": "mirrored"})
-    assert checkpointing.fingerprint(same, [str(f)]) == fp
+    assert checkpoint_location.fingerprint(same, [str(f)]) == fp
     # ... what is trained on, and how, does.
-    assert checkpointing.fingerprint(get_config("tiny", {"train.train_steps": 31}), [str(f)]) != fp
+    assert checkpoint_location.fingerprint(get_config("tiny", {"train.train_steps": 31}), [str(f)]) != fp
     data.write_examples(str(f), [[5, 6, 7], [8, 10]])
-    assert checkpointing.fingerprint(base, [str(f)]) != fp
+    assert checkpoint_location.fingerprint(base, [str(f)]) != fp
     model_run = tmp_path / "root" / "Trainer" / "model_run" / "7"
-    path = checkpointing.stable_checkpoint_dir(str(model_run), base, [str(f)])
+    path = checkpoint_location.stable_checkpoint_dir(str(model_run), base, [str(f)])
     assert path == str(tmp_path / "root" / "Trainer" / "checkpoints" /
-                       checkpointing.fingerprint(base, [str(f)]))
-    checkpointing.link_from_model_run(str(model_run), path)
+                       checkpoint_location.fingerprint(base, [str(f)]))
+    checkpoint_location.link_from_model_run(str(model_run), path)
     assert (model_run / "checkpoints.txt").read_text() == path + "\n"
     # No link into the checkpoints: TFX's rmtree of a failed execution's outputs would
     # follow it and delete them.

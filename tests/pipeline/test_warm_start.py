@@ -12,7 +12,7 @@ import ml_metadata as mlmd
 import pytest
 from ml_metadata.proto import metadata_store_pb2 as pb
 
-from components.trainer import checkpointing
+from components.trainer import checkpoint_location
 from config import get_config
 from models.deepseek import hf_checkpoint
 from pipeline import warm_start
@@ -102,10 +102,10 @@ def test_checkpoint_directory_depends_on_the_start(tmp_path):
     path = str(tmp_path / "train.gz")
     data.write_examples(path, [[3, 4, 5]])
     config = get_config("tiny")
-    plain = checkpointing.fingerprint(config, [path])
-    assert checkpointing.fingerprint(config, [path], {}) == plain
-    a = checkpointing.fingerprint(config, [path], {"base model": "aaaa"})
-    b = checkpointing.fingerprint(config, [path], {"base model": "bbbb"})
+    plain = checkpoint_location.fingerprint(config, [path])
+    assert checkpoint_location.fingerprint(config, [path], {}) == plain
+    a = checkpoint_location.fingerprint(config, [path], {"base model": "aaaa"})
+    b = checkpoint_location.fingerprint(config, [path], {"base model": "bbbb"})
     assert len({plain, a, b}) == 3
 
 
