@@ -13,18 +13,18 @@ import importlib
 
 _EXPORTS = {
     "DeepSeekConfig": "config",
-    "RMSNorm": "rms_norm",
-    "rope_cos_sin": "rotary_embedding",
-    "apply_rotary_pos_emb": "rotary_embedding",
+    "RMSNorm": "models.layers.rms_norm",
+    "rope_cos_sin": "models.layers.rotary_embedding",
+    "apply_rotary_pos_emb": "models.layers.rotary_embedding",
     "MultiHeadLatentAttention": "mla_attention",
-    "SwiGLU": "mlp",
+    "SwiGLU": "models.layers.mlp",
     "DeepSeekTopKRouter": "router",
     "DeepSeekMoE": "moe",
     "DeepSeekDecoderBlock": "decoder_block",
     "MultiTokenPredictionLayer": "mtp",
     "DeepSeekCausalLM": "causal_lm",
-    "causal_lm_loss": "losses",
-    "token_cross_entropy": "losses",
+    "causal_lm_loss": "models.layers.losses",
+    "token_cross_entropy": "models.layers.losses",
     "generate": "generation",
     "next_token": "generation",
     "activated_params": "flops",
@@ -38,7 +38,8 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name):
     if name in _EXPORTS:
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        path = _EXPORTS[name]
+        module = importlib.import_module(path if "." in path else f"{__name__}.{path}")
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -12,15 +12,15 @@ with the latent KV cache of MLA.
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
-from models.deepseek._tracking import no_default_save_signature, with_layer_lists
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.decoder_block import DeepSeekDecoderBlock
-from models.deepseek.losses import causal_lm_loss
 from models.deepseek.mla_attention import init_layer_cache
 from models.deepseek.mtp import MultiTokenPredictionLayer
-from models.deepseek.rms_norm import RMSNorm
-from models.deepseek.training_outputs import training_outputs
+from models.layers import initializers
+from models.layers.losses import causal_lm_loss
+from models.layers.rms_norm import RMSNorm
+from models.layers.tracking import no_default_save_signature, with_layer_lists
+from models.layers.training_outputs import training_outputs
 
 
 @keras.saving.register_keras_serializable(package="deepseek")
@@ -342,11 +342,11 @@ class DeepSeekCausalLM(keras.Model):
     # ------------------------------------------------------------------ config
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
-        # Let tf.train.Checkpoint see the layers held in lists (see _tracking.py).
+        # Let tf.train.Checkpoint see the layers held in lists (see models/layers/tracking.py).
         children = super()._trackable_children(save_type, **kwargs)
         return with_layer_lists(self, children, save_type)
 
-    # No trace of `call` in SavedModels that hold the model (see _tracking.py).
+    # No trace of `call` in SavedModels that hold the model (see models/layers/tracking.py).
     _default_save_signature = property(no_default_save_signature)
 
     def get_config(self):

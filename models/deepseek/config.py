@@ -26,7 +26,7 @@ import dataclasses
 import numbers
 from typing import Any
 
-from models.deepseek.rope_scaling import normalize_rope_scaling
+from models.layers.rope_scaling import normalize_rope_scaling
 
 # topk_method -> the scoring_func it is supported with (DeepSeek's config.json names).
 TOPK_METHODS = {"noaux_tc": "sigmoid", "greedy": "softmax", "group_limited_greedy": "softmax"}

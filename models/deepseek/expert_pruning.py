@@ -45,10 +45,10 @@ from collections.abc import Iterable
 import numpy as np
 import tensorflow as tf
 
-from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.hf_names import hf_weight_map
-from models.deepseek.quantization import is_quantized, is_quantized_model, quantize_int8
+from models.formats.quantization import is_quantized, is_quantized_model, quantize_int8
+from models.layers import initializers
 
 _EXPERT_NAME = ".mlp.experts."
 _GATE_NAMES = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")

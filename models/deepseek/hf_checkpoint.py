@@ -26,7 +26,6 @@ import numpy as np
 
 from common import memory
 from common.json_file import read_json
-from models.deepseek import fp8, initializers, safetensors_reader
 from models.deepseek.hf_config import (
     CONFIG_NAME,
     CheckpointError,
@@ -46,6 +45,8 @@ from models.deepseek.hf_save import (
     model_tensors,
     save_hf_checkpoint,
 )
+from models.formats import fp8, safetensors_reader
+from models.layers import initializers
 
 __all__ = [
     "CONFIG_NAME", "CheckpointError", "config_from_hf", "config_to_hf", "read_config_json",
@@ -281,7 +282,7 @@ def load_hf_checkpoint(checkpoint_dir: str, dtype: str = "float32"):
       checkpoint_dir: holds `config.json` and `model.safetensors` or sharded
         `model-XXXXX-of-YYYYY.safetensors` with `model.safetensors.index.json`;
         float32, float16, bfloat16 or block-quantized FP8 (`quantization_config`,
-        see `models/deepseek/fp8.py`). MTP weights (layer index num_hidden_layers
+        see `models/formats/fp8.py`). MTP weights (layer index num_hidden_layers
         + d) load into the MTP modules; their `embed_tokens` / `shared_head.head`
         copies are not loaded (the main model's are shared, DeepSeek-V3 §2.2), with
         a warning if they differ from the main tensors.

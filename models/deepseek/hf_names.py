@@ -24,7 +24,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from models.deepseek.config import DeepSeekConfig
-from models.deepseek.quantization import float_kernel, is_quantized, kernel_variable
+from models.formats.quantization import float_kernel, is_quantized, kernel_variable
 
 
 class DequantizedKernel:

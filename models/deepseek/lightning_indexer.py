@@ -52,9 +52,9 @@ records none of its ops and keeps none of its (B, T, Hi, S) scores for a backwar
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
-from models.deepseek.rotary_embedding import apply_rotary_pos_emb, rope_cos_sin
+from models.layers import initializers
+from models.layers.rotary_embedding import apply_rotary_pos_emb, rope_cos_sin
 
 # transformers' DeepseekV32Indexer: nn.LayerNorm(index_head_dim, eps=1e-6).
 K_NORM_EPS = 1e-6

@@ -75,9 +75,6 @@ MODES = ("full", "lora", "frozen", "inference")
 OPTIMIZERS = ("adamw", "sgd", "adafactor")
 SHARDINGS = ("none", "optimizer", "full")
 RECOMPUTE = ("none", "full")
-ATTENTION_PROJECTIONS = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
-                         "o_proj")
-MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
 # ----------------------------------------------------------------------------- parameters

@@ -64,9 +64,9 @@ import keras
 import tensorflow as tf
 
 from models.deepseek.config import DeepSeekConfig
-from models.deepseek.mlp import SwiGLU
-from models.deepseek.routed_experts import RoutedExperts
 from models.deepseek.router import DeepSeekTopKRouter
+from models.layers.mlp import SwiGLU
+from models.layers.routed_experts import RoutedExperts
 
 # The most routed experts for which the dropless dispatch runs a matmul per expert
 # (`grouped_dispatch`) rather than padding every expert to the busiest one's count.

@@ -38,8 +38,8 @@ All routing math runs in float32, whatever the layer's compute dtype.
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
+from models.layers import initializers
 
 
 @keras.saving.register_keras_serializable(package="deepseek")

@@ -20,16 +20,16 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
-from models.deepseek._tracking import no_default_save_signature, with_layer_lists
-from models.deepseek.losses import causal_lm_loss
-from models.deepseek.rms_norm import RMSNorm
-from models.deepseek.training_outputs import training_outputs
 from models.deepseek_v4 import kv_cache
 from models.deepseek_v4.config import DeepSeekV4Config
 from models.deepseek_v4.decoder_block import DeepSeekV4DecoderBlock
 from models.deepseek_v4.hyper_head import HyperHead
 from models.deepseek_v4.mtp import DeepSeekV4MTPLayer
+from models.layers import initializers
+from models.layers.losses import causal_lm_loss
+from models.layers.rms_norm import RMSNorm
+from models.layers.tracking import no_default_save_signature, with_layer_lists
+from models.layers.training_outputs import training_outputs
 
 
 @keras.saving.register_keras_serializable(package="deepseek_v4")
@@ -299,7 +299,7 @@ class DeepSeekV4CausalLM(keras.Model):
             into).
           in_place: write the compressed entries and the indexer's keys (the buffers
             that grow with the context, T/m rows) into the given cache's own buffers
-            (`models.deepseek.cache_buffers`): a caller that owns its cache (`generate`,
+            (`models.layers.cache_buffers`): a caller that owns its cache (`generate`,
             a chat session) must not use `cache` again except as the returned one. False:
             a call that closes a window copies those buffers. The rings (O(W) rows) are
             copied either way.
@@ -350,11 +350,11 @@ class DeepSeekV4CausalLM(keras.Model):
     # ------------------------------------------------------------------ config
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
-        # Let tf.train.Checkpoint see the layers held in lists (models/deepseek/_tracking.py).
+        # Let tf.train.Checkpoint see the layers held in lists (models/layers/tracking.py).
         children = super()._trackable_children(save_type, **kwargs)
         return with_layer_lists(self, children, save_type)
 
-    # No trace of `call` in SavedModels that hold the model (see _tracking.py).
+    # No trace of `call` in SavedModels that hold the model (see models/layers/tracking.py).
     _default_save_signature = property(no_default_save_signature)
 
     def get_config(self):

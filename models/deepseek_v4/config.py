@@ -39,7 +39,7 @@ import dataclasses
 from typing import Any
 
 from models.deepseek.config import _check_float, _check_int, check_keep_range
-from models.deepseek.rope_scaling import normalize_rope_scaling
+from models.layers.rope_scaling import normalize_rope_scaling
 
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"

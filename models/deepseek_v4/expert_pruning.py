@@ -44,16 +44,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from models.deepseek import initializers
 from models.deepseek.expert_pruning import expert_load  # noqa: F401  (V4's measurement too)
-from models.deepseek.quantization import (
+from models.deepseek_v4.config import DeepSeekV4Config
+from models.formats.quantization import (
     is_quantized,
     quantize_like,
     quantized_layers,
     requantized,
     unquantized_projections,
 )
-from models.deepseek_v4.config import DeepSeekV4Config
+from models.layers import initializers
 
 
 def _checked_load(config: DeepSeekV4Config, load) -> np.ndarray:

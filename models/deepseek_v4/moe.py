@@ -18,16 +18,16 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek.mlp import SwiGLU
 from models.deepseek.moe import (
     dispatch_to_experts,
     expert_capacity,
     expert_counts,
     sequence_balance_loss,
 )
-from models.deepseek.routed_experts import RoutedExperts
 from models.deepseek_v4.config import DeepSeekV4Config
 from models.deepseek_v4.router import DeepSeekV4Router
+from models.layers.mlp import SwiGLU
+from models.layers.routed_experts import RoutedExperts
 
 
 @keras.saving.register_keras_serializable(package="deepseek_v4")

@@ -15,9 +15,9 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
 from models.deepseek.router import DeepSeekTopKRouter
 from models.deepseek_v4.config import DeepSeekV4Config
+from models.layers import initializers
 
 
 def router_scores(logits, scoring_func: str):

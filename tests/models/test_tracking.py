@@ -1,8 +1,8 @@
-"""The Keras and TensorFlow internals `models/deepseek/_tracking.py` relies on.
+"""The Keras and TensorFlow internals `models/layers/tracking.py` relies on.
 
 Keras 3 on TensorFlow leaves a layer's list attributes out of
 `tf.train.Checkpoint` (keras-team/keras#19425, open), so the model's decoder
-blocks and experts would be missing from every checkpoint. `_tracking.py` adds
+blocks and experts would be missing from every checkpoint. `models/layers/tracking.py` adds
 them back through internals of the pinned Keras (3.6.0) and of
 `tf.__internal__`. These tests pin each internal, so that a Keras or TensorFlow
 upgrade fails here, loudly and with what to do, instead of writing checkpoints
@@ -13,20 +13,20 @@ import keras
 import pytest
 import tensorflow as tf
 
-from models.deepseek._tracking import no_default_save_signature, with_layer_lists
+from models.layers.tracking import no_default_save_signature, with_layer_lists
 
 ISSUE = "keras-team/keras#19425"
 
 
 def changed(what: str) -> str:
-    """The failure message when an internal `_tracking.py` relies on changed."""
+    """The failure message when an internal `tracking.py` relies on changed."""
     return (
         f"Keras {keras.__version__} / TensorFlow {tf.__version__} changed an internal that "
-        f"models/deepseek/_tracking.py relies on (the workaround for {ISSUE}: a Layer's list "
+        f"models/layers/tracking.py relies on (the workaround for {ISSUE}: a Layer's list "
         f"attributes are missing from tf.train.Checkpoint): {what}. Without it checkpoints "
         f"silently lose every decoder block and expert. If {ISSUE} is fixed in this Keras, "
-        "delete _tracking.py and the `_trackable_children` overrides in "
-        "models/deepseek/causal_lm.py; otherwise adapt _tracking.py to the new "
+        "delete models/layers/tracking.py and the `_trackable_children` overrides in "
+        "models/deepseek/causal_lm.py; otherwise adapt tracking.py to the new "
         "internal. Either way, check that checkpoint keys are unchanged "
         "(`model/decoder_layers/0/...`), so existing checkpoints still restore."
     )
@@ -34,7 +34,7 @@ def changed(what: str) -> str:
 
 FIXED = (
     f"{ISSUE} looks fixed in Keras {keras.__version__}: the base `_trackable_children"
-    "('checkpoint')` now lists a layer's list attributes. Delete models/deepseek/_tracking.py "
+    "('checkpoint')` now lists a layer's list attributes. Delete models/layers/tracking.py "
     "and the `_trackable_children` overrides in models/deepseek/causal_lm.py, then "
     "check that checkpoint keys are unchanged (`model/decoder_layers/0/...`), so existing "
     "checkpoints still restore, and that test_deepseek_causal_lm.py::"
@@ -130,9 +130,9 @@ def test_the_keras_internals_of_expert_projection_are_as_pinned():
     """`ExpertProjection` (stacked experts) adds LoRA weights after build by unlocking the
     layer's `_tracker`, as Keras' Dense.enable_lora does, and marks itself quantized with
     `_is_quantized`, which Keras' dtype-policy setter reads, as Dense.quantize does."""
-    from models.deepseek.expert_projection import ExpertProjection
+    from models.layers.expert_projection import ExpertProjection
 
-    what = ("models/deepseek/expert_projection.py uses Keras' private `Layer._tracker` "
+    what = ("models/layers/expert_projection.py uses Keras' private `Layer._tracker` "
             "(lock/unlock/locked) and `_is_quantized`, as keras.layers.Dense does; adapt "
             "ExpertProjection.enable_lora / quantize to this Keras ({})")
     layer = keras.layers.Dense(2)
