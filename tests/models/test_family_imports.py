@@ -1,6 +1,6 @@
 """How DeepSeek-V4 may use V2/V3 (issue 51): as transformers' modular files do, through
 V3's public names only (inherit a V3 class and change what V4 changes). What both
-families share lives in the kit (`models.layers`, `models.formats`),
+families share lives in the kit (`models.layers`, `models.formats`, `models.planning`),
 which imports no family (import-linter contracts in pyproject.toml)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_v4_uses_no_private_name_of_v3():
              for path in sorted((ROOT / "models" / "deepseek_v4").glob("*.py"))
              for use in private_uses(path.read_text(encoding="utf-8"))]
     assert not found, ("V4 uses V3's private names; make them public in the kit "
-                       "(models/layers, models/formats):\n" + "\n".join(found))
+                       "(models/layers, models/formats, models/planning):\n" + "\n".join(found))
 
 
 def test_the_check_finds_a_private_import_and_attribute():
