@@ -9,7 +9,7 @@ References: DeepSeek-V2 (arXiv 2405.04434), DeepSeek-V3 (arXiv 2412.19437),
 HF transformers `modeling_deepseek_v3.py`.
 """
 
-import importlib
+from models.layers.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "DeepSeekConfig": "config",
@@ -33,16 +33,4 @@ _EXPORTS = {
     "mfu": "flops",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        path = _EXPORTS[name]
-        module = importlib.import_module(path if "." in path else f"{__name__}.{path}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)
