@@ -171,8 +171,9 @@ def build_variants(run: str, work: str, lora_steps: int) -> tuple[list[dict], ob
     from cli.prune import token_windows
     from components.lm_evaluator.executor import read_eval_documents
     from components.trainer import model_io
-    from models.deepseek.expert_pruning import expert_load, prune_experts
+    from models.deepseek.expert_pruning import prune_experts
     from models.formats import quantization
+    from models.layers.expert_load import expert_load
     from savedmodel.export import export_serving_model
     from savedmodel.hf_interop import load_model_from_savedmodel
     from savedmodel.layout import latest_version, read_pipeline_config

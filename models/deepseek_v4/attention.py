@@ -60,7 +60,6 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek.lightning_indexer import indexer_kl_loss
 from models.deepseek_v4 import kv_cache, sparse_attention
 from models.deepseek_v4.compressor import KVCompressor
 from models.deepseek_v4.config import CSA, SLIDING, DeepSeekV4Config
@@ -75,6 +74,7 @@ from models.deepseek_v4.ops import (
 )
 from models.layers import initializers
 from models.layers.expert_projection import ExpertProjection
+from models.layers.indexer_scores import indexer_kl_loss
 from models.layers.rms_norm import RMSNorm
 
 # Queries per block of the cached path's sparse attention (`_cached_sparse`).

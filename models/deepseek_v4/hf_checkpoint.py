@@ -27,7 +27,6 @@ import tensorflow as tf
 
 from common import memory
 from common.json_file import read_json
-from models.deepseek.hf_checkpoint import ASSIGN_BLOCK_BYTES, QUANTIZED_DTYPES, assign_tensor
 from models.deepseek_v4.hf_config import CONFIG_NAME, config_from_hf, config_to_hf
 from models.deepseek_v4.hf_names import (
     GroupedKernel,
@@ -39,6 +38,7 @@ from models.deepseek_v4.hf_names import (
 )
 from models.formats import fp8, safetensors_reader
 from models.formats.checkpoint_error import CheckpointError
+from models.formats.tensor_assign import ASSIGN_BLOCK_BYTES, QUANTIZED_DTYPES, assign_tensor
 from models.layers import initializers
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
@@ -88,7 +88,7 @@ class CheckedV4Checkpoint:
         return fp8.read_dequantized(self.files, name, self.quantization, dtype)
 
     def read_float(self, name: str) -> np.ndarray:
-        """`read` in float32 (tid2eid int32): what `hf_checkpoint.assign_tensor` reads."""
+        """`read` in float32 (tid2eid int32): what `tensor_assign.assign_tensor` reads."""
         return self.read(name)
 
 

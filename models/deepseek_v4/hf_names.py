@@ -44,8 +44,9 @@ import re
 
 import tensorflow as tf
 
-from models.deepseek.hf_names import DequantizedKernel, ExpertSlice
 from models.deepseek_v4.config import CSA, SLIDING, DeepSeekV4Config
+from models.formats.dequantized_kernel import DequantizedKernel
+from models.formats.expert_slice import ExpertSlice
 from models.formats.quantization import float_kernel, is_quantized, kernel_variable
 
 FORMS = ("transformers", "release")

@@ -47,6 +47,28 @@ def test_v4_uses_no_private_name_of_v3():
                        "(models/layers, models/formats, models/planning):\n" + "\n".join(found))
 
 
+def uninherited_imports(source: str) -> list[str]:
+    """Names `source` imports from models.deepseek that no class in it inherits."""
+    tree = ast.parse(source)
+    imported = {alias.asname or alias.name: node.lineno for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and _is_v3(node.module)
+                for alias in node.names}
+    imported.update({(alias.asname or alias.name): node.lineno for node in ast.walk(tree)
+                     if isinstance(node, ast.Import) for alias in node.names
+                     if _is_v3(alias.name)})
+    bases = {base.id for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+             for base in node.bases if isinstance(base, ast.Name)}
+    return [f"line {line}: {name}" for name, line in imported.items() if name not in bases]
+
+
+def test_v4_takes_from_v3_only_the_classes_it_inherits():
+    found = [f"{path.relative_to(ROOT)} {use}"
+             for path in sorted((ROOT / "models" / "deepseek_v4").glob("*.py"))
+             for use in uninherited_imports(path.read_text(encoding="utf-8"))]
+    assert not found, ("V4 imports from V3 what it does not inherit; what both families "
+                       "use belongs in the kit:\n" + "\n".join(found))
+
+
 def test_the_check_finds_a_private_import_and_attribute():
     source = ("from models.deepseek.config import _check_int, check_keep_range\n"
               "from models.deepseek import memory_plan as base\n"
@@ -54,3 +76,11 @@ def test_the_check_finds_a_private_import_and_attribute():
               "y = base.plan\n")
     assert private_uses(source) == [
         "line 1: from models.deepseek.config import _check_int", "line 3: base._min_devices"]
+
+
+def test_the_check_finds_an_import_that_is_not_a_base_class():
+    source = ("from models.deepseek.router import DeepSeekTopKRouter\n"
+              "from models.deepseek.moe import expert_counts\n"
+              "class V4Router(DeepSeekTopKRouter):\n"
+              "    pass\n")
+    assert uninherited_imports(source) == ["line 2: expert_counts"]
