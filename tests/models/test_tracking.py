@@ -25,8 +25,8 @@ def changed(what: str) -> str:
         f"models/layers/tracking.py relies on (the workaround for {ISSUE}: a Layer's list "
         f"attributes are missing from tf.train.Checkpoint): {what}. Without it checkpoints "
         f"silently lose every decoder block and expert. If {ISSUE} is fixed in this Keras, "
-        "delete models/layers/tracking.py and the `_trackable_children` overrides in "
-        "models/deepseek/causal_lm.py; otherwise adapt tracking.py to the new "
+        "delete models/layers/tracking.py and the `_trackable_children` override in "
+        "models/layers/causal_lm_base.py; otherwise adapt tracking.py to the new "
         "internal. Either way, check that checkpoint keys are unchanged "
         "(`model/decoder_layers/0/...`), so existing checkpoints still restore."
     )
@@ -35,7 +35,7 @@ def changed(what: str) -> str:
 FIXED = (
     f"{ISSUE} looks fixed in Keras {keras.__version__}: the base `_trackable_children"
     "('checkpoint')` now lists a layer's list attributes. Delete models/layers/tracking.py "
-    "and the `_trackable_children` overrides in models/deepseek/causal_lm.py, then "
+    "and the `_trackable_children` override in models/layers/causal_lm_base.py, then "
     "check that checkpoint keys are unchanged (`model/decoder_layers/0/...`), so existing "
     "checkpoints still restore, and that test_deepseek_causal_lm.py::"
     "test_tf_train_checkpoint_covers_every_weight passes."
@@ -187,14 +187,14 @@ def _saved_functions(model, tmp_path) -> list[str]:
 def test_keras_still_traces_a_default_signature_that_the_override_removes(tmp_path):
     """Keras' TF backend gives every built Model `_default_save_signature`, a tf.function
     of its `call`, which TensorFlow traces into any SavedModel holding the model; our
-    causal LMs replace the property with `no_default_save_signature` (_tracking.py)."""
+    causal LMs replace the property with `no_default_save_signature` (tracking.py)."""
     from models.deepseek.causal_lm import DeepSeekCausalLM
     from models.deepseek_v4.causal_lm import DeepSeekV4CausalLM
 
     what = ("Keras' private `_default_save_signature` property ({}): if Keras no longer "
-            "traces a built Model's `call` into SavedModels, delete the overrides in "
-            "models/deepseek/causal_lm.py and models/deepseek_v4/causal_lm.py and "
-            "`no_default_save_signature` in _tracking.py; if it renamed the property, "
+            "traces a built Model's `call` into SavedModels, delete the override in "
+            "models/layers/causal_lm_base.py and "
+            "`no_default_save_signature` in tracking.py; if it renamed the property, "
             "override the new name")
     assert _saved_functions(_Model(name="plain"), tmp_path / "keras") == ["_default_save_signature"], \
         what.format("a plain Model saved no default signature, or others")
