@@ -12,7 +12,7 @@ directory:
   float32          the pushed model itself
   bfloat16         its weights cast to bf16 (`train.export_dtype=bfloat16`)
   int8             projections int8 with per-output-channel scales (`--dtype int8`,
-                   `models/deepseek/quantization.py`; embedding, norms, router float32)
+                   `models/formats/quantization.py`; embedding, norms, router float32)
   int8 + LoRA      the int8 model as the base of `--lora-steps` steps of rank-8 LoRA
                    on the run's train split (QLoRA-style: the base stays int8), the
                    adapters merged into re-quantized int8 kernels
@@ -171,8 +171,9 @@ def build_variants(run: str, work: str, lora_steps: int) -> tuple[list[dict], ob
     from cli.prune import token_windows
     from components.lm_evaluator.executor import read_eval_documents
     from components.trainer import model_io
-    from models.deepseek import quantization
-    from models.deepseek.expert_pruning import expert_load, prune_experts
+    from models.deepseek.expert_pruning import prune_experts
+    from models.formats import quantization
+    from models.layers.expert_load import expert_load
     from savedmodel.export import export_serving_model
     from savedmodel.hf_interop import load_model_from_savedmodel
     from savedmodel.layout import latest_version, read_pipeline_config

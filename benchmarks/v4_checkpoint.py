@@ -74,8 +74,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from models.deepseek import fp8, mxfp4  # noqa: E402
-from models.deepseek.safetensors_reader import (  # noqa: E402
+from models.formats import fp8, mxfp4  # noqa: E402
+from models.formats.safetensors_reader import (  # noqa: E402
     SAFE_WEIGHTS_INDEX_NAME,
     write_safetensors_streaming,
 )

@@ -31,6 +31,7 @@ from models.deepseek.hf_config import CONFIG_NAME, config_from_hf
 from models.deepseek_v4 import memory_plan as v4_plan
 from models.deepseek_v4.config import DeepSeekV4Config
 from models.deepseek_v4.presets import DEEPSEEK_V4_PRESETS, PUBLISHED_SIZES, deepseek_v4_preset
+from models.planning import plan_input
 
 # Models of the planner itself, beside models/deepseek/deepseek_presets.py.
 PLAN_MODELS = tuple(memory_plan.DESIGN_CONFIGS)
@@ -96,7 +97,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         os.path.dirname(os.path.abspath(args.config or "."))
     name = args.preset or os.path.basename(os.path.abspath(checkpoint))
     try:
-        case = memory_plan.PlanInput(
+        case = plan_input.PlanInput(
             config, name=name, mode=args.mode, weights_dtype=args.weights_dtype,
             compute_dtype=args.compute_dtype, optimizer=args.optimizer,
             lora_rank=args.lora_rank, lora_targets=args.lora_targets,
@@ -118,12 +119,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     counts = pl.counts
     print(f"\n{name}: {counts.total:,} parameters, {counts.trained:,} trained"
           + (f" ({counts.adapters:,} LoRA adapter parameters)" if counts.adapters else ""))
-    print(f"per device (GiB): weights {pl.weights / memory_plan.GIB:.2f}, master weights "
-          f"{pl.master_weights / memory_plan.GIB:.2f}, gradients "
-          f"{pl.gradients / memory_plan.GIB:.2f}, optimizer states "
-          f"{pl.optimizer_states / memory_plan.GIB:.2f}, activations "
-          f"{pl.activations / memory_plan.GIB:.2f}, KV cache {pl.kv_cache / memory_plan.GIB:.2f}"
-          f"; total {pl.total / memory_plan.GIB:.2f} of {args.memory_gb:g}")
+    print(f"per device (GiB): weights {pl.weights / plan_input.GIB:.2f}, master weights "
+          f"{pl.master_weights / plan_input.GIB:.2f}, gradients "
+          f"{pl.gradients / plan_input.GIB:.2f}, optimizer states "
+          f"{pl.optimizer_states / plan_input.GIB:.2f}, activations "
+          f"{pl.activations / plan_input.GIB:.2f}, KV cache {pl.kv_cache / plan_input.GIB:.2f}"
+          f"; total {pl.total / plan_input.GIB:.2f} of {args.memory_gb:g}")
     fewest = ("no number of devices (nothing is divided with --sharding none)"
               if pl.min_devices is None and args.sharding == "none" else
               "no number of devices" if pl.min_devices is None else f"{pl.min_devices}")
@@ -149,7 +150,7 @@ def _v4_report(name: str, config: DeepSeekV4Config, seq_len: int, compute_dtype:
     total_pub, active_pub = PUBLISHED_SIZES.get(name, (None, None))
     w = v4_plan.weight_bytes(config)
     released = v4_plan.weight_bytes(config, include_mtp=True)["released"]
-    b = memory_plan.DTYPE_BYTES[compute_dtype]
+    b = plan_input.DTYPE_BYTES[compute_dtype]
     kv = v4_plan.kv_cache_items(config, seq_len, b)
     mib = 2**20
     return "\n".join([
@@ -160,9 +161,9 @@ def _v4_report(name: str, config: DeepSeekV4Config, seq_len: int, compute_dtype:
         f"{vs(s.activated, active_pub)}); with the embedding {s.activated_with_embedding:,}",
         f"  routed experts {s.routed_experts / 1e9:,.2f}B; MTP modules (released, not built) "
         f"{s.mtp:,} ({s.mtp_activated:,} activated); tid2eid buffers {s.tid2eid:,} int64",
-        f"  weights (no MTP): float32 {w['float32'] / memory_plan.GIB:,.1f} GiB, bfloat16 "
-        f"{w['bfloat16'] / memory_plan.GIB:,.1f} GiB; released checkpoint (FP4 experts, FP8, "
-        f"bf16, with MTP and scales, estimated) {released / memory_plan.GIB:,.1f} GiB",
+        f"  weights (no MTP): float32 {w['float32'] / plan_input.GIB:,.1f} GiB, bfloat16 "
+        f"{w['bfloat16'] / plan_input.GIB:,.1f} GiB; released checkpoint (FP4 experts, FP8, "
+        f"bf16, with MTP and scales, estimated) {released / plan_input.GIB:,.1f} GiB",
         f"  KV cache of one sequence at {seq_len:,} tokens ({compute_dtype} entries, float32 "
         f"compressor state): {sum(kv.values()) / mib:,.2f} MiB = "
         + " + ".join(f"{k} {v / mib:,.2f}" for k, v in kv.items()),
@@ -201,14 +202,14 @@ def add_parsers(sub) -> None:
     what.add_argument("--tables", action="store_true", help="print the design table")
     p.add_argument("--json", action="store_true",
                    help="one case's plan as JSON (bytes per device) instead of the table")
-    p.add_argument("--mode", choices=memory_plan.MODES, default="full",
+    p.add_argument("--mode", choices=plan_input.MODES, default="full",
                    help="full fine-tuning, LoRA, frozen (top N blocks train), or inference "
                    "(weights + KV cache: also what an imported checkpoint needs)")
-    p.add_argument("--weights-dtype", choices=tuple(memory_plan.DTYPE_BYTES), default="bfloat16",
+    p.add_argument("--weights-dtype", choices=tuple(plan_input.DTYPE_BYTES), default="bfloat16",
                    help="stored weights (full training adds float32 master weights to bf16)")
-    p.add_argument("--compute-dtype", choices=tuple(memory_plan.DTYPE_BYTES),
+    p.add_argument("--compute-dtype", choices=tuple(plan_input.DTYPE_BYTES),
                    default="bfloat16", help="activations and the peak FLOP/s used")
-    p.add_argument("--optimizer", choices=memory_plan.OPTIMIZERS, default="adamw")
+    p.add_argument("--optimizer", choices=plan_input.OPTIMIZERS, default="adamw")
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--lora-targets", default="attention,mlp")
     p.add_argument("--trainable-blocks", type=int, default=None,
@@ -217,11 +218,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--seq-len", type=int, default=4096,
                    help="tokens per sequence (inference: the context in the KV cache)")
     p.add_argument("--grad-accum-steps", type=int, default=1)
-    p.add_argument("--recompute", choices=memory_plan.RECOMPUTE, default="none")
+    p.add_argument("--recompute", choices=plan_input.RECOMPUTE, default="none")
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--memory-gb", type=float, default=80.0,
                    help="memory per device in GiB (an 80 GB A100 has 80 GiB)")
-    p.add_argument("--sharding", choices=memory_plan.SHARDINGS, default="none",
+    p.add_argument("--sharding", choices=plan_input.SHARDINGS, default="none",
                    help="none: plain data parallel; optimizer: ZeRO-2; full: ZeRO-3/FSDP")
     p.add_argument("--gpu", default="A100", help="the device whose published peak is used "
                    f"({', '.join(flops.PEAK_FLOPS_TABLE)})")

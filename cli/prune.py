@@ -78,7 +78,8 @@ def prune_model_dir(model: str, keep: int, data: str, out_dir: str, *,
     import numpy as np
     import tensorflow_text  # noqa: F401  (the tokenizer's regex_split)
 
-    from models.deepseek.expert_pruning import expert_load, prune_experts, select_experts
+    from models.deepseek.expert_pruning import prune_experts, select_experts
+    from models.layers.expert_load import expert_load
 
     hf = _is_hf_dir(model)
     model_dir = model if hf else resolve_model_dir(model)

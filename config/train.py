@@ -121,7 +121,7 @@ class TrainConfig:
       export_dtype: the precision of the exported (evaluated, pushed) model's weights:
         `auto` (the trained model's: float32, or bfloat16 for LoRA on a bf16 base, int8
         for LoRA on an int8 base), `float32`, `bfloat16`, or `int8` (the projections
-        quantized with per-output-channel scales, `models/deepseek/quantization.py`;
+        quantized with per-output-channel scales, `models/formats/quantization.py`;
         embedding, norms and router float32). Applied after training (and pruning),
         before the Trainer's eval, so the Evaluator gates the model that is pushed; the
         checkpoint directory ignores it.

@@ -26,11 +26,11 @@ import os
 
 from common.json_file import read_json
 from models.deepseek import hf_config as v3_config
-from models.deepseek import safetensors_reader
 from models.deepseek.config import DeepSeekConfig
-from models.deepseek.hf_config import CheckpointError
 from models.deepseek_v4 import hf_config as v4_config
 from models.deepseek_v4.config import DeepSeekV4Config
+from models.formats import safetensors_reader
+from models.formats.checkpoint_error import CheckpointError
 
 V4_PREFIX = "deepseek_v4"  # "deepseek_v4"; V4.1's model types are refused by the V4 reader
 CONFIG_NAME = "config.json"

@@ -49,7 +49,7 @@ from common.json_file import read_json, write_json
 from config import GenerationConfig
 from models import checkpoints
 from models.deepseek import hf_checkpoint
-from models.deepseek.quantization import quantize_int8
+from models.formats.quantization import quantize_int8
 from savedmodel.hf_generation import (
     SAMPLING_KEYS,
     generation_config_from_hf,
@@ -306,7 +306,7 @@ def load_model_from_savedmodel(model_dir: str, dtype: str | None = None):
       AssertionError: the SavedModel's variables do not cover the model.
       ValueError: precision.json names a dtype that is not supported.
     """
-    from models.deepseek.initializers import weights_from_checkpoint
+    from models.layers.initializers import weights_from_checkpoint
 
     stored = read_weight_dtype(model_dir)
     with weights_from_checkpoint():  # every weight is restored below (checked)
@@ -378,7 +378,7 @@ def _per_expert_keys(matched: dict, graph) -> dict[int, list[str]]:
       {id(stacked variable): [checkpoint key of expert 0, 1, ...]} for every stacked
       variable a per-expert checkpoint holds (empty for a checkpoint of stacked experts).
     """
-    from models.deepseek.routed_experts import RoutedExperts
+    from models.layers.routed_experts import RoutedExperts
 
     def child(node_id, name):
         return next((c.node_id for c in graph.nodes[node_id].children if c.local_name == name),

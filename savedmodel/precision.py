@@ -11,7 +11,7 @@
 (`layout.read_weight_dtype`) and the Trainer's base model all take these values.
 
 "int8" is a float32 model whose linear projections hold int8 kernels with float32
-per-output-channel scales (`models/deepseek/quantization.py`, Keras'
+per-output-channel scales (`models/formats/quantization.py`, Keras'
 `Dense.quantize("int8")`); its embedding, norms and router stay float32. Such a model
 is built in the policy "float32" (`keras_policy`) and then quantized.
 
@@ -57,7 +57,7 @@ def weight_dtype_of(model) -> str:
     """The precision of a model's weights: "int8" when the projections of a
     DeepSeekCausalLM or DeepSeekV4CausalLM are quantized (`quantization.is_quantized_model`),
     else its policy's variable dtype ("mixed_bfloat16" keeps float32 variables)."""
-    from models.deepseek.quantization import is_quantized_model
+    from models.formats.quantization import is_quantized_model
 
     if is_quantized_model(model):
         return INT8

@@ -24,12 +24,12 @@ MAX_FILE_LINES = 500
 # split into a shared kit and its families (issue 51, step 4), which moves these files'
 # shared halves out.
 FILE_EXCEPTIONS: dict[str, str] = {
-    "models/deepseek/memory_plan.py": "its arithmetic is shared with V4's planner: one "
-                                      "planner core with each family's inventory (issue 51)",
-    "models/deepseek_v4/memory_plan.py": "the same planner core (issue 51)",
-    "models/deepseek/fp8.py": "FP8 and the scale names go to the formats room with MXFP4 "
-                              "and int8 (issue 51); read_dequantized and check_weight call "
-                              "each other, so a sibling module would make a cycle",
+    "models/deepseek_v4/memory_plan.py": "V4's inventory for the planner core "
+                                         "(models/planning): weights, caches, attended keys "
+                                         "and FLOPs of its three attention kinds",
+    "models/formats/fp8.py": "FP8 block dequantization and its scale names read together; "
+                             "read_dequantized and check_weight call each other, so a "
+                             "sibling module would make a cycle",
     "models/deepseek/mla_attention.py": "MLA's train, prefill and absorbed-decode paths read "
                                         "together; the cache helpers go with the kit (issue 51)",
     "models/deepseek_v4/attention.py": "V4's attention keeps only what V4 changes once the "

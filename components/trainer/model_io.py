@@ -18,8 +18,9 @@ from __future__ import annotations
 from components.trainer import trainable
 from config import PipelineConfig
 from models import checkpoints
-from models.deepseek import DeepSeekCausalLM, quantization
-from models.deepseek.initializers import weights_from_checkpoint
+from models.deepseek import DeepSeekCausalLM
+from models.formats import quantization
+from models.layers.initializers import weights_from_checkpoint
 from savedmodel.precision import AUTO, INT8, keras_policy, weight_dtype_of
 
 

@@ -6,7 +6,7 @@ and the Pusher pushes, the pruned model.
 
   prune_trained_model(model, eval_ds, config)   -> (model to evaluate and export, Pruning
                                                 or None). Measures each MoE layer's router
-                                                load (`expert_pruning.expert_load`) on the
+                                                load (`models.layers.expert_load`) on the
                                                 eval batches the Trainer scores (the first
                                                 train.eval_batches of `eval_ds`), keeps the
                                                 prune_keep_experts most-routed experts of
@@ -99,9 +99,11 @@ def prune_trained_model(model, eval_ds, config: PipelineConfig):
     from models import checkpoints
 
     if checkpoints.is_v4(model.config):  # hash layers keep a valid tid2eid
-        from models.deepseek_v4.expert_pruning import expert_load, prune_experts, select_experts
+        from models.deepseek_v4.expert_pruning import prune_experts, select_experts
+        from models.layers.expert_load import expert_load
     else:
-        from models.deepseek.expert_pruning import expert_load, prune_experts, select_experts
+        from models.deepseek.expert_pruning import prune_experts, select_experts
+        from models.layers.expert_load import expert_load
 
     batches = [batch["input_ids"] for batch in eval_ds.take(config.train.eval_batches)]
     if not batches:

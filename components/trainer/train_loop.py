@@ -396,7 +396,7 @@ def resolve_jit_compile(setting: str, accelerator=None) -> bool:
 def evaluate(model: DeepSeekCausalLM, eval_dataset: tf.data.Dataset, max_batches: int) -> tuple[float, int]:
     """Mean next-token cross-entropy (nats/token) over up to `max_batches` batches, and the
     number of target tokens (labels < 0, e.g. SFT prompts and padding, are not targets)."""
-    from models.deepseek.losses import token_cross_entropy_sum
+    from models.layers.losses import token_cross_entropy_sum
 
     @tf.function
     def eval_step(batch):

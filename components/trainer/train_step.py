@@ -44,7 +44,7 @@ import tensorflow as tf
 
 from components.trainer.data import IGNORE_LABEL
 from components.trainer.mixture import SOURCE_KEY
-from models.deepseek import losses
+from models.layers import losses
 
 LOSS_TERMS = ("loss", "lm_loss", "mtp_loss", "balance_loss", "distill_loss", "indexer_loss")
 

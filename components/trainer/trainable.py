@@ -32,8 +32,8 @@ import numpy as np
 import tensorflow as tf
 
 from config import TrainConfig
-from models.deepseek.memory_plan import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
-from models.deepseek.quantization import is_quantized, is_quantized_model, requantized
+from models.formats.quantization import is_quantized, is_quantized_model, requantized
+from models.layers.projection_names import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
 
 # DeepSeek-V4's attention projections (transformers' names): wq_a, wq_b, wkv, the grouped
 # output projection wo_a (an `ExpertProjection`: one adapter pair per group) and wo_b.

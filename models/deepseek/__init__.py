@@ -9,22 +9,22 @@ References: DeepSeek-V2 (arXiv 2405.04434), DeepSeek-V3 (arXiv 2412.19437),
 HF transformers `modeling_deepseek_v3.py`.
 """
 
-import importlib
+from models.layers.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "DeepSeekConfig": "config",
-    "RMSNorm": "rms_norm",
-    "rope_cos_sin": "rotary_embedding",
-    "apply_rotary_pos_emb": "rotary_embedding",
+    "RMSNorm": "models.layers.rms_norm",
+    "rope_cos_sin": "models.layers.rotary_embedding",
+    "apply_rotary_pos_emb": "models.layers.rotary_embedding",
     "MultiHeadLatentAttention": "mla_attention",
-    "SwiGLU": "mlp",
+    "SwiGLU": "models.layers.mlp",
     "DeepSeekTopKRouter": "router",
     "DeepSeekMoE": "moe",
     "DeepSeekDecoderBlock": "decoder_block",
     "MultiTokenPredictionLayer": "mtp",
     "DeepSeekCausalLM": "causal_lm",
-    "causal_lm_loss": "losses",
-    "token_cross_entropy": "losses",
+    "causal_lm_loss": "models.layers.losses",
+    "token_cross_entropy": "models.layers.losses",
     "generate": "generation",
     "next_token": "generation",
     "activated_params": "flops",
@@ -33,15 +33,4 @@ _EXPORTS = {
     "mfu": "flops",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -12,19 +12,17 @@ with the latent KV cache of MLA.
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
-from models.deepseek._tracking import no_default_save_signature, with_layer_lists
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.decoder_block import DeepSeekDecoderBlock
-from models.deepseek.losses import causal_lm_loss
 from models.deepseek.mla_attention import init_layer_cache
 from models.deepseek.mtp import MultiTokenPredictionLayer
-from models.deepseek.rms_norm import RMSNorm
-from models.deepseek.training_outputs import training_outputs
+from models.layers.causal_lm_base import CausalLMBase
+from models.layers.rms_norm import RMSNorm
+from models.layers.training_outputs import training_outputs
 
 
 @keras.saving.register_keras_serializable(package="deepseek")
-class DeepSeekCausalLM(keras.Model):
+class DeepSeekCausalLM(CausalLMBase):
     """A DeepSeek-V3-style decoder-only language model (MLA + DeepSeekMoE + MTP).
 
     All weights are created in the constructor (no lazy build): normal(0,
@@ -56,32 +54,20 @@ class DeepSeekCausalLM(keras.Model):
     2405.04434; DeepSeek-V3 arXiv 2412.19437.
     """
 
+    config_class = DeepSeekConfig
+
     def __init__(self, config, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(config, dict):
-            config = DeepSeekConfig.from_dict(config)
+        config = self.checked_config(config)
         self.config = config
         c = config
 
         # Layers.
-        self.embed_tokens = keras.layers.Embedding(
-            c.vocab_size, c.hidden_size, name="embed_tokens", dtype=self.dtype_policy,
-            embeddings_initializer=initializers.normal(c.initializer_range))
-        self.decoder_layers = [
-            DeepSeekDecoderBlock(c, i, name=f"layers.{i}", dtype=self.dtype_policy)
-            for i in range(c.num_hidden_layers)
-        ]
+        self.embed_tokens = self.make_embedding(c)
+        self.decoder_layers = self.make_decoder_layers(DeepSeekDecoderBlock, c)
         self.norm = RMSNorm(c.rms_norm_eps, name="norm", dtype=self.dtype_policy)
-        self.lm_head = None
-        if not c.tie_word_embeddings:
-            self.lm_head = keras.layers.Dense(
-                c.vocab_size, use_bias=False, name="lm_head", dtype=self.dtype_policy,
-                kernel_initializer=initializers.normal(c.initializer_range))
-        self.mtp_layers = [
-            MultiTokenPredictionLayer(c, c.num_hidden_layers + d, name=f"mtp.{d}",
-                                      dtype=self.dtype_policy)
-            for d in range(c.num_nextn_predict_layers)
-        ]
+        self.lm_head = self.make_lm_head(c)
+        self.mtp_layers = self.make_mtp_layers(MultiTokenPredictionLayer, c)
 
         # Weights, created now so that count_params() and tf.function tracing
         # never create variables.
@@ -92,32 +78,9 @@ class DeepSeekCausalLM(keras.Model):
         self.embed_tokens.build((None, None))
         for block in self.decoder_layers:
             block.build((None, None, c.hidden_size))
-        self.norm.build((None, None, c.hidden_size))
-        if self.lm_head is not None:
-            self.lm_head.build((None, None, c.hidden_size))
+        self.build_output_head()
         for mtp in self.mtp_layers:
             mtp.build((None, None, c.hidden_size))
-
-    @property
-    def moe_layers(self):
-        """DeepSeekMoE layers in `expert_load` row order (main blocks, then MTP blocks)."""
-        blocks = list(self.decoder_layers) + [mtp.block for mtp in self.mtp_layers]
-        return [block.mlp for block in blocks if block.is_moe]
-
-    @property
-    def num_moe_layers(self) -> int:
-        return len(self.moe_layers)
-
-    # ------------------------------------------------------------------ forward passes
-
-    def logits_from_hidden(self, hidden_states):
-        """Output head: (B, T, C) normalized hidden states -> float32 logits (B, T, V)."""
-        if self.lm_head is None:
-            embeddings = tf.cast(self.embed_tokens.embeddings, hidden_states.dtype)  # (V, C)
-            logits = tf.einsum("btc,vc->btv", hidden_states, embeddings)  # (B, T, V)
-        else:
-            logits = self.lm_head(hidden_states)  # (B, T, V)
-        return tf.cast(logits, tf.float32)
 
     def call(self, input_ids, training=False):
         """Next-token logits (MTP modules are not run).
@@ -227,46 +190,6 @@ class DeepSeekCausalLM(keras.Model):
                 moe_stats.append(outs[2:])
         return mtp_logits
 
-    def compute_loss(self, input_ids, labels, training=True, recompute_blocks=False,
-                     moe_capacity_factor=None):
-        """Training loss: lm_loss + mtp_loss_weight * mtp_loss + balance_loss.
-
-        Args:
-          input_ids: int32 tensor (B, T).
-          labels: int32 tensor (B, T), already shifted by the caller: labels[t]
-            is the token after input_ids[t]. Negative labels are ignored.
-          training: passed to `forward_train`.
-          recompute_blocks: activation recomputation, see `forward_train`.
-          moe_capacity_factor: MoE dispatch, see `forward_train`.
-
-        Returns:
-          dict of float32 tensors: `loss`, `lm_loss` (mean next-token
-          cross-entropy), `mtp_loss` (mean over MTP depths of their mean
-          cross-entropy, depth k scored against labels shifted k more; 0.0
-          without MTP), `balance_loss`, `expert_load` (num_moe_layers, E),
-          `moe_dropped` (num_moe_layers,). See `losses.causal_lm_loss`.
-        """
-        outputs = self.forward_train(input_ids, training=training,
-                                     recompute_blocks=recompute_blocks,
-                                     moe_capacity_factor=moe_capacity_factor)
-        return causal_lm_loss(outputs, labels, self.config.mtp_loss_weight)
-
-    def update_router_biases(self, expert_load, update_speed=None):
-        """Auxiliary-loss-free bias update of every MoE layer (DeepSeek-V3 §2.1.2).
-
-        Args:
-          expert_load: float tensor (num_moe_layers, n_routed_experts), e.g.
-            `compute_loss(...)["expert_load"]` (summed over replicas if distributed).
-          update_speed: gamma; defaults to config.router_bias_update_speed.
-
-        Returns:
-          None. Assigns gate.e_score_correction_bias in each MoE layer.
-        """
-        if update_speed is None:
-            update_speed = self.config.router_bias_update_speed
-        for i, moe in enumerate(self.moe_layers):
-            moe.update_bias(expert_load[i], update_speed)
-
     # ------------------------------------------------------------------ cached decoding
 
     # False: the latent cache is position-indexed, so a caller may rewind to an earlier
@@ -338,20 +261,3 @@ class DeepSeekCausalLM(keras.Model):
                                       absorb=absorb, in_place=in_place)  # (B, T, C)
             new_caches.append(layer_cache)  # {"kv": (B, S, R + Dr), ...}
         return self.logits_from_hidden(self.norm(h)), tuple(new_caches)
-
-    # ------------------------------------------------------------------ config
-
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        # Let tf.train.Checkpoint see the layers held in lists (see _tracking.py).
-        children = super()._trackable_children(save_type, **kwargs)
-        return with_layer_lists(self, children, save_type)
-
-    # No trace of `call` in SavedModels that hold the model (see _tracking.py).
-    _default_save_signature = property(no_default_save_signature)
-
-    def get_config(self):
-        return {**super().get_config(), "config": self.config.to_dict()}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)

@@ -23,10 +23,11 @@ validated cheaply (the pipeline's CLI does so before importing TensorFlow).
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Any
 
-from models.deepseek.rope_scaling import normalize_rope_scaling
+from models.layers.config_checks import check_float, check_int, check_keep_range
+from models.layers.model_config import ModelConfig
+from models.layers.rope_scaling import normalize_rope_scaling
 
 # topk_method -> the scoring_func it is supported with (DeepSeek's config.json names).
 TOPK_METHODS = {"noaux_tc": "sigmoid", "greedy": "softmax", "group_limited_greedy": "softmax"}
@@ -35,7 +36,7 @@ ATTN_IMPLEMENTATIONS = ("sparse", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
-class DeepSeekConfig:
+class DeepSeekConfig(ModelConfig):
     """Hyper-parameters of a DeepSeek-V3-style causal language model.
 
     Defaults describe a small model (~10M parameters) that trains on a CPU.
@@ -160,18 +161,18 @@ class DeepSeekConfig:
             "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "num_experts_per_tok",
             "n_group", "topk_group", "max_position_embeddings",
         ):
-            _check_int(name, getattr(self, name), minimum=1)
+            check_int(name, getattr(self, name), minimum=1)
         for name in ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers"):
-            _check_int(name, getattr(self, name), minimum=0)
+            check_int(name, getattr(self, name), minimum=0)
         if self.q_lora_rank is not None:
-            _check_int("q_lora_rank", self.q_lora_rank, minimum=1)
+            check_int("q_lora_rank", self.q_lora_rank, minimum=1)
         for name in ("norm_topk_prob", "tie_word_embeddings", "rope_interleave", "seq_aux"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         for name in ("routed_scaling_factor", "rms_norm_eps", "rope_theta", "initializer_range"):
-            _check_float(name, getattr(self, name), positive=True)
+            check_float(name, getattr(self, name), positive=True)
         for name in ("router_bias_update_speed", "aux_loss_alpha", "mtp_loss_weight"):
-            _check_float(name, getattr(self, name), positive=False)
+            check_float(name, getattr(self, name), positive=False)
         if not 0.0 <= self.attention_dropout < 1.0:
             raise ValueError(f"attention_dropout={self.attention_dropout} must be in [0, 1)")
         if self.qk_rope_head_dim % 2:
@@ -235,7 +236,7 @@ class DeepSeekConfig:
                              f"without {', '.join(missing)}: DeepSeek Sparse Attention needs "
                              "all three (or none)")
         for name in names:
-            _check_int(name, getattr(self, name), minimum=1)
+            check_int(name, getattr(self, name), minimum=1)
         if self.index_head_dim < self.qk_rope_head_dim:
             raise ValueError(f"index_head_dim={self.index_head_dim} must be >= "
                              f"qk_rope_head_dim={self.qk_rope_head_dim}: the indexer rotates "
@@ -307,60 +308,3 @@ class DeepSeekConfig:
                     f"{name}={keep} leaves topk_group * keep / n_group = {reachable} experts "
                     f"in a token's groups, fewer than num_experts_per_tok={k}")
         return keep
-
-    # ------------------------------------------------------------------ (de)serialization
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serializable dict of every field."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DeepSeekConfig:
-        """Builds a config from `to_dict()` output (missing keys take defaults).
-
-        Raises:
-          ValueError: if `d` has keys that are not fields, naming them.
-        """
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - fields)
-        if unknown:
-            raise ValueError(f"unknown DeepSeekConfig keys: {unknown}")
-        return cls(**d)
-
-    def replace(self, **changes: Any) -> DeepSeekConfig:
-        """A copy with `changes` applied and validated (dataclasses.replace)."""
-        return dataclasses.replace(self, **changes)
-
-
-def check_keep_range(keep: Any, num_experts_per_tok: int, n_routed_experts: int,
-                     name: str = "keep") -> int:
-    """`keep` as an int if it is a number of routed experts a MoE layer can be pruned to:
-    an integer in [num_experts_per_tok, n_routed_experts] (every token routes to
-    num_experts_per_tok distinct experts). V2/V3 and V4 configs share this rule.
-
-    Raises:
-      ValueError: naming `name` and the value.
-    """
-    if isinstance(keep, bool) or not isinstance(keep, numbers.Integral):  # numpy ints too
-        raise ValueError(f"{name}={keep!r} must be an integer")
-    keep = int(keep)
-    k, n_experts = num_experts_per_tok, n_routed_experts
-    if not k <= keep <= n_experts:
-        raise ValueError(f"{name}={keep} must be in [num_experts_per_tok={k}, "
-                         f"n_routed_experts={n_experts}]: every token routes to {k} "
-                         "distinct experts")
-    return keep
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
-
-
-def _check_float(name: str, value: Any, positive: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}={value!r} must be a number")
-    if positive and value <= 0:
-        raise ValueError(f"{name}={value!r} must be > 0")
-    if not positive and value < 0:
-        raise ValueError(f"{name}={value!r} must be >= 0")

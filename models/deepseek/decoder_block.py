@@ -4,9 +4,9 @@ import keras
 
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.mla_attention import MultiHeadLatentAttention
-from models.deepseek.mlp import SwiGLU
 from models.deepseek.moe import DeepSeekMoE
-from models.deepseek.rms_norm import RMSNorm
+from models.layers.mlp import SwiGLU
+from models.layers.rms_norm import RMSNorm
 
 
 @keras.saving.register_keras_serializable(package="deepseek")

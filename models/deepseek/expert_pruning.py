@@ -40,52 +40,16 @@ multiple of n_group the pruned config sets n_group = topk_group = 1.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import tensorflow as tf
 
-from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.hf_names import hf_weight_map
-from models.deepseek.quantization import is_quantized, is_quantized_model, quantize_int8
+from models.formats.quantization import is_quantized, is_quantized_model, quantize_int8
+from models.layers import initializers
 
 _EXPERT_NAME = ".mlp.experts."
 _GATE_NAMES = (".mlp.gate.weight", ".mlp.gate.e_score_correction_bias")
-
-
-def expert_load(model, token_batches: Iterable) -> np.ndarray:
-    """Counts the (token, expert) routings of every MoE layer on `token_batches`.
-
-    Uses the model's own router through `forward_train(training=False)` (dropless
-    dispatch, MTP modules included, as in training), summed over the batches.
-
-    Args:
-      model: a DeepSeekCausalLM.
-      token_batches: an iterable of int token ids, each (B, T) (numpy or tensor), ids
-        in [0, vocab_size).
-
-    Returns:
-      float64 (num_moe_layers, n_routed_experts), rows in `model.moe_layers` order
-      (main blocks, then MTP blocks). Each row of the main blocks sums to
-      B*T*num_experts_per_tok over the batches (MTP depth k sees T - k positions).
-
-    Raises:
-      ValueError: if `token_batches` is empty or a batch is not 2-D.
-    """
-    c = model.config
-    total = np.zeros((model.num_moe_layers, c.n_routed_experts), np.float64)
-    seen = 0
-    for batch in token_batches:
-        ids = tf.convert_to_tensor(batch, tf.int32)  # (B, T)
-        if ids.shape.rank != 2:
-            raise ValueError(f"a token batch must be (B, T), got shape {ids.shape}")
-        load = model.forward_train(ids, training=False)["expert_load"]  # (M, E) float32
-        total += load.numpy().astype(np.float64)  # counts < 2**24 per batch: exact
-        seen += 1
-    if not seen:
-        raise ValueError("token_batches is empty: no tokens to measure the expert load on")
-    return total
 
 
 def select_experts(config: DeepSeekConfig, keep: int, load) -> list[np.ndarray]:

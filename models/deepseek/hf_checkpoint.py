@@ -21,12 +21,10 @@ import os
 import re
 import stat
 
-import ml_dtypes
 import numpy as np
 
 from common import memory
 from common.json_file import read_json
-from models.deepseek import fp8, initializers, safetensors_reader
 from models.deepseek.hf_config import (
     CONFIG_NAME,
     CheckpointError,
@@ -35,7 +33,6 @@ from models.deepseek.hf_config import (
     read_config_json,
 )
 from models.deepseek.hf_names import (
-    ExpertSlice,
     expected_hf_shapes,
     hf_weight_map,
     shared_mtp_names,
@@ -46,6 +43,9 @@ from models.deepseek.hf_save import (
     model_tensors,
     save_hf_checkpoint,
 )
+from models.formats import fp8, safetensors_reader
+from models.formats.tensor_assign import assign_tensor
+from models.layers import initializers
 
 __all__ = [
     "CONFIG_NAME", "CheckpointError", "config_from_hf", "config_to_hf", "read_config_json",
@@ -261,11 +261,6 @@ def stored_precision(checkpoint_dir: str) -> str:
     return _PRECISIONS[collections.Counter(dtypes).most_common(1)[0][0]]
 
 
-def _numpy_dtype(variable) -> np.dtype:
-    name = getattr(variable.dtype, "name", variable.dtype)
-    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
-
-
 def load_hf_checkpoint(checkpoint_dir: str, dtype: str = "float32"):
     """Builds a DeepSeekCausalLM from a HF DeepSeek-V3 checkpoint directory.
 
@@ -281,7 +276,7 @@ def load_hf_checkpoint(checkpoint_dir: str, dtype: str = "float32"):
       checkpoint_dir: holds `config.json` and `model.safetensors` or sharded
         `model-XXXXX-of-YYYYY.safetensors` with `model.safetensors.index.json`;
         float32, float16, bfloat16 or block-quantized FP8 (`quantization_config`,
-        see `models/deepseek/fp8.py`). MTP weights (layer index num_hidden_layers
+        see `models/formats/fp8.py`). MTP weights (layer index num_hidden_layers
         + d) load into the MTP modules; their `embed_tokens` / `shared_head.head`
         copies are not loaded (the main model's are shared, DeepSeek-V3 §2.2), with
         a warning if they differ from the main tensors.
@@ -312,44 +307,6 @@ def load_hf_checkpoint(checkpoint_dir: str, dtype: str = "float32"):
     _check_shared_copies(checked)
     memory.release_free_memory()  # the loader's freed temporaries (common/memory.py)
     return model
-
-
-# A tensor larger than this is assigned in row blocks of about this size, in place.
-ASSIGN_BLOCK_BYTES = 64 * 1024 * 1024
-# Stored dtypes read whole and dequantized (FP8; MXFP4 pairs in I8); I64: tid2eid tables.
-QUANTIZED_DTYPES = ("F8_E4M3", "I8", "I64")
-
-
-def assign_tensor(checked, name: str, variable, transpose: bool,
-                  stored: str | None = None) -> None:
-    """Copies tensor `name` into `variable` (its transpose for a Dense kernel).
-
-    `checked` is a `CheckedCheckpoint` or anything with its `files` (the
-    `safetensors_reader.Checkpoint`) and `read_float(name)` (the tensor as a float array,
-    dequantized; `models/deepseek_v4/hf_checkpoint.CheckedV4Checkpoint` too); `stored` is
-    the tensor's name in the files when it differs from `name` (an alias).
-
-    A 2-D unquantized tensor larger than `ASSIGN_BLOCK_BYTES` goes in row blocks written
-    in place into the variable's buffer (`tf.Variable` slice assign), so loading holds
-    one block beside the model, not the whole tensor, its converted copy and the
-    variable's old buffer (an embedding of 129,280 x 2,048 bf16 is 0.53 GB each)."""
-    stored = name if stored is None else stored
-    info, dtype = checked.files.info(stored), _numpy_dtype(variable)
-    if (info.dtype in QUANTIZED_DTYPES or len(info.shape) != 2
-            or info.nbytes <= ASSIGN_BLOCK_BYTES
-            or isinstance(variable, ExpertSlice)):  # a slice assigns in place itself
-        value = checked.read_float(name).astype(dtype, copy=False)
-        variable.assign(value.T if transpose else value)
-        return
-    rows = max(1, ASSIGN_BLOCK_BYTES // (info.nbytes // info.shape[0]))
-    target = variable.value  # the backend's tf.Variable: its slices assign in place
-    for r0 in range(0, info.shape[0], rows):
-        r1 = min(r0 + rows, info.shape[0])
-        block = checked.files.read(stored, (r0, r1)).astype(dtype, copy=False)  # (r1-r0, in)
-        if transpose:
-            target[:, r0:r1].assign(block.T)
-        else:
-            target[r0:r1].assign(block)
 
 
 def _check_shared_copies(checked: CheckedCheckpoint, rows: int = 4096) -> None:

@@ -20,6 +20,7 @@ import logging
 import os
 
 from models.deepseek.config import DeepSeekConfig
+from models.formats.checkpoint_error import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +81,6 @@ _IGNORED_KEYS = {
     "output_attentions", "tie_encoder_decoder", "is_encoder_decoder", "qk_head_dim",
     "layer_types", "mlp_layer_types",  # deepseek_v32: checked by _config_from_hf_v32
 }
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not match the model: names the tensor or key and the problem."""
 
 
 # ----------------------------------------------------------------------------- config.json

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from models.deepseek.hf_config import CONFIG_NAME, config_to_hf
 from models.deepseek.hf_names import hf_weight_map, shared_mtp_names, tensor_sort_key
-from models.deepseek.safetensors_reader import write_safetensors_streaming
+from models.formats.safetensors_reader import write_safetensors_streaming
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"

@@ -62,48 +62,22 @@ about a second).
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 from models.deepseek import flops
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.deepseek_presets import deepseek_preset, deepseek_v3_config
-
-GIB = 2**30
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-MODES = ("full", "lora", "frozen", "inference")
-OPTIMIZERS = ("adamw", "sgd", "adafactor")
-SHARDINGS = ("none", "optimizer", "full")
-RECOMPUTE = ("none", "full")
-ATTENTION_PROJECTIONS = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
-                         "o_proj")
-MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-
+from models.planning import plan as planning_plan
+from models.planning.family_inventory import FamilyInventory
+from models.planning.parameter_counts import (
+    ParameterCounts,
+    check_choices,
+    check_trainable_blocks,
+    count_parameters,
+)
+from models.planning.plan import Plan
+from models.planning.plan_input import DTYPE_BYTES, GIB, PlanInput, check_activation_args
+from models.planning.weight_tensor import WeightTensor
 
 # ----------------------------------------------------------------------------- parameters
-
-
-@dataclasses.dataclass(frozen=True)
-class WeightTensor:
-    """One weight of `DeepSeekCausalLM`.
-
-    Attributes:
-      path: as `trainable.weight_path` writes it, e.g. `layers.1/self_attn/o_proj/kernel`.
-      shape: its shape; a Dense kernel is (in, out), the routed experts' stacked
-        kernels (E, in, out).
-      trainable: False only for the routers' `e_score_correction_bias`.
-      lora: "attention" or "mlp" when it is a kernel that `train.lora_targets`
-        can adapt, else "".
-    """
-
-    path: str
-    shape: tuple[int, ...]
-    trainable: bool = True
-    lora: str = ""
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
 
 
 def _block_tensors(c: DeepSeekConfig, prefix: str, layer_idx: int) -> list[WeightTensor]:
@@ -179,52 +153,17 @@ def weight_tensors(config: DeepSeekConfig) -> list[WeightTensor]:
 
 def _top_prefixes(c: DeepSeekConfig, n: int) -> tuple[str, ...]:
     """As `components/trainer/trainable._top_prefixes`: the last n blocks, norm, head, MTP."""
-    if not 0 <= n <= c.num_hidden_layers:
-        raise ValueError(f"trainable_blocks={n} must be in [0, num_hidden_layers="
-                         f"{c.num_hidden_layers}]")
+    check_trainable_blocks(n, c.num_hidden_layers)
     head = "embed_tokens/" if c.tie_word_embeddings else "lm_head/"
     return (*(f"layers.{i}/" for i in range(c.num_hidden_layers - n, c.num_hidden_layers)),
             "norm/", head, "mtp.")
 
 
-@dataclasses.dataclass(frozen=True)
-class ParameterCounts:
-    """Parameters of a run.
-
-    Attributes:
-      total: the model's weights (adapters excluded; what is exported).
-      trained: parameters that get gradients and optimizer states (the adapters
-        under LoRA; the `Selection.trainable_params` of components/trainer/trainable.py).
-      frozen: total minus the trained base weights (all of `total` under LoRA).
-      adapters: LoRA parameters, rank x (in + out) per adapted kernel.
-      optimizer_numbers: float32 numbers of optimizer state (see `plan`).
-      adapted_kernels: parameters of the kernels that carry LoRA adapters (0 without);
-        adapted_kernels_block: the most of them in one block (or MTP module).
-    """
-
-    total: int
-    trained: int
-    frozen: int
-    adapters: int
-    optimizer_numbers: int
-    adapted_kernels: int = 0
-    adapted_kernels_block: int = 0
-
-
-def _optimizer_numbers(shape: tuple[int, ...], optimizer: str) -> int:
-    if optimizer == "adamw":
-        return 2 * math.prod(shape)
-    if optimizer == "sgd":
-        return math.prod(shape)
-    if len(shape) >= 2:  # adafactor: factored second moment over the last two axes
-        return math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]
-    return math.prod(shape)
-
-
 def parameter_counts(config: DeepSeekConfig, mode: str = "full", lora_rank: int = 16,
                      lora_targets: str = "attention,mlp", trainable_blocks: int | None = None,
                      optimizer: str = "adamw") -> ParameterCounts:
-    """Trained, frozen and adapter parameters, as the Trainer selects them.
+    """Trained, frozen and adapter parameters, as the Trainer selects them
+    (`models.planning.count_parameters` over `weight_tensors(config)`).
 
     Args:
       config: the model.
@@ -241,46 +180,10 @@ def parameter_counts(config: DeepSeekConfig, mode: str = "full", lora_rank: int 
       ValueError: unknown mode, optimizer or target; lora_rank < 1; trainable_blocks
         missing for frozen or out of range.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r} must be one of {MODES}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer={optimizer!r} must be one of {OPTIMIZERS}")
-    tensors = weight_tensors(config)
-    total = sum(t.size for t in tensors)
-    prefixes = None
-    if mode == "frozen" and trainable_blocks is None:
-        raise ValueError("mode='frozen' needs trainable_blocks (N of train.trainable=top:N)")
-    if trainable_blocks is not None and mode in ("frozen", "lora"):
-        prefixes = _top_prefixes(config, trainable_blocks)
-
-    def picked(t: WeightTensor) -> bool:
-        return prefixes is None or t.path.startswith(prefixes)
-
-    trained, adapters, states = [], 0, 0
-    if mode == "lora":
-        if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
-            raise ValueError(f"lora_rank={lora_rank!r} must be an integer >= 1")
-        wanted = {x.strip() for x in lora_targets.split(",") if x.strip()}
-        if not wanted or wanted - {"attention", "mlp"}:
-            raise ValueError(f"lora_targets={lora_targets!r} must name 'attention' and/or 'mlp'")
-        per_block: dict[str, int] = {}
-        for t in tensors:
-            if t.lora in wanted and picked(t):
-                # (in, out) -> A (in, r), B (r, out); stacked experts (E, in, out) ->
-                # A (E, in, r), B (E, r, out) (`ExpertProjection.enable_lora`).
-                *e, n_in, n_out = t.shape
-                a, b = (*e, n_in, lora_rank), (*e, lora_rank, n_out)
-                adapters += math.prod(a) + math.prod(b)
-                states += _optimizer_numbers(a, optimizer) + _optimizer_numbers(b, optimizer)
-                block = t.path.split("/", 1)[0]  # layers.i or mtp.d
-                per_block[block] = per_block.get(block, 0) + t.size
-        return ParameterCounts(total, adapters, total, adapters, states,
-                               sum(per_block.values()), max(per_block.values(), default=0))
-    if mode in ("full", "frozen"):
-        trained = [t for t in tensors if t.trainable and picked(t)]
-    n_trained = sum(t.size for t in trained)
-    states = sum(_optimizer_numbers(t.shape, optimizer) for t in trained)
-    return ParameterCounts(total, n_trained, total - n_trained, 0, states)
+    check_choices(mode, optimizer)
+    return count_parameters(weight_tensors(config), lambda n: _top_prefixes(config, n),
+                            lambda path: path.split("/", 1)[0],  # layers.i or mtp.d
+                            mode, lora_rank, lora_targets, trainable_blocks, optimizer)
 
 
 # ----------------------------------------------------------------------------- activations
@@ -378,13 +281,7 @@ def activation_bytes(config: DeepSeekConfig, micro_batch: int, seq_len: int,
     Raises:
       ValueError: unknown compute_dtype or recompute; micro_batch or seq_len < 1.
     """
-    if compute_dtype not in DTYPE_BYTES:
-        raise ValueError(f"compute_dtype={compute_dtype!r} must be one of {sorted(DTYPE_BYTES)}")
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r} must be one of {RECOMPUTE}")
-    for name, value in (("micro_batch", micro_batch), ("seq_len", seq_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    check_activation_args(micro_batch, seq_len, compute_dtype, recompute)
     c = config
     a = DTYPE_BYTES[compute_dtype]
     head = head_activation_bytes_per_token(c, compute_dtype)
@@ -413,184 +310,26 @@ def activation_bytes(config: DeepSeekConfig, micro_batch: int, seq_len: int,
 # ----------------------------------------------------------------------------- the plan
 
 
-@dataclasses.dataclass(frozen=True)
-class PlanInput:
-    """One case to plan.
-
-    Attributes:
-      config: the model.
-      name: a label for tables.
-      mode: "full", "lora", "frozen" or "inference" (weights + KV cache: the
-        memory of an imported checkpoint being served or exported).
-      weights_dtype: "bfloat16" or "float32": how the (frozen) weights are stored.
-      compute_dtype: "bfloat16" (mixed precision) or "float32": activations.
-      optimizer: "adamw", "sgd" or "adafactor".
-      lora_rank, lora_targets: LoRA (mode "lora").
-      trainable_blocks: N of `top:N` (mode "frozen"; optional for "lora").
-      batch_per_device: sequences per device per micro-batch (what activations
-        scale with); the global batch is batch_per_device x grad_accum_steps x devices.
-        Inference: sequences decoded together per device.
-      seq_len: tokens per sequence (inference: the context the KV cache holds).
-      grad_accum_steps: micro-batches per optimizer step.
-      recompute: "none" or "full" (activation recomputation per block).
-      devices: number of devices.
-      memory_gib: memory per device, GiB.
-      sharding: "none", "optimizer" or "full" (module docstring).
-      peak_flops: dense peak FLOP/s of one device in the compute dtype.
-      mfu: the model FLOPs utilization assumed for the time estimates.
-    """
-
-    config: DeepSeekConfig
-    name: str = ""
-    mode: str = "full"
-    weights_dtype: str = "bfloat16"
-    compute_dtype: str = "bfloat16"
-    optimizer: str = "adamw"
-    lora_rank: int = 16
-    lora_targets: str = "attention,mlp"
-    trainable_blocks: int | None = None
-    batch_per_device: int = 1
-    seq_len: int = 4096
-    grad_accum_steps: int = 1
-    recompute: str = "none"
-    devices: int = 1
-    memory_gib: float = 80.0
-    sharding: str = "none"
-    peak_flops: float = 312e12
-    mfu: float = 0.4
-
-    def __post_init__(self) -> None:
-        for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
-                              ("sharding", SHARDINGS), ("recompute", RECOMPUTE),
-                              ("weights_dtype", tuple(DTYPE_BYTES)),
-                              ("compute_dtype", tuple(DTYPE_BYTES))):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be one of {choices}")
-        for name in ("batch_per_device", "seq_len", "grad_accum_steps", "devices"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an integer >= 1")
-        for name in ("memory_gib", "peak_flops"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
-        if not 0 < self.mfu <= 1:
-            raise ValueError(f"mfu={self.mfu!r} must be in (0, 1]")
+def _kv_cache_bytes(config: DeepSeekConfig, context_len: int, bytes_per_number: int) -> int:
+    """MLA's latent KV cache of one sequence (`flops.kv_cache_bytes_per_token`)."""
+    return flops.kv_cache_bytes_per_token(config, bytes_per_number) * context_len
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """Bytes per device and time of one `PlanInput` (see the module docstring).
-
-    Attributes:
-      case: the input.
-      counts: `ParameterCounts`.
-      weights, master_weights, gradients, optimizer_states, activations,
-        kv_cache, total: bytes per device.
-      fits: total <= memory_gib GiB.
-      min_devices: the fewest devices of this memory on which the case fits with
-        this sharding (None: none does, e.g. replicated weights that never fit,
-        or activations alone too large).
-      tokens_per_step: global tokens per optimizer step (inference: tokens
-        generated per decoding step over all devices).
-      step_time_s: seconds per optimizer step (inference: per decoding step).
-      token_time_s: seconds per token (step_time_s / tokens_per_step).
-    """
-
-    case: PlanInput
-    counts: ParameterCounts
-    weights: int
-    master_weights: int
-    gradients: int
-    optimizer_states: int
-    activations: int
-    kv_cache: int
-    total: int
-    fits: bool
-    min_devices: int | None
-    tokens_per_step: int
-    step_time_s: float
-    token_time_s: float
-
-
-def _memory(p: PlanInput, counts: ParameterCounts, devices: int) -> dict[str, int]:
-    """Bytes per device, by part, for `devices` devices."""
-    w = DTYPE_BYTES[p.weights_dtype]
-    c = p.config
-    weights = master = grads = states = acts = kv = 0
-    if p.mode == "inference":
-        weights = counts.total * w
-        kv = p.batch_per_device * flops.kv_cache_bytes_per_token(
-            c, DTYPE_BYTES[p.compute_dtype]) * p.seq_len
-    else:
-        if p.mode == "full":
-            weights = counts.total * w
-            master = counts.trained * 4 if w < 4 else 0
-            grads = counts.trained * w
-        else:  # frozen base in the stored dtype, trained parameters (or adapters) in float32
-            weights = counts.frozen * w + counts.trained * 4
-            grads = counts.trained * 4
-        if p.grad_accum_steps > 1:
-            grads *= 2  # the running sum beside the micro-batch's gradient
-        states = counts.optimizer_numbers * 4
-        acts = activation_bytes(c, p.batch_per_device, p.seq_len, p.compute_dtype, p.recompute)
-        # Keras' LoRA (`Dense.enable_lora`) computes the kernel W + A B in every call and
-        # the matmul keeps it for the backward pass: one merged copy per adapted kernel
-        # (one block's with recomputation).
-        merged = (counts.adapted_kernels if p.recompute == "none" else
-                  counts.adapted_kernels_block)
-        acts += merged * DTYPE_BYTES[p.compute_dtype]
-    if p.sharding in ("optimizer", "full"):
-        master, grads, states = (-(-x // devices) for x in (master, grads, states))
-    if p.sharding == "full":
-        weights = -(-weights // devices)
-    parts = dict(weights=weights, master_weights=master, gradients=grads,
-                 optimizer_states=states, activations=acts, kv_cache=kv)
-    parts["total"] = sum(parts.values())
-    return parts
+INVENTORY = FamilyInventory(kv_cache_bytes=_kv_cache_bytes, activation_bytes=activation_bytes,
+                            flops_per_token=flops.flops_per_token,
+                            decode_flops_per_token=flops.decode_flops_per_token)
 
 
 def plan(p: PlanInput) -> Plan:
-    """Memory per device, whether it fits, the fewest devices that fit, and time.
+    """Memory per device, whether it fits, the fewest devices that fit, and time
+    (`models.planning.plan` with this family's `INVENTORY`).
 
     Raises:
       ValueError: see `PlanInput` and `parameter_counts`.
     """
-    counts = parameter_counts(p.config, "inference" if p.mode == "inference" else p.mode,
-                              p.lora_rank, p.lora_targets, p.trainable_blocks, p.optimizer)
-    parts = _memory(p, counts, p.devices)
-    limit = p.memory_gib * GIB
-    min_devices = _min_devices(p, counts, limit)
-    c = p.config
-    if p.mode == "inference":
-        tokens = p.batch_per_device * p.devices
-        step_flops = tokens * flops.decode_flops_per_token(c, p.seq_len)
-    else:
-        tokens = p.batch_per_device * p.seq_len * p.grad_accum_steps * p.devices
-        step_flops = tokens * flops.flops_per_token(c, p.seq_len) * (
-            4 / 3 if p.recompute == "full" else 1)
-    step = step_flops / (p.devices * p.peak_flops * p.mfu)
-    return Plan(p, counts, fits=parts["total"] <= limit, min_devices=min_devices,
-                tokens_per_step=tokens, step_time_s=step, token_time_s=step / tokens, **parts)
-
-
-def _min_devices(p: PlanInput, counts: ParameterCounts, limit: float) -> int | None:
-    if _memory(p, counts, 1)["total"] <= limit:
-        return 1
-    if p.sharding == "none":
-        return None  # nothing is divided: more devices hold the same
-    hi = 1
-    while _memory(p, counts, hi)["total"] > limit:
-        hi *= 2
-        if hi > 2**24:
-            return None  # what is never divided (activations, replicated parts) is too large
-    lo = hi // 2  # does not fit at lo, fits at hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if _memory(p, counts, mid)["total"] <= limit:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    counts = parameter_counts(p.config, p.mode, p.lora_rank, p.lora_targets,
+                              p.trainable_blocks, p.optimizer)
+    return planning_plan.plan(p, counts, INVENTORY)
 
 
 # ----------------------------------------------------------------------------- design cases

@@ -64,7 +64,7 @@ indices to its sparse kernel); a cached call does so `QUERY_BLOCK` queries at a 
 as transformers' `DeepseekV32Attention` does: the reference. The indexer itself still
 scores every (query, key) pair, (B, T, Hi, S), as transformers' does.
 `call(..., return_indexer_loss=True)` (stateless) also returns the indexer's
-sparse-stage KL loss (V3.2-Exp report §2.1.1, `lightning_indexer.indexer_kl_loss`):
+sparse-stage KL loss (V3.2-Exp report §2.1.1, `models.layers.indexer_scores.indexer_kl_loss`):
 the target is this layer's attention probabilities (before dropout) summed over heads
 on the kept tokens, L1-normalized, stop-gradient.
 """
@@ -72,14 +72,15 @@ on the kept tokens, L1-normalized, stop-gradient.
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
-from models.deepseek.cache_buffers import write_rows, zeros_buffer
 from models.deepseek.config import DeepSeekConfig
-from models.deepseek.lightning_indexer import LightningIndexer, indexer_kl_loss
-from models.deepseek.quantization import float_kernel
-from models.deepseek.rms_norm import RMSNorm
-from models.deepseek.rope_scaling import softmax_scale
-from models.deepseek.rotary_embedding import apply_rotary_pos_emb, rope_cos_sin
+from models.deepseek.lightning_indexer import LightningIndexer
+from models.formats.quantization import float_kernel
+from models.layers import initializers
+from models.layers.cache_buffers import write_rows, zeros_buffer
+from models.layers.indexer_scores import indexer_kl_loss
+from models.layers.rms_norm import RMSNorm
+from models.layers.rope_scaling import softmax_scale
+from models.layers.rotary_embedding import apply_rotary_pos_emb, rope_cos_sin
 
 # HF uses eps 1e-6 for q_a_layernorm and kv_a_layernorm whatever rms_norm_eps is.
 LATENT_NORM_EPS = 1e-6

@@ -18,10 +18,10 @@ whenever first_k_dense_replace <= num_hidden_layers, i.e. always) and
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.decoder_block import DeepSeekDecoderBlock
-from models.deepseek.rms_norm import RMSNorm
+from models.layers import initializers
+from models.layers.rms_norm import RMSNorm
 
 
 @keras.saving.register_keras_serializable(package="deepseek")

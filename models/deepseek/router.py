@@ -38,8 +38,9 @@ All routing math runs in float32, whatever the layer's compute dtype.
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
 from models.deepseek.config import DeepSeekConfig
+from models.layers import initializers
+from models.layers.router_bias import update_correction_bias
 
 
 @keras.saving.register_keras_serializable(package="deepseek")
@@ -139,12 +140,7 @@ class DeepSeekTopKRouter(keras.layers.Layer):
           The updated bias, float32 (n_routed_experts,); None (and nothing
           changes) for the V2 methods, which have no bias.
         """
-        if self.e_score_correction_bias is None:
-            return None
-        load = tf.cast(expert_load, tf.float32)  # (E,)
-        delta = tf.cast(update_speed, tf.float32) * tf.sign(load - tf.reduce_mean(load))
-        self.e_score_correction_bias.assign_sub(delta)
-        return tf.convert_to_tensor(self.e_score_correction_bias)
+        return update_correction_bias(self.e_score_correction_bias, expert_load, update_speed)
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

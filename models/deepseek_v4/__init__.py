@@ -9,7 +9,7 @@ Public names are imported lazily (PEP 562): `import models.deepseek_v4` and
 never imports TFX, Apache Beam or tf.Transform.
 """
 
-import importlib
+from models.layers.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "DeepSeekV4Config": "config",
@@ -27,15 +27,4 @@ _EXPORTS = {
     "save_hf_checkpoint": "hf_checkpoint",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

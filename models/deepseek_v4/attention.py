@@ -60,10 +60,6 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
-from models.deepseek.expert_projection import ExpertProjection
-from models.deepseek.lightning_indexer import indexer_kl_loss
-from models.deepseek.rms_norm import RMSNorm
 from models.deepseek_v4 import kv_cache, sparse_attention
 from models.deepseek_v4.compressor import KVCompressor
 from models.deepseek_v4.config import CSA, SLIDING, DeepSeekV4Config
@@ -76,6 +72,10 @@ from models.deepseek_v4.ops import (
     unweighted_rms_norm,
     visible_compressed_count,
 )
+from models.layers import initializers
+from models.layers.expert_projection import ExpertProjection
+from models.layers.indexer_scores import indexer_kl_loss
+from models.layers.rms_norm import RMSNorm
 
 # Queries per block of the cached path's sparse attention (`_cached_sparse`).
 CACHED_BLOCK = 128

@@ -20,20 +20,18 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
-from models.deepseek._tracking import no_default_save_signature, with_layer_lists
-from models.deepseek.losses import causal_lm_loss
-from models.deepseek.rms_norm import RMSNorm
-from models.deepseek.training_outputs import training_outputs
 from models.deepseek_v4 import kv_cache
 from models.deepseek_v4.config import DeepSeekV4Config
 from models.deepseek_v4.decoder_block import DeepSeekV4DecoderBlock
 from models.deepseek_v4.hyper_head import HyperHead
 from models.deepseek_v4.mtp import DeepSeekV4MTPLayer
+from models.layers.causal_lm_base import CausalLMBase
+from models.layers.rms_norm import RMSNorm
+from models.layers.training_outputs import training_outputs
 
 
 @keras.saving.register_keras_serializable(package="deepseek_v4")
-class DeepSeekV4CausalLM(keras.Model):
+class DeepSeekV4CausalLM(CausalLMBase):
     """A DeepSeek-V4 decoder-only language model (CSA/HCA attention, mHC, hash/top-k MoE).
 
     All weights are created in the constructor: normal(0, initializer_range) for the
@@ -63,67 +61,35 @@ class DeepSeekV4CausalLM(keras.Model):
     Reference: transformers `models/deepseek_v4/modular_deepseek_v4.py`; DeepSeek-V4 paper.
     """
 
+    config_class = DeepSeekV4Config
+
     def __init__(self, config, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(config, dict):
-            config = DeepSeekV4Config.from_dict(config)
-        self.config = c = config
-        self.embed_tokens = keras.layers.Embedding(
-            c.vocab_size, c.hidden_size, name="embed_tokens", dtype=self.dtype_policy,
-            embeddings_initializer=initializers.normal(c.initializer_range))
-        self.decoder_layers = [
-            DeepSeekV4DecoderBlock(c, i, name=f"layers.{i}", dtype=self.dtype_policy)
-            for i in range(c.num_hidden_layers)
-        ]
+        self.config = c = self.checked_config(config)
+        self.embed_tokens = self.make_embedding(c)
+        self.decoder_layers = self.make_decoder_layers(DeepSeekV4DecoderBlock, c)
         self.hc_head = HyperHead(c.hc_mult, c.hidden_size, c.hc_eps, c.rms_norm_eps,
                                  c.initializer_range, name="hc_head")
         self.norm = RMSNorm(c.rms_norm_eps, name="norm", dtype="float32")
-        self.lm_head = None
-        if not c.tie_word_embeddings:
-            self.lm_head = keras.layers.Dense(
-                c.vocab_size, use_bias=False, name="lm_head", dtype=self.dtype_policy,
-                kernel_initializer=initializers.normal(c.initializer_range))
-        self.mtp_layers = [
-            DeepSeekV4MTPLayer(c, c.num_hidden_layers + d, name=f"mtp.{d}",
-                               dtype=self.dtype_policy)
-            for d in range(c.num_nextn_predict_layers)
-        ]
+        self.lm_head = self.make_lm_head(c)
+        self.mtp_layers = self.make_mtp_layers(DeepSeekV4MTPLayer, c)
         self.build((None, None))
 
     def build(self, input_shape=None):
-        c = self.config
         self.embed_tokens.build((None, None))
         for block in self.decoder_layers:
             block.build()
         self.hc_head.build()
-        self.norm.build((None, None, c.hidden_size))
-        if self.lm_head is not None:
-            self.lm_head.build((None, None, c.hidden_size))
+        self.build_output_head()
         for mtp in self.mtp_layers:
             mtp.build()
-
-    @property
-    def moe_layers(self):
-        """Every block's DeepSeekV4MoE in `expert_load` row order: the decoder blocks,
-        then the MTP blocks."""
-        blocks = list(self.decoder_layers) + [mtp.block for mtp in self.mtp_layers]
-        return [block.mlp for block in blocks if block.is_moe]
-
-    @property
-    def num_moe_layers(self) -> int:
-        return len(self.moe_layers)
 
     # ------------------------------------------------------------------ forward passes
 
     def logits_from_hidden(self, hidden_states):
-        """Output head: (B, T, C) normalized hidden states -> float32 logits (B, T, V)."""
-        hidden_states = tf.cast(hidden_states, self.compute_dtype)
-        if self.lm_head is None:
-            embeddings = tf.cast(self.embed_tokens.embeddings, hidden_states.dtype)  # (V, C)
-            logits = tf.einsum("btc,vc->btv", hidden_states, embeddings)  # (B, T, V)
-        else:
-            logits = self.lm_head(hidden_states)  # (B, T, V)
-        return tf.cast(logits, tf.float32)
+        """Output head: (B, T, C) normalized hidden states (float32 from V4's float32
+        norm) in the compute dtype -> float32 logits (B, T, V)."""
+        return super().logits_from_hidden(tf.cast(hidden_states, self.compute_dtype))
 
     def _run(self, input_ids, training=False, moe_capacity_factor=None):
         """Final normalized hidden states (B, T, C) and the per-block MoE statistics."""
@@ -226,31 +192,6 @@ class DeepSeekV4CausalLM(keras.Model):
         return training_outputs(logits, mtp_logits, moe_stats, indexer_losses,
                                 c.n_routed_experts)
 
-    def compute_loss(self, input_ids, labels, training=True, recompute_blocks=False,
-                     moe_capacity_factor=None):
-        """The training loss of `forward_train`'s outputs (`losses.causal_lm_loss`: lm_loss
-        + mtp_loss_weight * mtp_loss + balance_loss, and the indexer loss once that
-        function adds it); labels (B, T) already shifted (labels[t] = the token after
-        input_ids[t]), negative labels ignored. Returns its dict of float32 tensors."""
-        outputs = self.forward_train(input_ids, training=training,
-                                     recompute_blocks=recompute_blocks,
-                                     moe_capacity_factor=moe_capacity_factor)
-        return causal_lm_loss(outputs, labels, self.config.mtp_loss_weight)
-
-    def update_router_biases(self, expert_load, update_speed=None):
-        """Auxiliary-loss-free bias update (DeepSeek-V3 §2.1.2) of every score-routed MoE
-        layer, MTP blocks included; hash layers have no bias and are left unchanged.
-
-        Args:
-          expert_load: float (num_moe_layers, E), e.g. `compute_loss(...)["expert_load"]`
-            (summed over replicas if distributed).
-          update_speed: gamma; defaults to config.router_bias_update_speed.
-        """
-        if update_speed is None:
-            update_speed = self.config.router_bias_update_speed
-        for i, moe in enumerate(self.moe_layers):
-            moe.update_bias(expert_load[i], update_speed)
-
     # ------------------------------------------------------------------ cached decoding
 
     # True: a cache cannot go back to an earlier index (its rings hold only the last
@@ -299,7 +240,7 @@ class DeepSeekV4CausalLM(keras.Model):
             into).
           in_place: write the compressed entries and the indexer's keys (the buffers
             that grow with the context, T/m rows) into the given cache's own buffers
-            (`models.deepseek.cache_buffers`): a caller that owns its cache (`generate`,
+            (`models.layers.cache_buffers`): a caller that owns its cache (`generate`,
             a chat session) must not use `cache` again except as the returned one. False:
             a call that closes a window copies those buffers. The rings (O(W) rows) are
             copied either way.
@@ -346,20 +287,3 @@ class DeepSeekV4CausalLM(keras.Model):
             new_cache.append(layer_cache)
         hidden = self.norm(self.hc_head(streams))  # (B, T, C) float32
         return self.logits_from_hidden(hidden), tuple(new_cache)
-
-    # ------------------------------------------------------------------ config
-
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        # Let tf.train.Checkpoint see the layers held in lists (models/deepseek/_tracking.py).
-        children = super()._trackable_children(save_type, **kwargs)
-        return with_layer_lists(self, children, save_type)
-
-    # No trace of `call` in SavedModels that hold the model (see _tracking.py).
-    _default_save_signature = property(no_default_save_signature)
-
-    def get_config(self):
-        return {**super().get_config(), "config": self.config.to_dict()}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)

@@ -34,9 +34,9 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
-from models.deepseek.rms_norm import RMSNorm
 from models.deepseek_v4.ops import apply_rope_3d, rope_cos_sin, rope_inv_freq
+from models.layers import initializers
+from models.layers.rms_norm import RMSNorm
 
 
 def pool_windows(kv, gate, position_bias, compress_rate: int, overlap: bool,

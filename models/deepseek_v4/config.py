@@ -36,10 +36,11 @@ This module imports neither TensorFlow nor Keras.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
-from models.deepseek.config import _check_float, _check_int, check_keep_range
-from models.deepseek.rope_scaling import normalize_rope_scaling
+from models.layers.config_checks import check_float, check_int, check_keep_range
+from models.layers.model_config import ModelConfig
+from models.layers.rope_scaling import normalize_rope_scaling
 
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
@@ -59,7 +60,7 @@ MTP_MLP_LAYER_TYPE = "moe"
 
 
 @dataclasses.dataclass(frozen=True)
-class DeepSeekV4Config:
+class DeepSeekV4Config(ModelConfig):
     """Hyper-parameters of a DeepSeek-V4 causal language model.
 
     Defaults describe a small model that runs on a CPU; `layer_types=None` and
@@ -165,6 +166,8 @@ class DeepSeekV4Config:
     aux_loss_alpha: float = 0.0001
     mtp_loss_weight: float = 0.3
 
+    list_fields: ClassVar[tuple[str, ...]] = ("layer_types", "mlp_layer_types")
+
     def __post_init__(self) -> None:
         for name in (
             "vocab_size", "hidden_size", "moe_intermediate_size", "num_hidden_layers",
@@ -173,8 +176,8 @@ class DeepSeekV4Config:
             "hc_sinkhorn_iters", "sliding_window", "o_groups", "o_lora_rank", "index_n_heads",
             "index_head_dim", "index_topk",
         ):
-            _check_int(name, getattr(self, name), minimum=1)
-        _check_int("num_nextn_predict_layers", self.num_nextn_predict_layers, minimum=0)
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("num_nextn_predict_layers", self.num_nextn_predict_layers, minimum=0)
         if self.n_shared_experts != 1:
             raise ValueError(f"n_shared_experts={self.n_shared_experts!r} must be 1: transformers' "
                              "DeepseekV4SparseMoeBlock builds exactly one shared expert")
@@ -186,9 +189,9 @@ class DeepSeekV4Config:
                              "always normalize the chosen weights")
         for name in ("routed_scaling_factor", "rms_norm_eps", "rope_theta",
                      "compress_rope_theta", "initializer_range", "hc_eps", "swiglu_limit"):
-            _check_float(name, getattr(self, name), positive=True)
+            check_float(name, getattr(self, name), positive=True)
         for name in ("router_bias_update_speed", "aux_loss_alpha", "mtp_loss_weight"):
-            _check_float(name, getattr(self, name), positive=False)
+            check_float(name, getattr(self, name), positive=False)
         if not 0.0 <= self.attention_dropout < 1.0:
             raise ValueError(f"attention_dropout={self.attention_dropout} must be in [0, 1)")
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
@@ -230,7 +233,7 @@ class DeepSeekV4Config:
         out = dict(DEFAULT_COMPRESS_RATES)
         out.update(rates)
         for key, value in out.items():
-            _check_int(f"compress_rates[{key!r}]", value, minimum=1)
+            check_int(f"compress_rates[{key!r}]", value, minimum=1)
         return out
 
     def _default_layer_types(self) -> tuple[str, ...]:
@@ -311,36 +314,10 @@ class DeepSeekV4Config:
     def check_keep_experts(self, keep: Any, name: str = "keep") -> int:
         """`keep` as an int if pruning every MoE layer (all are) to `keep` routed experts
         leaves valid routers: an integer in [num_experts_per_tok, n_routed_experts]
-        (`models/deepseek/config.check_keep_range`; hash layers' tables are rewritten to the
+        (`models/layers/config_checks.check_keep_range`; hash layers' tables are rewritten to the
         kept experts, `expert_pruning.prune_tid2eid`).
 
         Raises:
           ValueError: naming `name` and the value.
         """
         return check_keep_range(keep, self.num_experts_per_tok, self.n_routed_experts, name)
-
-    # ------------------------------------------------------------------ (de)serialization
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serializable dict of every field (type lists as lists)."""
-        d = dataclasses.asdict(self)
-        d["layer_types"] = list(self.layer_types)
-        d["mlp_layer_types"] = list(self.mlp_layer_types)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DeepSeekV4Config:
-        """Builds a config from `to_dict()` output (missing keys take defaults).
-
-        Raises:
-          ValueError: if `d` has keys that are not fields, naming them.
-        """
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - fields)
-        if unknown:
-            raise ValueError(f"unknown DeepSeekV4Config keys: {unknown}")
-        return cls(**d)
-
-    def replace(self, **changes: Any) -> DeepSeekV4Config:
-        """A copy with `changes` applied and validated (dataclasses.replace)."""
-        return dataclasses.replace(self, **changes)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek.rms_norm import RMSNorm
 from models.deepseek_v4.attention import DeepSeekV4Attention
 from models.deepseek_v4.config import DeepSeekV4Config
 from models.deepseek_v4.hyper_connection import HyperConnection
 from models.deepseek_v4.moe import DeepSeekV4MoE
+from models.layers.rms_norm import RMSNorm
 
 
 def mix_streams(post, comb, block_output, streams):

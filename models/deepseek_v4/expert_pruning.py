@@ -7,7 +7,7 @@ arXiv 2402.14800, the frequency baseline):
 
   expert_load(model, token_batches)   float64 (M, E): (token, expert) routings per MoE
                                       layer, counted by the model's own routers (V3's
-                                      `models/deepseek/expert_pruning.expert_load`: the
+                                      `models/layers/expert_load.expert_load`: the
                                       same measurement; hash layers count their tid2eid)
   select_experts(config, keep, load)  the kept expert indices of each MoE layer
   pruned_config(config, keep)         config.n_routed_experts = keep
@@ -44,16 +44,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from models.deepseek import initializers
-from models.deepseek.expert_pruning import expert_load  # noqa: F401  (V4's measurement too)
-from models.deepseek.quantization import (
+from models.deepseek_v4.config import DeepSeekV4Config
+from models.formats.quantization import (
     is_quantized,
     quantize_like,
     quantized_layers,
     requantized,
     unquantized_projections,
 )
-from models.deepseek_v4.config import DeepSeekV4Config
+from models.layers import initializers
+from models.layers.expert_load import expert_load  # noqa: F401  (this module's API: V4's measurement)
 
 
 def _checked_load(config: DeepSeekV4Config, load) -> np.ndarray:

@@ -8,7 +8,7 @@
 Both name forms load (`hf_names.py`: transformers' save_pretrained names, DeepSeek's
 release names; the release's `mtp.*` tensors are skipped, as transformers does).
 Tensors stream one at a time (`safetensors_reader`), converted by
-`models.deepseek.fp8.read_dequantized`: BF16 / F16 / F32 as stored, FP8 weights with
+`models.formats.fp8.read_dequantized`: BF16 / F16 / F32 as stored, FP8 weights with
 their block scales and MXFP4 routed experts dequantized (config.json
 `quantization_config` / `expert_dtype`, `fp8.quantization_from_hf`); headers are checked
 against the config first with `fp8.check_weight`. `tid2eid` tables (I64) are checked to
@@ -27,9 +27,6 @@ import tensorflow as tf
 
 from common import memory
 from common.json_file import read_json
-from models.deepseek import fp8, initializers, safetensors_reader
-from models.deepseek.hf_checkpoint import ASSIGN_BLOCK_BYTES, QUANTIZED_DTYPES, assign_tensor
-from models.deepseek.hf_config import CheckpointError
 from models.deepseek_v4.hf_config import CONFIG_NAME, config_from_hf, config_to_hf
 from models.deepseek_v4.hf_names import (
     GroupedKernel,
@@ -39,6 +36,10 @@ from models.deepseek_v4.hf_names import (
     release_aliases,
     tensor_sort_key,
 )
+from models.formats import fp8, safetensors_reader
+from models.formats.checkpoint_error import CheckpointError
+from models.formats.tensor_assign import ASSIGN_BLOCK_BYTES, QUANTIZED_DTYPES, assign_tensor
+from models.layers import initializers
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -87,7 +88,7 @@ class CheckedV4Checkpoint:
         return fp8.read_dequantized(self.files, name, self.quantization, dtype)
 
     def read_float(self, name: str) -> np.ndarray:
-        """`read` in float32 (tid2eid int32): what `hf_checkpoint.assign_tensor` reads."""
+        """`read` in float32 (tid2eid int32): what `tensor_assign.assign_tensor` reads."""
         return self.read(name)
 
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 import logging
 import os
 
-from models.deepseek.hf_config import CheckpointError
 from models.deepseek_v4.config import CSA, HCA, SLIDING, DeepSeekV4Config
+from models.formats.checkpoint_error import CheckpointError
 
 log = logging.getLogger(__name__)
 

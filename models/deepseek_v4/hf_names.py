@@ -44,9 +44,10 @@ import re
 
 import tensorflow as tf
 
-from models.deepseek.hf_names import DequantizedKernel, ExpertSlice
-from models.deepseek.quantization import float_kernel, is_quantized, kernel_variable
 from models.deepseek_v4.config import CSA, SLIDING, DeepSeekV4Config
+from models.formats.dequantized_kernel import DequantizedKernel
+from models.formats.expert_slice import ExpertSlice
+from models.formats.quantization import float_kernel, is_quantized, kernel_variable
 
 FORMS = ("transformers", "release")
 _EXPERT_PROJECTIONS = (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))

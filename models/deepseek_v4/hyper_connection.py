@@ -34,8 +34,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
 from models.deepseek_v4.ops import unweighted_rms_norm
+from models.layers import initializers
 
 
 def sinkhorn_knopp(comb, iters: int, eps: float):

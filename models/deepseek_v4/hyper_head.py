@@ -12,8 +12,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
 from models.deepseek_v4.ops import unweighted_rms_norm
+from models.layers import initializers
 
 
 @keras.saving.register_keras_serializable(package="deepseek_v4")

@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from models.deepseek.cache_buffers import write_rows, zeros_buffer
 from models.deepseek_v4.config import CSA, SLIDING, DeepSeekV4Config
+from models.layers.cache_buffers import write_rows, zeros_buffer
 
 
 def n_entry_slots(max_length, compress_rate: int):

@@ -26,12 +26,12 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
-from models.deepseek.lightning_indexer import one_query_index_scores
 from models.deepseek_v4.compressor import KVCompressor
 from models.deepseek_v4.config import CSA, DeepSeekV4Config
 from models.deepseek_v4.ops import apply_rope, rope_cos_sin, visible_compressed_count
 from models.deepseek_v4.sparse_attention import QUERY_CHUNK
+from models.layers import initializers
+from models.layers.indexer_scores import one_query_index_scores
 
 # Queries scored at once by `LightningIndexer.select`.
 INDEX_QUERY_BLOCK = 1024

@@ -85,11 +85,19 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from models.deepseek import memory_plan as base
 from models.deepseek_v4.config import CSA, HCA, SLIDING, DeepSeekV4Config
+from models.planning import plan as planning_plan
+from models.planning.family_inventory import FamilyInventory
+from models.planning.parameter_counts import (
+    ParameterCounts,
+    check_choices,
+    check_trainable_blocks,
+    count_parameters,
+)
+from models.planning.plan import Plan
+from models.planning.plan_input import DTYPE_BYTES, PlanInput, check_activation_args
+from models.planning.weight_tensor import WeightTensor
 
-WeightTensor = base.WeightTensor
-DTYPE_BYTES = base.DTYPE_BYTES
 STATE_BYTES = 4  # the compressor's carried kv_state / score_state are float32
 
 # DeepSeek-V4's config.json `compress_ratios` ends with one entry per MTP depth: 0 (a
@@ -516,28 +524,15 @@ def decode_flops_per_token(config: DeepSeekV4Config, context_len: int) -> int:
 
 def _top_prefixes(c: DeepSeekV4Config, n: int) -> tuple[str, ...]:
     """`train.trainable=top:N`: the last n blocks, the final norm, hc_head and the head."""
-    if not 0 <= n <= c.num_hidden_layers:
-        raise ValueError(f"trainable_blocks={n} must be in [0, num_hidden_layers="
-                         f"{c.num_hidden_layers}]")
+    check_trainable_blocks(n, c.num_hidden_layers)
     head = "embed." if c.tie_word_embeddings else "head."
     return (*(f"layers.{i}." for i in range(c.num_hidden_layers - n, c.num_hidden_layers)),
             "norm.", "hc_head_", head)
 
 
-def _optimizer_numbers(shape: tuple[int, ...], optimizer: str) -> int:
-    """float32 numbers of optimizer state of one tensor (as the V3 planner)."""
-    if optimizer == "adamw":
-        return 2 * math.prod(shape)
-    if optimizer == "sgd":
-        return math.prod(shape)
-    if len(shape) >= 2:  # adafactor: factored second moment over the last two axes
-        return math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]
-    return math.prod(shape)
-
-
 def parameter_counts(config: DeepSeekV4Config, mode: str = "full", lora_rank: int = 16,
                      lora_targets: str = "attention,mlp", trainable_blocks: int | None = None,
-                     optimizer: str = "adamw") -> base.ParameterCounts:
+                     optimizer: str = "adamw") -> ParameterCounts:
     """Trained, frozen and adapter parameters of a run, as `memory_plan.parameter_counts`
     selects them for V3 (same modes, arguments and errors), over `weight_tensors(config)`
     (no MTP). LoRA targets: "attention" = wq_a, wq_b, wkv, wo_a (per group), wo_b;
@@ -547,44 +542,10 @@ def parameter_counts(config: DeepSeekV4Config, mode: str = "full", lora_rank: in
       ValueError: unknown mode, optimizer or target; lora_rank < 1; trainable_blocks
         missing for frozen or out of range.
     """
-    if mode not in base.MODES:
-        raise ValueError(f"mode={mode!r} must be one of {base.MODES}")
-    if optimizer not in base.OPTIMIZERS:
-        raise ValueError(f"optimizer={optimizer!r} must be one of {base.OPTIMIZERS}")
-    tensors = weight_tensors(config)
-    total = sum(t.size for t in tensors)
-    if mode == "frozen" and trainable_blocks is None:
-        raise ValueError("mode='frozen' needs trainable_blocks (N of train.trainable=top:N)")
-    prefixes = None
-    if trainable_blocks is not None and mode in ("frozen", "lora"):
-        prefixes = _top_prefixes(config, trainable_blocks)
-
-    def picked(t: WeightTensor) -> bool:
-        return prefixes is None or t.path.startswith(prefixes)
-
-    if mode == "lora":
-        if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
-            raise ValueError(f"lora_rank={lora_rank!r} must be an integer >= 1")
-        wanted = {x.strip() for x in lora_targets.split(",") if x.strip()}
-        if not wanted or wanted - {"attention", "mlp"}:
-            raise ValueError(f"lora_targets={lora_targets!r} must name 'attention' and/or 'mlp'")
-        adapters = states = 0
-        per_block: dict[str, int] = {}
-        for t in tensors:
-            if t.lora in wanted and picked(t):
-                *e, n_in, n_out = t.shape  # (.., in, out) -> A (.., in, r), B (.., r, out)
-                a, b = (*e, n_in, lora_rank), (*e, lora_rank, n_out)
-                adapters += math.prod(a) + math.prod(b)
-                states += _optimizer_numbers(a, optimizer) + _optimizer_numbers(b, optimizer)
-                block = ".".join(t.path.split(".")[:2])  # layers.i
-                per_block[block] = per_block.get(block, 0) + t.size
-        return base.ParameterCounts(total, adapters, total, adapters, states,
-                                    sum(per_block.values()), max(per_block.values(), default=0))
-    trained = ([t for t in tensors if t.trainable and picked(t)]
-               if mode in ("full", "frozen") else [])
-    n_trained = sum(t.size for t in trained)
-    states = sum(_optimizer_numbers(t.shape, optimizer) for t in trained)
-    return base.ParameterCounts(total, n_trained, total - n_trained, 0, states)
+    check_choices(mode, optimizer)
+    return count_parameters(weight_tensors(config), lambda n: _top_prefixes(config, n),
+                            lambda path: ".".join(path.split(".")[:2]),  # layers.i
+                            mode, lora_rank, lora_targets, trainable_blocks, optimizer)
 
 
 def block_activation_items(config: DeepSeekV4Config, layer_idx: int, seq_len: int,
@@ -665,13 +626,7 @@ def activation_bytes(config: DeepSeekV4Config, micro_batch: int, seq_len: int,
     Raises:
       ValueError: unknown compute_dtype or recompute; micro_batch or seq_len < 1.
     """
-    if compute_dtype not in DTYPE_BYTES:
-        raise ValueError(f"compute_dtype={compute_dtype!r} must be one of {sorted(DTYPE_BYTES)}")
-    if recompute not in base.RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r} must be one of {base.RECOMPUTE}")
-    for name, value in (("micro_batch", micro_batch), ("seq_len", seq_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    check_activation_args(micro_batch, seq_len, compute_dtype, recompute)
     c = config
     head = head_activation_bytes_per_token(c, compute_dtype)
     blocks = [sum(b for _, b in block_activation_items(c, i, seq_len, compute_dtype))
@@ -686,62 +641,15 @@ def activation_bytes(config: DeepSeekV4Config, micro_batch: int, seq_len: int,
 # ----------------------------------------------------------------------------- the plan
 
 
-def _memory(p: base.PlanInput, counts: base.ParameterCounts, devices: int) -> dict[str, int]:
-    """Bytes per device by part, as the V3 planner's `_memory`, with V4's caches."""
-    w = DTYPE_BYTES[p.weights_dtype]
-    c = p.config
-    weights = master = grads = states = acts = kv = 0
-    if p.mode == "inference":
-        weights = counts.total * w
-        kv = p.batch_per_device * kv_cache_bytes(c, p.seq_len, DTYPE_BYTES[p.compute_dtype])
-    else:
-        if p.mode == "full":
-            weights = counts.total * w
-            master = counts.trained * 4 if w < 4 else 0
-            grads = counts.trained * w
-        else:  # frozen base in the stored dtype, trained parameters (or adapters) in float32
-            weights = counts.frozen * w + counts.trained * 4
-            grads = counts.trained * 4
-        if p.grad_accum_steps > 1:
-            grads *= 2
-        states = counts.optimizer_numbers * 4
-        acts = activation_bytes(c, p.batch_per_device, p.seq_len, p.compute_dtype, p.recompute)
-        merged = (counts.adapted_kernels if p.recompute == "none" else
-                  counts.adapted_kernels_block)
-        acts += merged * DTYPE_BYTES[p.compute_dtype]
-    if p.sharding in ("optimizer", "full"):
-        master, grads, states = (-(-x // devices) for x in (master, grads, states))
-    if p.sharding == "full":
-        weights = -(-weights // devices)
-    parts = dict(weights=weights, master_weights=master, gradients=grads,
-                 optimizer_states=states, activations=acts, kv_cache=kv)
-    parts["total"] = sum(parts.values())
-    return parts
+INVENTORY = FamilyInventory(kv_cache_bytes=kv_cache_bytes, activation_bytes=activation_bytes,
+                            flops_per_token=flops_per_token,
+                            decode_flops_per_token=decode_flops_per_token)
 
 
-def _min_devices(p: base.PlanInput, counts: base.ParameterCounts, limit: float) -> int | None:
-    if _memory(p, counts, 1)["total"] <= limit:
-        return 1
-    if p.sharding == "none":
-        return None
-    hi = 1
-    while _memory(p, counts, hi)["total"] > limit:
-        hi *= 2
-        if hi > 2**24:
-            return None
-    lo = hi // 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if _memory(p, counts, mid)["total"] <= limit:
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
-def plan(p: base.PlanInput) -> base.Plan:
+def plan(p: PlanInput) -> Plan:
     """Memory per device, whether it fits, the fewest devices that fit, and time, of a
-    `memory_plan.PlanInput` whose `config` is a `DeepSeekV4Config` (the V3 planner's method).
+    `PlanInput` whose `config` is a `DeepSeekV4Config` (`models.planning.plan`, the V3
+    planner's method, with this family's `INVENTORY`).
 
     Raises:
       ValueError: `p.config` is not a DeepSeekV4Config; see `PlanInput`, `parameter_counts`.
@@ -752,16 +660,4 @@ def plan(p: base.PlanInput) -> base.Plan:
                          "DeepSeekV4Config (V3 configs: models/deepseek/memory_plan.plan)")
     counts = parameter_counts(c, p.mode, p.lora_rank, p.lora_targets, p.trainable_blocks,
                               p.optimizer)
-    parts = _memory(p, counts, p.devices)
-    limit = p.memory_gib * base.GIB
-    if p.mode == "inference":
-        tokens = p.batch_per_device * p.devices
-        step_flops = tokens * decode_flops_per_token(c, p.seq_len)
-    else:
-        tokens = p.batch_per_device * p.seq_len * p.grad_accum_steps * p.devices
-        step_flops = tokens * flops_per_token(c, p.seq_len) * (
-            4 / 3 if p.recompute == "full" else 1)
-    step = step_flops / (p.devices * p.peak_flops * p.mfu)
-    return base.Plan(p, counts, fits=parts["total"] <= limit,
-                     min_devices=_min_devices(p, counts, limit), tokens_per_step=tokens,
-                     step_time_s=step, token_time_s=step / tokens, **parts)
+    return planning_plan.plan(p, counts, INVENTORY)

@@ -9,7 +9,7 @@ selection bias, or the frozen `tid2eid` table on the token ids) and every FFN a 
 whose pre-activations are clamped by swiglu_limit L: silu(min(gate, L)) * clip(up, -L, L)
 (`DeepseekV4Experts._apply_gate` and `DeepseekV4MLP`, both clamp). The routed experts
 are the stacked `RoutedExperts` of models.deepseek and the (token, expert) pairs are
-dispatched by `models.deepseek.moe.dispatch_to_experts`: dropless by default, or with a
+dispatched by `models.layers.moe_dispatch.dispatch_to_experts`: dropless by default, or with a
 static per-expert capacity (see that module).
 """
 
@@ -18,16 +18,12 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek.mlp import SwiGLU
-from models.deepseek.moe import (
-    dispatch_to_experts,
-    expert_capacity,
-    expert_counts,
-    sequence_balance_loss,
-)
-from models.deepseek.routed_experts import RoutedExperts
 from models.deepseek_v4.config import DeepSeekV4Config
 from models.deepseek_v4.router import DeepSeekV4Router
+from models.layers.balance_losses import sequence_balance_loss
+from models.layers.mlp import SwiGLU
+from models.layers.moe_dispatch import dispatch_to_experts, expert_capacity, expert_counts
+from models.layers.routed_experts import RoutedExperts
 
 
 @keras.saving.register_keras_serializable(package="deepseek_v4")

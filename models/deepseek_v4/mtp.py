@@ -30,11 +30,11 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
-from models.deepseek.rms_norm import RMSNorm
 from models.deepseek_v4.config import DeepSeekV4Config
 from models.deepseek_v4.decoder_block import DeepSeekV4DecoderBlock
 from models.deepseek_v4.hyper_head import HyperHead
+from models.layers import initializers
+from models.layers.rms_norm import RMSNorm
 
 
 @keras.saving.register_keras_serializable(package="deepseek_v4")

@@ -9,7 +9,7 @@ RoPE (transformers 5.24 `modular_deepseek_v4.py`, `apply_rotary_pos_emb` and
     y_2i+1 = x_2i+1 * cos + x_2i * sin          (glm's interleaved `rotate_half`)
 
 in float32, cast back to the input dtype. inv_freq is plain RoPE, theta^(-2i/d), for
-the "main" rope (sliding-window layers) and YaRN (`models.deepseek.rope_scaling.inv_freq`)
+the "main" rope (sliding-window layers) and YaRN (`models.layers.rope_scaling.inv_freq`)
 for the "compress" rope of CSA/HCA layers; V4 never scales cos/sin by YaRN's mscale
 (transformers sets `attention_factor` 1.0). Rotating by -theta (`inverse=True`) undoes it:
 V4 applies it to the attention output's rope slice at the query position.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from models.deepseek import rope_scaling as yarn
+from models.layers import rope_scaling as yarn
 
 
 def rope_inv_freq(dim: int, theta: float, rope_scaling: dict | None) -> np.ndarray:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
-from models.deepseek.router import DeepSeekTopKRouter
 from models.deepseek_v4.config import DeepSeekV4Config
+from models.layers import initializers
+from models.layers.router_bias import update_correction_bias
 
 
 def router_scores(logits, scoring_func: str):
@@ -93,8 +93,7 @@ class DeepSeekV4Router(keras.layers.Layer):
     def update_bias(self, expert_load, update_speed):
         """b_i -= gamma * sign(load_i - mean(load)) (DeepSeek-V3 §2.1.2); None, nothing
         changed, for hash routing (no bias)."""
-        # The V3 router's rule reads only `e_score_correction_bias` (None -> no-op).
-        return DeepSeekTopKRouter.update_bias(self, expert_load, update_speed)
+        return update_correction_bias(self.e_score_correction_bias, expert_load, update_speed)
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict(), "is_hash": self.is_hash}

@@ -18,7 +18,7 @@ from numerics import assert_float32_close
 
 from components.trainer import model_io, train_loop, trainable
 from config import get_config
-from models.deepseek import losses
+from models.layers import losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 

@@ -14,8 +14,8 @@ import tensorflow as tf
 from components.trainer import model_io, train_loop, trainable
 from config import get_config
 from models.deepseek import hf_save
-from models.deepseek import quantization as Q
 from models.deepseek.causal_lm import DeepSeekCausalLM
+from models.formats import quantization as Q
 from savedmodel import base_model
 from savedmodel.hf_interop import hf_import
 

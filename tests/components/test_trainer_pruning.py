@@ -155,7 +155,8 @@ def test_run_fn_prunes_by_the_eval_load_and_exports_the_pruned_model(pruned_run)
     import tensorflow as tf
 
     from components.trainer import data, train_loop
-    from models.deepseek.expert_pruning import expert_load, prune_experts, select_experts
+    from models.deepseek.expert_pruning import prune_experts, select_experts
+    from models.layers.expert_load import expert_load
     from savedmodel.hf_interop import load_model_from_savedmodel
     from savedmodel.layout import (
         EXPERT_PRUNING_ASSET,

@@ -243,7 +243,7 @@ def test_expert_pruning_keeps_valid_hash_tables_and_the_int8_export_generates(
         "model_type": "deepseek_v4", **pruned.config.to_dict()}, "train": {
             **config.train.__dict__, "prune_keep_experts": 0}})
     exported = model_io.to_export_dtype(pruned_config, pruned)
-    from models.deepseek.quantization import is_quantized_model
+    from models.formats.quantization import is_quantized_model
 
     assert is_quantized_model(exported)
     prompt = tf.constant(poem_ids(["床前明月光"])[None, :])

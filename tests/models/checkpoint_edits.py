@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from models.deepseek.safetensors_reader import (
+from models.formats.safetensors_reader import (
     SAFE_WEIGHTS_INDEX_NAME,
     open_checkpoint,
     write_safetensors,
@@ -67,8 +67,8 @@ def rewrite_tensors(d: pathlib.Path,
 def dequantized(d: pathlib.Path) -> dict[str, np.ndarray]:
     """Every tensor of an FP8 checkpoint, FP8 weights dequantized to float32, scales
     dropped, everything float32."""
-    from models.deepseek import fp8
-    from models.deepseek.fp8 import Fp8Quantization
+    from models.formats import fp8
+    from models.formats.fp8 import Fp8Quantization
 
     cfg = json.loads((d / "config.json").read_text())
     q = cfg["quantization_config"]

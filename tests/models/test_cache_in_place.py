@@ -1,5 +1,5 @@
 """KV caches written in place (`call_with_cache(..., in_place=True)`, as `generate`, chat
-and the decode benchmark call it; `models/deepseek/cache_buffers.py`), MLA's (V3, V3.2)
+and the decode benchmark call it; `models/layers/cache_buffers.py`), MLA's (V3, V3.2)
 and DeepSeek-V4's: the same logits and cache as the copying write, the given buffers
 really written (no copy per step; V4: a step that closes a window writes one entry row),
 a new buffer at every `init_cache` even in a compiled function, and the lightning

@@ -78,7 +78,7 @@ def test_rope_scaling_is_validated_and_canonical(tiny_config):
 
 
 def test_yarn_frequencies_and_scales_by_hand():
-    from models.deepseek import rope_scaling as yarn
+    from models.layers import rope_scaling as yarn
 
     # dim 8, theta 10000, factor 4, original 16, beta_fast 32, beta_slow 1:
     #   correction_dim(r) = 8 * ln(16 / (2 pi r)) / (2 ln 10000)

@@ -7,9 +7,9 @@ from numerics import assert_float32_close
 
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.mla_attention import MultiHeadLatentAttention
-from models.deepseek.mlp import SwiGLU
-from models.deepseek.rms_norm import RMSNorm
-from models.deepseek.rotary_embedding import apply_rotary_pos_emb, deinterleave, rope_cos_sin
+from models.layers.mlp import SwiGLU
+from models.layers.rms_norm import RMSNorm
+from models.layers.rotary_embedding import apply_rotary_pos_emb, deinterleave, rope_cos_sin
 
 
 def test_rms_norm_matches_numpy_and_round_trips():

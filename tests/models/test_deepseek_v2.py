@@ -25,8 +25,9 @@ from models.deepseek import hf_checkpoint
 from models.deepseek.causal_lm import DeepSeekCausalLM
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.generation import generate
-from models.deepseek.moe import DeepSeekMoE, expert_balance_loss
+from models.deepseek.moe import DeepSeekMoE
 from models.deepseek.router import DeepSeekTopKRouter
+from models.layers.balance_losses import expert_balance_loss
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf_deepseek_v2"
 TOLERANCE = 1e-4

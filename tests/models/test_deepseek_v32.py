@@ -26,9 +26,10 @@ import tensorflow as tf
 from models.deepseek import flops, hf_checkpoint
 from models.deepseek import memory_plan as mp
 from models.deepseek.config import DeepSeekConfig
-from models.deepseek.hf_config import CheckpointError, config_from_hf, config_to_hf
+from models.deepseek.hf_config import config_from_hf, config_to_hf
 from models.deepseek.lightning_indexer import LightningIndexer
-from models.deepseek.safetensors_reader import open_checkpoint
+from models.formats.checkpoint_error import CheckpointError
+from models.formats.safetensors_reader import open_checkpoint
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf_deepseek_v32"
 TOLERANCE = 1e-4
@@ -266,7 +267,7 @@ def test_indexer_is_trained_by_its_kl_only_and_not_quantized():
     """The LM loss reaches no indexer weight (top-k has no gradient, its inputs are
     detached); `indexer_loss` reaches every one; int8 quantization leaves it float."""
     from models.deepseek.causal_lm import DeepSeekCausalLM
-    from models.deepseek.quantization import quantize_int8
+    from models.formats.quantization import quantize_int8
 
     keras.utils.set_random_seed(7)
     model = DeepSeekCausalLM(TINY)

@@ -381,7 +381,7 @@ def test_save_and_load_round_trip(tiny_model, tmp_path):
 
 def _rewrite(src, dst, rename=lambda n: n, edit=None):
     """Copies checkpoint `src` to `dst` (one file) with renamed / edited tensors."""
-    from models.deepseek.safetensors_reader import open_checkpoint, write_safetensors
+    from models.formats.safetensors_reader import open_checkpoint, write_safetensors
 
     files = open_checkpoint(str(src))
     tensors = {rename(n): files.read(n) for n in files.tensors}

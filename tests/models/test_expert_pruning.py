@@ -12,12 +12,8 @@ from numerics import assert_float32_close
 
 from models.deepseek.causal_lm import DeepSeekCausalLM
 from models.deepseek.config import DeepSeekConfig
-from models.deepseek.expert_pruning import (
-    expert_load,
-    prune_experts,
-    pruned_config,
-    select_experts,
-)
+from models.deepseek.expert_pruning import prune_experts, pruned_config, select_experts
+from models.layers.expert_load import expert_load
 
 V2_GREEDY = dict(topk_method="greedy", scoring_func="softmax", norm_topk_prob=False,
                  n_group=1, topk_group=1)

@@ -17,9 +17,10 @@ import pytest
 import tensorflow as tf
 from checkpoint_edits import FP8, copy_fixture, dequantized, edit_config, rewrite_tensors
 
-from models.deepseek import fp8, hf_checkpoint
-from models.deepseek.hf_config import CheckpointError
-from models.deepseek.safetensors_reader import open_checkpoint, write_safetensors
+from models.deepseek import hf_checkpoint
+from models.formats import fp8
+from models.formats.checkpoint_error import CheckpointError
+from models.formats.safetensors_reader import open_checkpoint, write_safetensors
 
 TOLERANCE = 1e-4
 

@@ -11,7 +11,7 @@ from models.deepseek import hf_checkpoint
 from models.deepseek.causal_lm import DeepSeekCausalLM
 from models.deepseek.config import DeepSeekConfig
 from models.deepseek.deepseek_presets import deepseek_v3_config
-from models.deepseek.hf_names import ExpertSlice
+from models.formats.expert_slice import ExpertSlice
 
 YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}

@@ -24,6 +24,7 @@ import pytest
 import tensorflow as tf
 
 from models.deepseek import hf_checkpoint
+from models.formats import tensor_assign
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf_deepseek_v3"
 TOLERANCE = 1e-4
@@ -58,7 +59,7 @@ def test_weights_assigned_in_row_blocks_give_the_same_logits(name, monkeypatch):
     lm_head of a real checkpoint): with 512-byte blocks every 2-D weight takes that path,
     Dense kernels (transposed) and the embedding (not) alike, including the last,
     shorter block."""
-    monkeypatch.setattr(hf_checkpoint, "ASSIGN_BLOCK_BYTES", 512)
+    monkeypatch.setattr(tensor_assign, "ASSIGN_BLOCK_BYTES", 512)
     d = FIXTURES.parent / name
     input_ids, expected = np.load(d / "input_ids.npy"), np.load(d / "expected_logits.npy")
     model = hf_checkpoint.load_hf_checkpoint(str(d))

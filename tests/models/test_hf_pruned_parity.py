@@ -31,7 +31,8 @@ from numerics import assert_float32_close
 from safetensors.numpy import load_file
 
 from models.deepseek import hf_checkpoint
-from models.deepseek.expert_pruning import expert_load, prune_experts, select_experts
+from models.deepseek.expert_pruning import prune_experts, select_experts
+from models.layers.expert_load import expert_load
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 SOURCE = FIXTURES / "hf_deepseek_v3" / "q_lora"

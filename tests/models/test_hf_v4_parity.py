@@ -74,7 +74,7 @@ def _stored(names_txt: pathlib.Path) -> dict[str, str]:
 
 
 def test_export_has_save_pretrained_names_and_reloads(tiny_model, tmp_path):
-    from models.deepseek.safetensors_reader import open_checkpoint
+    from models.formats.safetensors_reader import open_checkpoint
 
     expected = _stored(_need(TINY / "names.txt"))
     save_hf_checkpoint(tiny_model, str(tmp_path), dtype="bfloat16")

@@ -23,7 +23,7 @@ import pytest
 from checkpoint_edits import BF16_FREE, FP8, SHARDED, copy_fixture, edit_config, rewrite_tensors
 
 from models.deepseek import hf_checkpoint
-from models.deepseek.hf_config import CheckpointError
+from models.formats.checkpoint_error import CheckpointError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 O_PROJ = "model.layers.0.self_attn.o_proj.weight"

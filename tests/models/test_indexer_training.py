@@ -1,5 +1,5 @@
 """The lightning indexer's training signal (DeepSeek-V3.2-Exp report §2.1.1, sparse stage):
-`lightning_indexer.indexer_kl_loss`, MLA's `return_indexer_loss`, and
+`models.layers.indexer_scores.indexer_kl_loss`, MLA's `return_indexer_loss`, and
 `DeepSeekCausalLM.forward_train(...)["indexer_loss"]`. Tiny configs, seconds each.
 """
 
@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from models.deepseek.causal_lm import DeepSeekCausalLM
 from models.deepseek.config import DeepSeekConfig
-from models.deepseek.lightning_indexer import indexer_kl_loss
+from models.layers.indexer_scores import indexer_kl_loss
 
 V32 = DeepSeekConfig(
     vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,

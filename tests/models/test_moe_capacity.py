@@ -19,7 +19,8 @@ import tensorflow as tf
 from numerics import assert_float32_close
 
 from models.deepseek.config import DeepSeekConfig
-from models.deepseek.moe import DeepSeekMoE, expert_capacity
+from models.deepseek.moe import DeepSeekMoE
+from models.layers.moe_dispatch import expert_capacity
 
 ULPS = 4  # another kernel for the same sums of 32 and 16 terms (module docstring)
 XLA_ULPS = 16  # XLA also fuses SwiGLU and uses its own sigmoid; measured <= 3

@@ -1,4 +1,4 @@
-"""int8 weights through Keras' `Dense.quantize("int8")` (`models/deepseek/quantization.py`):
+"""int8 weights through Keras' `Dense.quantize("int8")` (`models/formats/quantization.py`):
 which layers, how many bytes, what stays float, and the three places that read a
 kernel instead of calling the layer (absorbed MLA decoding, the capacity MoE dispatch,
 the HF layout)."""
@@ -12,9 +12,9 @@ import tensorflow as tf
 from numerics import assert_float32_close
 
 from models.deepseek import hf_save
-from models.deepseek import quantization as Q
 from models.deepseek.causal_lm import DeepSeekCausalLM
 from models.deepseek.deepseek_presets import deepseek_preset
+from models.formats import quantization as Q
 
 # Untied head and an MTP module: every kind of projection is there.
 CONFIG = deepseek_preset("tiny").replace(tie_word_embeddings=False, num_nextn_predict_layers=1)

@@ -19,10 +19,11 @@ import pytest
 import tensorflow as tf
 from numerics import assert_float32_close
 
-from models.deepseek.hf_names import ExpertSlice, hf_weight_map
-from models.deepseek.moe import (
+from models.deepseek.hf_names import hf_weight_map
+from models.deepseek.moe import DeepSeekMoE
+from models.formats.expert_slice import ExpertSlice
+from models.layers.moe_dispatch import (
     GROUPED_MAX_EXPERTS,
-    DeepSeekMoE,
     dispatch_to_experts,
     expert_counts,
     grouped_dispatch,
@@ -170,7 +171,7 @@ def test_grouped_dispatch_equals_the_padded_dispatch(tiny_config, variant):
 def test_dropless_dispatch_chooses_grouped_for_few_float_experts(tiny_config, monkeypatch):
     """Dropless (no slots): grouped for <= GROUPED_MAX_EXPERTS float experts, padded
     for int8 experts (their matmul is the stacked int8 one) and for more experts."""
-    import models.deepseek.moe as moe_module
+    import models.layers.moe_dispatch as moe_module
 
     calls = []
     real = moe_module.grouped_dispatch

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from checkpoint_edits import SHARDED
 
-from models.deepseek.hf_config import CheckpointError
-from models.deepseek.safetensors_reader import open_checkpoint, read_header, write_safetensors
+from models.formats.checkpoint_error import CheckpointError
+from models.formats.safetensors_reader import open_checkpoint, read_header, write_safetensors
 
 
 def _raw(path, header: dict, data: bytes = b""):

@@ -1,8 +1,8 @@
-"""The Keras and TensorFlow internals `models/deepseek/_tracking.py` relies on.
+"""The Keras and TensorFlow internals `models/layers/tracking.py` relies on.
 
 Keras 3 on TensorFlow leaves a layer's list attributes out of
 `tf.train.Checkpoint` (keras-team/keras#19425, open), so the model's decoder
-blocks and experts would be missing from every checkpoint. `_tracking.py` adds
+blocks and experts would be missing from every checkpoint. `models/layers/tracking.py` adds
 them back through internals of the pinned Keras (3.6.0) and of
 `tf.__internal__`. These tests pin each internal, so that a Keras or TensorFlow
 upgrade fails here, loudly and with what to do, instead of writing checkpoints
@@ -13,20 +13,20 @@ import keras
 import pytest
 import tensorflow as tf
 
-from models.deepseek._tracking import no_default_save_signature, with_layer_lists
+from models.layers.tracking import no_default_save_signature, with_layer_lists
 
 ISSUE = "keras-team/keras#19425"
 
 
 def changed(what: str) -> str:
-    """The failure message when an internal `_tracking.py` relies on changed."""
+    """The failure message when an internal `tracking.py` relies on changed."""
     return (
         f"Keras {keras.__version__} / TensorFlow {tf.__version__} changed an internal that "
-        f"models/deepseek/_tracking.py relies on (the workaround for {ISSUE}: a Layer's list "
+        f"models/layers/tracking.py relies on (the workaround for {ISSUE}: a Layer's list "
         f"attributes are missing from tf.train.Checkpoint): {what}. Without it checkpoints "
         f"silently lose every decoder block and expert. If {ISSUE} is fixed in this Keras, "
-        "delete _tracking.py and the `_trackable_children` overrides in "
-        "models/deepseek/causal_lm.py; otherwise adapt _tracking.py to the new "
+        "delete models/layers/tracking.py and the `_trackable_children` override in "
+        "models/layers/causal_lm_base.py; otherwise adapt tracking.py to the new "
         "internal. Either way, check that checkpoint keys are unchanged "
         "(`model/decoder_layers/0/...`), so existing checkpoints still restore."
     )
@@ -34,8 +34,8 @@ def changed(what: str) -> str:
 
 FIXED = (
     f"{ISSUE} looks fixed in Keras {keras.__version__}: the base `_trackable_children"
-    "('checkpoint')` now lists a layer's list attributes. Delete models/deepseek/_tracking.py "
-    "and the `_trackable_children` overrides in models/deepseek/causal_lm.py, then "
+    "('checkpoint')` now lists a layer's list attributes. Delete models/layers/tracking.py "
+    "and the `_trackable_children` override in models/layers/causal_lm_base.py, then "
     "check that checkpoint keys are unchanged (`model/decoder_layers/0/...`), so existing "
     "checkpoints still restore, and that test_deepseek_causal_lm.py::"
     "test_tf_train_checkpoint_covers_every_weight passes."
@@ -130,9 +130,9 @@ def test_the_keras_internals_of_expert_projection_are_as_pinned():
     """`ExpertProjection` (stacked experts) adds LoRA weights after build by unlocking the
     layer's `_tracker`, as Keras' Dense.enable_lora does, and marks itself quantized with
     `_is_quantized`, which Keras' dtype-policy setter reads, as Dense.quantize does."""
-    from models.deepseek.expert_projection import ExpertProjection
+    from models.layers.expert_projection import ExpertProjection
 
-    what = ("models/deepseek/expert_projection.py uses Keras' private `Layer._tracker` "
+    what = ("models/layers/expert_projection.py uses Keras' private `Layer._tracker` "
             "(lock/unlock/locked) and `_is_quantized`, as keras.layers.Dense does; adapt "
             "ExpertProjection.enable_lora / quantize to this Keras ({})")
     layer = keras.layers.Dense(2)
@@ -187,14 +187,14 @@ def _saved_functions(model, tmp_path) -> list[str]:
 def test_keras_still_traces_a_default_signature_that_the_override_removes(tmp_path):
     """Keras' TF backend gives every built Model `_default_save_signature`, a tf.function
     of its `call`, which TensorFlow traces into any SavedModel holding the model; our
-    causal LMs replace the property with `no_default_save_signature` (_tracking.py)."""
+    causal LMs replace the property with `no_default_save_signature` (tracking.py)."""
     from models.deepseek.causal_lm import DeepSeekCausalLM
     from models.deepseek_v4.causal_lm import DeepSeekV4CausalLM
 
     what = ("Keras' private `_default_save_signature` property ({}): if Keras no longer "
-            "traces a built Model's `call` into SavedModels, delete the overrides in "
-            "models/deepseek/causal_lm.py and models/deepseek_v4/causal_lm.py and "
-            "`no_default_save_signature` in _tracking.py; if it renamed the property, "
+            "traces a built Model's `call` into SavedModels, delete the override in "
+            "models/layers/causal_lm_base.py and "
+            "`no_default_save_signature` in tracking.py; if it renamed the property, "
             "override the new name")
     assert _saved_functions(_Model(name="plain"), tmp_path / "keras") == ["_default_save_signature"], \
         what.format("a plain Model saved no default signature, or others")

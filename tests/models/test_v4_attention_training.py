@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models.deepseek.expert_projection import ExpertProjection
 from models.deepseek_v4 import hf_checkpoint as v4_checkpoint
 from models.deepseek_v4.attention import DeepSeekV4Attention
 from models.deepseek_v4.config import CSA, HCA, SLIDING, DeepSeekV4Config
 from models.deepseek_v4.hf_names import GroupedKernel
+from models.layers.expert_projection import ExpertProjection
 
 TINY = DeepSeekV4Config(
     vocab_size=64, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=4,

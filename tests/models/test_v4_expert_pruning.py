@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 from v4_random_model import random_v4_model
 
-from models.deepseek import quantization as Q
 from models.deepseek_v4 import expert_pruning as P
 from models.deepseek_v4.config import CSA, HCA, SLIDING, DeepSeekV4Config
+from models.formats import quantization as Q
 
 # Hash routing in two layers, learned top-k in two, 8 experts, top-2.
 TINY = DeepSeekV4Config(

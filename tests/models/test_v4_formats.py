@@ -1,5 +1,5 @@
 """DeepSeek-V4 checkpoint formats: MXFP4 experts, E8M0 scales, `X.scale` names
-(`models/deepseek/mxfp4.py`, `models/deepseek/fp8.py`), and the synthetic V4-Flash
+(`models/formats/mxfp4.py`, `models/formats/fp8.py`), and the synthetic V4-Flash
 checkpoint writer `benchmarks/v4_checkpoint.py`.
 
 Expected values are worked out by hand in the comments; the layout was also checked
@@ -18,10 +18,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from models.deepseek import fp8, mxfp4
-from models.deepseek.fp8 import Fp8Quantization
-from models.deepseek.hf_config import CheckpointError
-from models.deepseek.safetensors_reader import open_checkpoint, read_header, write_safetensors
+from models.formats import fp8, mxfp4
+from models.formats.checkpoint_error import CheckpointError
+from models.formats.fp8 import Fp8Quantization
+from models.formats.safetensors_reader import open_checkpoint, read_header, write_safetensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FLASH = Fp8Quantization((128, 128), "ue8m0", "fp4")

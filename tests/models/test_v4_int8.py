@@ -1,4 +1,4 @@
-"""int8 weights for DeepSeek-V4 (`models/deepseek/quantization.py`): which projections,
+"""int8 weights for DeepSeek-V4 (`models/formats/quantization.py`): which projections,
 closeness to float, bytes, `quantize_like`, and cached decoding on int8 weights."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 from v4_random_model import random_v4_model
 
-from models.deepseek import quantization as Q
-from models.deepseek.expert_projection import ExpertProjection
 from models.deepseek_v4.config import CSA, HCA, SLIDING, DeepSeekV4Config
+from models.formats import quantization as Q
+from models.layers.expert_projection import ExpertProjection
 
 TINY = DeepSeekV4Config(
     vocab_size=64, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=4,

@@ -16,8 +16,8 @@ import safetensors.numpy
 import tensorflow as tf
 
 from config import GenerationConfig, get_config
-from models.deepseek import quantization as Q
 from models.deepseek.causal_lm import DeepSeekCausalLM
+from models.formats import quantization as Q
 from savedmodel import layout
 from savedmodel.export import ServingModule, save_text_model
 from savedmodel.hf_interop import hf_export, hf_import, load_model_from_savedmodel

@@ -25,7 +25,7 @@ def _expected(name):
 
 @pytest.mark.parametrize("name", ["float32", "int8"])
 def test_a_per_expert_savedmodel_loads_stacked_with_the_same_logits(name):
-    from models.deepseek.quantization import is_quantized_model
+    from models.formats.quantization import is_quantized_model
     from savedmodel.base_model import load_model
 
     ids, expected = _expected(name)
@@ -66,7 +66,8 @@ def test_a_per_expert_savedmodel_warm_starts_a_run():
 
 @pytest.mark.slow
 def test_a_per_expert_savedmodel_exports_to_hugging_face(tmp_path):
-    from models.deepseek import hf_checkpoint, safetensors_reader
+    from models.deepseek import hf_checkpoint
+    from models.formats import safetensors_reader
     from savedmodel.hf_interop import hf_export
 
     ids, expected = _expected("int8")

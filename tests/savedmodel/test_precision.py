@@ -19,7 +19,7 @@ import cli
 from models.deepseek import hf_save
 from models.deepseek.causal_lm import DeepSeekCausalLM
 from models.deepseek.deepseek_presets import deepseek_preset
-from models.deepseek.safetensors_reader import write_safetensors
+from models.formats.safetensors_reader import write_safetensors
 from savedmodel import base_model, layout, precision
 from savedmodel.hf_interop import (
     checkpoint_weight_dtype,

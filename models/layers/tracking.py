@@ -28,8 +28,9 @@ the fix here leans on internals, Keras' `Layer._tracked` and
 `_default_save_signature`.
 tests/models/test_tracking.py pins each of them on the pinned Keras and fails,
 naming the issue and what to do, when an upgrade changes one or fixes the bug
-(then `with_layer_lists` and the two `_trackable_children` overrides go; the
-`_default_save_signature` overrides go when Keras stops tracing `call` into SavedModels).
+(then `with_layer_lists` and `CausalLMBase._trackable_children` go; the
+`_default_save_signature` override of `CausalLMBase` goes when Keras stops tracing `call`
+into SavedModels).
 """
 
 import tensorflow as tf

@@ -53,8 +53,8 @@ from collections.abc import Mapping
 import ml_dtypes
 import numpy as np
 
-from models.deepseek import mxfp4
-from models.deepseek.hf_config import CheckpointError
+from models.formats import mxfp4
+from models.formats.checkpoint_error import CheckpointError
 
 log = logging.getLogger(__name__)
 

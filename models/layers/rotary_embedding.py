@@ -20,7 +20,7 @@ multiplied by the YaRN attention factor, as HF does.
 
 import tensorflow as tf
 
-from models.deepseek import rope_scaling as yarn
+from models.layers import rope_scaling as yarn
 
 
 def rope_cos_sin(positions, dim: int, theta: float = 10000.0, rope_scaling: dict | None = None):

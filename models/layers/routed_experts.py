@@ -19,7 +19,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek.expert_projection import ExpertProjection
+from models.layers.expert_projection import ExpertProjection
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 

@@ -2,8 +2,8 @@
 
 import keras
 
-from models.deepseek import initializers
-from models.deepseek.routed_experts import swiglu
+from models.layers import initializers
+from models.layers.routed_experts import swiglu
 
 
 @keras.saving.register_keras_serializable(package="deepseek")

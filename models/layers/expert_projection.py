@@ -38,7 +38,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.deepseek import initializers
+from models.layers import initializers
 
 INT8 = "int8"
 

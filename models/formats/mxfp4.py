@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.deepseek.hf_config import CheckpointError
+from models.formats.checkpoint_error import CheckpointError
 
 BLOCK = 32  # input columns per E8M0 scale (transformers `sf_gran_k`, OCP MX block size)
 E8M0_BIAS = 127

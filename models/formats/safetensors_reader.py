@@ -42,7 +42,7 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from models.deepseek.hf_config import CheckpointError
+from models.formats.checkpoint_error import CheckpointError
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"

@@ -58,7 +58,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from models.deepseek.expert_projection import ExpertProjection
+from models.layers.expert_projection import ExpertProjection
+from models.layers.projection_names import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
 
 INT8 = "int8"
 # DeepSeek-V4 attention projections besides q_a_proj / q_b_proj (module docstring).
@@ -102,8 +103,6 @@ def quantized_layers(model, head: bool = True) -> list:
       model: a DeepSeekCausalLM or a DeepSeekV4CausalLM.
       head: include an untied `lm_head`.
     """
-    from models.deepseek.memory_plan import ATTENTION_PROJECTIONS, MLP_PROJECTIONS
-
     layers = []
     for block, mtp in _blocks(model):
         attn = block.self_attn
