@@ -25,6 +25,7 @@ import json
 import os
 
 from common.json_file import read_json
+from models import families
 from models.deepseek import flops, memory_plan
 from models.deepseek.deepseek_presets import DEEPSEEK_PRESETS, deepseek_preset
 from models.deepseek.hf_config import CONFIG_NAME, config_from_hf
@@ -105,8 +106,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             seq_len=args.seq_len, grad_accum_steps=args.grad_accum_steps,
             recompute=args.recompute, devices=args.devices, memory_gib=args.memory_gb,
             sharding=args.sharding, peak_flops=peak, mfu=args.mfu)
-        pl = (v4_plan.plan(case) if isinstance(config, DeepSeekV4Config)
-              else memory_plan.plan(case))
+        pl = families.family_of(config).module("memory_plan").plan(case)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from e
     if args.json:
@@ -133,7 +133,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     what = "decoding step" if args.mode == "inference" else "optimizer step"
     print(f"time at {args.mfu:.0%} MFU of {peak_text}: {pl.step_time_s:.4g} s per {what} "
           f"({pl.tokens_per_step:,} tokens), {pl.token_time_s:.3g} s per token")
-    if isinstance(config, DeepSeekV4Config):
+    if families.family_of(config) is families.DEEPSEEK_V4:  # its caches and published sizes
         print(_v4_report(name, config, args.seq_len, args.compute_dtype))
     return 0
 

@@ -47,7 +47,7 @@ import tensorflow as tf
 from common import memory
 from common.json_file import read_json, write_json
 from config import GenerationConfig
-from models import checkpoints
+from models import checkpoints, families
 from models.deepseek import hf_checkpoint
 from models.formats.quantization import quantize_int8
 from savedmodel.hf_generation import (
@@ -179,7 +179,8 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
     # Everything about the directory is checked before anything is allocated or written.
     config = checkpoints.open_hf_checkpoint(checkpoint_dir).config
     weight_dtype = resolve_weight_dtype(dtype, checkpoint_weight_dtype(checkpoint_dir))
-    if weight_dtype == INT8 and checkpoints.is_v4(config):
+    family = families.family_of(config)
+    if weight_dtype == INT8 and not family.int8:
         raise ValueError("dtype='int8': a DeepSeek-V4 model has no int8 form yet; import it "
                          "as 'auto', 'bfloat16' or 'float32'")
     policy = keras_policy(weight_dtype)  # "int8": float32, quantized once loaded
@@ -194,7 +195,7 @@ def hf_import(checkpoint_dir: str, out_dir: str, use_tokenizer: bool = True,
         generation, source = generation_config_from_hf(hf_generation), hf_generation_path
     else:
         generation, source = GenerationConfig(), "the pipeline's GenerationConfig() defaults"
-    chat_prompt = _v4_chat_prompt(tokenizer) if checkpoints.is_v4(config) else None
+    chat_prompt = _v4_chat_prompt(tokenizer) if family.builtin_chat_format else None
     model = _load_checkpoint(checkpoint_dir, policy, weight_dtype)
     save_text_model(model, tokenizer, generation, out_dir,  # also config.json, precision.json
                     chat_prompt=chat_prompt)

@@ -19,7 +19,7 @@ import logging
 
 import numpy as np
 
-from models import checkpoints
+from models import families
 from models.deepseek_v4 import hash_routing
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def build_tid2eid(model, dataset_fn, seed: int, batches: int = COUNTED_BATCHES) 
     Raises:
       ValueError: a token id outside [0, vocab_size) in the data (naming it).
     """
-    routers = hash_routing.hash_routers(model) if checkpoints.is_v4(model.config) else []
+    routers = families.family_of(model.config).hash_routers(model)
     if not routers:
         return None
     c = model.config

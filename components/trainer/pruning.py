@@ -96,14 +96,12 @@ def prune_trained_model(model, eval_ds, config: PipelineConfig):
     if not keep:
         return model, None
     from components.trainer.train_loop import evaluate
-    from models import checkpoints
+    from models import families
+    from models.layers.expert_load import expert_load
 
-    if checkpoints.is_v4(model.config):  # hash layers keep a valid tid2eid
-        from models.deepseek_v4.expert_pruning import prune_experts, select_experts
-        from models.layers.expert_load import expert_load
-    else:
-        from models.deepseek.expert_pruning import prune_experts, select_experts
-        from models.layers.expert_load import expert_load
+    # The family's expert_pruning (V4's: hash layers keep a valid tid2eid).
+    pruning = families.family_of(model.config).module("expert_pruning")
+    prune_experts, select_experts = pruning.prune_experts, pruning.select_experts
 
     batches = [batch["input_ids"] for batch in eval_ds.take(config.train.eval_batches)]
     if not batches:

@@ -76,8 +76,8 @@ from components.trainer.step_loop import StepLoop
 from components.trainer.summaries import TrainSummaries
 from components.trainer.train_step import make_train_step
 from config import PipelineConfig
-from models import checkpoints
-from models.deepseek import DeepSeekCausalLM, flops
+from models import families
+from models.deepseek import DeepSeekCausalLM
 from savedmodel import base_model as base_model_lib
 
 log = logging.getLogger(__name__)
@@ -217,13 +217,9 @@ class RunPlan:
 
 
 def flops_per_token(model_config, seq_len: int) -> int:
-    """Training FLOPs per token of a model config at `seq_len` tokens: V2/V3's
-    `models/deepseek/flops.py`, V4's `models/deepseek_v4/flops.py`."""
-    if checkpoints.is_v4(model_config):
-        from models.deepseek_v4 import flops as v4_flops
-
-        return v4_flops.flops_per_token(model_config, seq_len)
-    return flops.flops_per_token(model_config, seq_len)
+    """Training FLOPs per token of a model config at `seq_len` tokens: its family's
+    `flops.py` (`models.families.Family.flops_per_token`)."""
+    return families.family_of(model_config).flops_per_token(model_config, seq_len)
 
 
 def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str | None,
