@@ -5,8 +5,8 @@ it); heavy unit tests carry `slow`. The fast tier is `pytest -m "not e2e and not
 
 The suite runs in two pytest-xdist worker processes (`-n 2 --dist loadgroup` in
 pyproject.toml): each test module is one work unit, kept in one worker, so its module
-fixtures are made once; the modules that use the e2e tier's shared pipeline run
-(tests/e2e/conftest.py `run`) form one unit, so that run is made once. Units are handed
+fixtures are made once; the modules that use the e2e tier's shared pipeline runs
+(tests/e2e/conftest.py `run` and `until_transform`) form one unit, so each is made once. Units are handed
 out heaviest first (`pytest_collection_modifyitems`), which keeps both workers busy.
 The modules that hold the most memory once done (CHILD_PROCESS_MODULES) run in a child
 pytest process of their worker (tests/child_process.py), so no worker grows past a few GB.
@@ -66,8 +66,10 @@ def chinese_poems() -> list[str]:
     return [p.strip("\n") for p in text.split("\n%\n") if p.strip()]
 
 
-# The e2e tier's shared pipeline run: its users form one xdist work unit.
+# The e2e tier's shared pipeline runs (tests/e2e/conftest.py `run` and `until_transform`):
+# their users form one xdist work unit.
 SHARED_RUN_GROUP = "e2e_shared_run"
+SHARED_RUN_FIXTURES = {"run", "until_transform"}
 # Work units in the order they are handed out, heaviest first (minutes on 2 cores, as
 # measured by `pytest --durations`); the rest follow in collection order.
 HEAVIEST_FIRST = (
@@ -78,7 +80,6 @@ HEAVIEST_FIRST = (
     "tests/components/test_trainer_v4.py",
     "tests/components/test_trainer_v4_distributed.py",
     "tests/e2e/test_v4_e2e.py",
-    "tests/e2e/test_runners_e2e.py",
     "tests/e2e/test_bad_input_e2e.py",
     "tests/e2e/test_notebook.py",
     "tests/serving/test_v4_text.py",
@@ -101,8 +102,8 @@ CHILD_PROCESS_MODULES = (
 def pytest_collection_modifyitems(config, items):
     """Marks tests/e2e/ `e2e`; puts each test in its xdist work unit (its module, or the
     shared run's group) and orders the units heaviest first."""
-    modules_using_run = {str(item.path) for item in items if "run" in item.fixturenames
-                         and E2E in item.path.parents}
+    modules_using_run = {str(item.path) for item in items if E2E in item.path.parents
+                         and SHARED_RUN_FIXTURES & set(item.fixturenames)}
     for item in items:
         if E2E in item.path.parents:
             item.add_marker(pytest.mark.e2e)

@@ -20,7 +20,9 @@ from config import get_config
 
 pytestmark = pytest.mark.slow  # worker processes: TensorFlow imports, a loopback cluster
 
-STEPS = 20
+STEPS = 12
+CHECKPOINT_EVERY = 6
+KILL_AFTER = 9  # between the checkpoints at steps 6 and 12: the restart resumes from 6
 LOSS_TOLERANCE = 1e-3  # as test_trainer_distributed.py (measured there: ~2e-5)
 RESTART_ULPS = 4  # as test_trainer_distributed.py
 
@@ -37,7 +39,7 @@ def poem_file(chinese_poems, tmp_path_factory):
 
 def run_cluster(num_workers: int, train_file: str, workdir, faults=()) -> dict:
     config = get_config("tiny_v4", {"train.train_steps": STEPS, "train.log_every": 1,
-                                    "train.checkpoint_every": 10})
+                                    "train.checkpoint_every": CHECKPOINT_EVERY})
     return run_cluster_job(config, num_workers, train_file, workdir, faults)
 
 
@@ -45,20 +47,23 @@ def test_two_workers_follow_one_and_a_killed_worker_resumes_to_the_same_loss(poe
                                                                              tmp_path):
     one = run_cluster(1, poem_file, tmp_path / "one")
     two = run_cluster(2, poem_file, tmp_path / "two")
-    killed = run_cluster(2, poem_file, tmp_path / "killed", faults=((1, signal.SIGKILL, 15),))
+    killed = run_cluster(2, poem_file, tmp_path / "killed",
+                         faults=((1, signal.SIGKILL, KILL_AFTER),))
     assert (two["num_workers"], two["global_batch_size"]) == (2, one["global_batch_size"])
     loss_1 = np.array([h["loss"] for h in one["history"]])
     loss_2 = np.array([h["loss"] for h in two["history"]])
     assert len(loss_1) == len(loss_2) == STEPS
     diff = np.abs(loss_2 - loss_1)
     print(f"tiny_v4: max |loss_2w - loss_1w| over {STEPS} steps {diff.max():.2e}; final "
-          f"losses 1w {loss_1[-1]:.6f} 2w {loss_2[-1]:.6f} killed {killed['final_loss']:.6f}")
+          f"losses 1w {loss_1[-1]:.6f} 2w {loss_2[-1]:.6f} killed {killed['final_loss']:.6f}; "
+          f"1w mean loss of the first 3 steps {loss_1[:3].mean():.4f}, last 3 "
+          f"{loss_1[-3:].mean():.4f}")
     assert diff.max() < LOSS_TOLERANCE, diff
     assert loss_1[-3:].mean() < loss_1[:3].mean()  # it trains
     assert one["tid2eid"]["tokens_counted"] == two["tid2eid"]["tokens_counted"] > 0
     (lost,) = killed["restarts"]
-    assert lost["cause"] == "lost" and lost["resumed_from_step"] == 10, lost
-    # The history is the whole run's: steps 1-10 came back with the checkpoint.
+    assert lost["cause"] == "lost" and lost["resumed_from_step"] == CHECKPOINT_EVERY, lost
+    # The history is the whole run's: steps 1-6 came back with the checkpoint.
     assert [h["step"] for h in killed["history"]] == list(range(1, STEPS + 1))
     assert_float32_close(killed["final_loss"], two["final_loss"], ulps=RESTART_ULPS,
                          err_msg="final loss after kill -9 and resume")

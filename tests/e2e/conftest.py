@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from shared_run import run_args
+from until_transform import compared_outputs, component_states
+from until_transform import run_args as until_transform_args
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,3 +53,24 @@ def slice_path(tmp_path_factory, shakespeare):
     path = tmp_path_factory.mktemp("slice") / "slice.txt"
     path.write_text(text[: text.rfind("\n\n") + 2], encoding="utf-8")
     return path
+
+
+@pytest.fixture(scope="session")
+def until_transform(tmp_path_factory, slice_path):
+    """`deepseek-tfx run --preset tiny --until Transform` on a copy of `slice_path`, in this
+    process (tests/until_transform.py): test_caching_e2e.py's first run (it runs again into
+    "output" and edits "data", its own copy: `slice_path` stays as it is for the other
+    modules) and test_runners_e2e.py's LocalDagRunner reference. Its "states" and
+    "outputs" are read at once, before any re-run."""
+    import cli
+
+    d = tmp_path_factory.mktemp("until_transform")
+    data, out = d / "data" / slice_path.name, d / "out"
+    data.parent.mkdir()
+    shutil.copyfile(slice_path, data)
+    args = until_transform_args(data, out)
+    start = time.perf_counter()
+    assert cli.main(args) == 0
+    seconds = time.perf_counter() - start
+    return {"args": args, "data": data, "output": out, "seconds": seconds,
+            "states": component_states(out), "outputs": compared_outputs(out)}

@@ -21,32 +21,23 @@ import time
 
 import pytest
 from shared_run import run_args
-
-UNTIL = "Transform"
-
-
-def _states(output_dir) -> dict[str, str]:
-    """Component -> MLMD state of the newest run (resolver nodes left out: they
-    resolve, they are never cached)."""
-    from pipeline.local_runner import run_paths
-    from reporting.run_summary import latest_run
-
-    return {r.component: r.state for r in latest_run(run_paths(str(output_dir))["metadata_path"])
-            if "resolver" not in r.component}
+from until_transform import UNTIL
+from until_transform import component_states as _states
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, slice_path):
+def runs(until_transform):
+    """Runs 2 to 4 into the output of run 1, the e2e tier's `until_transform` (tests/e2e/
+    conftest.py, shared with test_runners_e2e.py); run 4 edits that run's own copy of the
+    corpus. The states of runs 1 to 4."""
     import cli
     from pipeline.pipeline import COMPONENT_ORDER
 
-    out = tmp_path_factory.mktemp("cached")
-    base = ["run", "--data", str(slice_path), "--preset", "tiny", "--output", str(out),
-            "--until", UNTIL]
-    states, seconds = [], []
-    for extra in ([], [], ["--set", "train.learning_rate=0.01", "--train-steps", "7"], "edit"):
+    out, base = until_transform["output"], until_transform["args"]
+    states, seconds = [until_transform["states"]], [until_transform["seconds"]]
+    for extra in ([], ["--set", "train.learning_rate=0.01", "--train-steps", "7"], "edit"):
         if extra == "edit":
-            with open(slice_path, "a", encoding="utf-8") as f:
+            with open(until_transform["data"], "a", encoding="utf-8") as f:
                 f.write("NEW SPEAKER:\nA paragraph that was not in the corpus before.\n\n")
             extra = []
         start = time.perf_counter()

@@ -17,6 +17,7 @@ import os
 import time
 
 import pytest
+from until_transform import COMPARED, compared_outputs, run_args
 
 MULTI_PROCESSING = ["--beam-arg=--direct_running_mode=multi_processing",
                     "--beam-arg=--direct_num_workers=2"]
@@ -24,52 +25,25 @@ MULTI_PROCESSING = ["--beam-arg=--direct_running_mode=multi_processing",
 # workers are this process's threads (LOOPBACK); no Java, no Maven jar.
 PORTABLE = ["--beam-arg=--runner=PortableRunner", "--beam-arg=--job_endpoint=embed",
             "--beam-arg=--environment_type=LOOPBACK"]
-COMPARED = ("TextExampleGen", "TextCleaner", "Transform")
 
 
 def _run(out, corpus, *extra) -> float:
     import cli
 
     start = time.perf_counter()
-    code = cli.main(["run", "--data", str(corpus), "--preset", "tiny", "--output", str(out),
-                     "--until", "Transform", *extra])
-    assert code == 0
+    assert cli.main([*run_args(corpus, out), *extra]) == 0
     return time.perf_counter() - start
 
 
-def _count_records(examples_uri: str) -> dict[str, int]:
-    import tensorflow as tf
-
-    counts = {}
-    for split_dir in sorted(glob.glob(os.path.join(examples_uri, "Split-*"))):
-        files = sorted(glob.glob(os.path.join(split_dir, "*")))
-        compression = "GZIP" if files and files[0].endswith(".gz") else ""
-        counts[os.path.basename(split_dir)[len("Split-"):]] = sum(
-            1 for _ in tf.data.TFRecordDataset(files, compression_type=compression))
-    return counts
-
-
-def _outputs(out) -> dict:
-    from pipeline.local_runner import run_paths
-    from reporting.run_summary import latest_run
-    from tokenization import tokenizer
-
-    runs = {r.component: r for r in latest_run(run_paths(str(out))["metadata_path"])}
-    assert all(runs[c].state == "COMPLETE" for c in COMPARED), {c: r.state for c, r in runs.items()}
-    assert "Trainer" not in runs
-    counts = {c: _count_records(runs[c].outputs["Examples"]["uri"]) for c in COMPARED}
-    graph = runs["Transform"].outputs["TransformGraph"]["uri"]
-    with open(tokenizer.find_asset(graph, tokenizer.TOKENIZER_ASSET_PREFIX), "rb") as f:
-        tokenizer_json = f.read()
-    return {"counts": counts, "tokenizer": tokenizer_json}
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, slice_path):
-    local_dir, beam_dir = tmp_path_factory.mktemp("local"), tmp_path_factory.mktemp("beam")
-    local_s = _run(local_dir, slice_path)
+def runs(tmp_path_factory, slice_path, until_transform):
+    """(LocalDagRunner, BeamDagRunner multi-processing) outputs. The LocalDagRunner run is
+    the e2e tier's `until_transform` (tests/e2e/conftest.py: the same arguments on a copy of
+    `slice_path`), shared with test_caching_e2e.py."""
+    beam_dir = tmp_path_factory.mktemp("beam")
+    local_s = until_transform["seconds"]
     beam_s = _run(beam_dir, slice_path, "--runner", "beam", *MULTI_PROCESSING)
-    local, beam = _outputs(local_dir), _outputs(beam_dir)
+    local, beam = until_transform["outputs"], compared_outputs(beam_dir)
     vocab_size = len(json.loads(local["tokenizer"])["model"]["vocab"])
     print(f"\nrecords per split: {local['counts']}\ntokenizer: {vocab_size} tokens\n"
           f"wall time: LocalDagRunner {local_s:.1f} s, BeamDagRunner + DirectRunner "
@@ -87,7 +61,7 @@ def portable(tmp_path_factory, slice_path):
     with open(log, encoding="utf-8") as f:
         text = f.read()
     print(f"\nwall time: LocalDagRunner + PortableRunner (embed, LOOPBACK) {seconds:.1f} s")
-    return _outputs(out), text, seconds
+    return compared_outputs(out), text, seconds
 
 
 def test_the_portable_runner_ran_the_beam_components(portable):

@@ -79,23 +79,38 @@ def _bits_per_byte(store, source: str | None = None) -> float:
 
 
 @pytest.fixture(scope="module")
-def continued(run, tmp_path_factory, shakespeare):
-    """The base is the shared e2e run's blessed model (tests/e2e/conftest.py `run`, trained
-    on the first HALF_BYTES of Tiny Shakespeare): a copy of its ML Metadata, then a run on
-    the second half with `--base-model latest` and REPLAY_FRACTION of the base run's data
-    into it ("out"), and a from-scratch run on the second half with the same steps. One
-    warm run serves the warm-start and the replay tests (a pipeline run is minutes)."""
-    d = tmp_path_factory.mktemp("continued")
+def runs(run, tmp_path_factory, shakespeare, slice_path, hf_base, hf_v2_lite_base):
+    """Every pipeline run of this module, in one child process (each child pays TF's and
+    TFX's imports and first traces again):
+
+    - "out": the shared e2e run's blessed model as the base (tests/e2e/conftest.py `run`,
+      trained on the first HALF_BYTES of Tiny Shakespeare): a copy of its ML Metadata, then
+      a run on the second half with `--base-model latest` and REPLAY_FRACTION of the base
+      run's data into it; "scratch": a from-scratch run on the second half with the same
+      steps. One warm run serves the warm-start and the replay tests.
+    - "hf": 10 steps on `slice_path` from the Hugging Face checkpoint `hf_base`;
+      "v2_lite": 10 LoRA steps from the bf16 checkpoint `hf_v2_lite_base`."""
+    d = tmp_path_factory.mktemp("runs")
     second = _second_half(shakespeare, d)
-    out, scratch = d / "out", d / "scratch"
-    out.mkdir()
-    shutil.copy(run["metadata_path"], out / "metadata.db")
-    _runs(["--data", str(second), "--output", str(out), "--base-model", "latest",
+    out = {name: d / name for name in ("out", "scratch", "hf", "v2_lite")}
+    out["out"].mkdir()
+    shutil.copy(run["metadata_path"], out["out"] / "metadata.db")
+    _runs(["--data", str(second), "--output", str(out["out"]), "--base-model", "latest",
            "--accept-drift", "--set", f"data.replay_fraction={REPLAY_FRACTION}"],
-          ["--data", str(second), "--output", str(scratch)])
-    store = _store(out)
-    first_model = min(store.get_artifacts_by_type("Model"), key=lambda a: a.id)
-    return {"out": out, "scratch": scratch, "first_model": first_model}
+          ["--data", str(second), "--output", str(out["scratch"])],
+          ["--data", str(slice_path), "--output", str(out["hf"]), "--base-model",
+           str(hf_base), "--train-steps", "10"],
+          ["--data", str(slice_path), "--output", str(out["v2_lite"]), "--base-model",
+           str(hf_v2_lite_base), "--train-steps", "10", "--set", "train.lora_rank=4"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def continued(runs):
+    """The continued run ("out", with the base run's model first in its store) and the
+    from-scratch run ("scratch"); see `runs`."""
+    first_model = min(_store(runs["out"]).get_artifacts_by_type("Model"), key=lambda a: a.id)
+    return {"out": runs["out"], "scratch": runs["scratch"], "first_model": first_model}
 
 
 def test_continued_pretraining_starts_where_the_base_stopped(continued):
@@ -191,13 +206,11 @@ def hf_base(tmp_path_factory) -> pathlib.Path:
     return directory
 
 
-def test_hf_base_model_fine_tunes_and_round_trips(hf_base, slice_path, tmp_path):
+def test_hf_base_model_fine_tunes_and_round_trips(runs, hf_base, tmp_path):
     from savedmodel import base_model
     from savedmodel.hf_interop import load_model_from_savedmodel
 
-    out = tmp_path / "out"
-    _runs(["--data", str(slice_path), "--output", str(out), "--base-model", str(hf_base),
-           "--train-steps", "10"])
+    out = runs["hf"]
     store = _store(out)
     (importer_output,) = [a for a in store.get_artifacts_by_type("Model")
                           if a.uri == str(hf_base)]
@@ -246,14 +259,12 @@ def hf_v2_lite_base(tmp_path_factory) -> pathlib.Path:
     return directory
 
 
-def test_v2_lite_base_fine_tunes_with_lora_in_bf16_and_is_pushed(hf_v2_lite_base, slice_path,
+def test_v2_lite_base_fine_tunes_with_lora_in_bf16_and_is_pushed(runs, hf_v2_lite_base,
                                                                   tmp_path):
     from savedmodel import base_model, layout
     from savedmodel.hf_interop import load_model_from_savedmodel
 
-    out = tmp_path / "out"
-    _runs(["--data", str(slice_path), "--output", str(out), "--base-model",
-           str(hf_v2_lite_base), "--train-steps", "10", "--set", "train.lora_rank=4"])
+    out = runs["v2_lite"]
     tuned = _newest(_store(out), "Model").custom_properties
     assert tuned["frozen_weights_dtype"].string_value.startswith("bfloat16")  # router: float32
     assert tuned["trainable_weights_dtype"].string_value == "float32"
