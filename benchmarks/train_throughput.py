@@ -48,6 +48,7 @@ def run_one(args: argparse.Namespace) -> dict:
 
     from components.trainer import data, hardware, precision, train_loop
     from config import get_config
+    from models import families
     from models.deepseek import flops
 
     overrides = {"train.train_steps": args.skip + args.steps, "train.log_every": 1,
@@ -73,7 +74,7 @@ def run_one(args: argparse.Namespace) -> dict:
     timed = [tokens_per_step / h["tokens_per_second"] for h in result.history[args.skip:]]
     step_time = statistics.median(timed)
     tps = tokens_per_step / step_time
-    fpt = train_loop.flops_per_token(config.model, tc.seq_len)  # V3 or V4, as the Trainer
+    fpt = families.family_of(config.model).flops_per_token(config.model, tc.seq_len)  # as the Trainer
     if accelerator.kind == "gpu":
         peak_memory = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
     else:
@@ -117,14 +118,12 @@ def main() -> None:
         print("RESULT " + json.dumps(run_one(args)))
         return
 
-    from components.trainer import hardware, train_loop
+    from components.trainer import hardware
     from config import get_config
-    from models import checkpoints
-    from models.deepseek import flops
-    from models.deepseek_v4 import flops as v4_flops
+    from models import families
 
     config = get_config(args.preset)
-    counts = v4_flops if checkpoints.is_v4(config.model) else flops
+    counts = families.family_of(config.model).module("flops")
     runs = []
     for policy in args.precision.split(","):
         for jit in args.jit_compile.split(","):
@@ -145,7 +144,7 @@ def main() -> None:
         "seq_len": config.train.seq_len,
         "grad_accum_steps": args.grad_accum_steps,
         "recompute_activations": args.recompute,
-        "flops_per_token": train_loop.flops_per_token(config.model, config.train.seq_len),
+        "flops_per_token": counts.flops_per_token(config.model, config.train.seq_len),
         "activated_params": counts.activated_params(config.model, include_mtp=True),
         "timed_steps": args.steps,
         "runs": runs,

@@ -199,7 +199,8 @@ class RunPlan:
         jit = resolve_jit_compile(tc.jit_compile)
         return cls(strategy_lib.describe(strategy), replicas, strategy_lib.num_workers(strategy),
                    precision, tc.batch_size, tc.batch_size // (micro * replicas), micro,
-                   flops_per_token(config.model, tc.seq_len), peak_flops, jit,
+                   families.family_of(config.model).flops_per_token(config.model, tc.seq_len),
+                   peak_flops, jit,
                    tc.moe_capacity_factor if jit else 0.0)
 
     def log(self, seq_len: int) -> None:
@@ -214,12 +215,6 @@ class RunPlan:
             f"on (MoE capacity factor {self.moe_capacity_factor})" if self.jit_compile
             else "off (dropless MoE dispatch)",
         )
-
-
-def flops_per_token(model_config, seq_len: int) -> int:
-    """Training FLOPs per token of a model config at `seq_len` tokens: its family's
-    `flops.py` (`models.families.Family.flops_per_token`)."""
-    return families.family_of(model_config).flops_per_token(model_config, seq_len)
 
 
 def train(config: PipelineConfig, dataset_fn, checkpoint_dir: str, log_dir: str | None,
