@@ -1,7 +1,5 @@
 """`python -m cli`: the `deepseek-tfx` command."""
 
-import sys
+from cli import command
 
-from cli import entry
-
-sys.exit(entry())
+command()

@@ -73,7 +73,8 @@ def _runs(*runs: list[str]) -> dict[str, float]:
     """`deepseek-tfx run ARGS` for each ARGS, in one child process (its memory is returned
     when it ends; TFX is imported once). An argument "{sft_model}" becomes the first
     version pushed under the first run's --output. Returns each run's wall seconds."""
-    script = ("import json, os, sys, time\nfrom cli import main\nseconds = []\n"
+    script = ("import json, os, time\nfrom cli import main\n"
+              "from common.process_exit import exit_frozen\nseconds = []\n"
               f"runs = {[list(r) for r in runs]!r}\n"
               "out = runs[0][runs[0].index('--output') + 1]\n"
               "for args in runs:\n"
@@ -82,9 +83,10 @@ def _runs(*runs: list[str]) -> dict[str, float]:
               "              if os.path.isdir(serving) else '')\n"
               "    start = time.perf_counter()\n"
               "    code = main([a.replace('{sft_model}', first) for a in args])\n"
-              "    if code: sys.exit(code)\n"
+              "    if code: exit_frozen(code)\n"
               "    seconds.append(time.perf_counter() - start)\n"
-              "print('SECONDS', json.dumps(seconds))\n")
+              "print('SECONDS', json.dumps(seconds))\n"
+              "exit_frozen(0)\n")  # as `deepseek-tfx` ends: no seconds of graph teardown
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             cwd=ROOT, timeout=2400)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])

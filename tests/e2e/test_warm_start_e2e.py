@@ -47,10 +47,11 @@ def _runs(*runs: list[str]) -> None:
     """`deepseek-tfx run --preset tiny ARGS` for each ARGS, in one child process: the
     memory of these pipeline runs is returned when it ends (the suite runs in ~20 GB
     otherwise)."""
-    script = ("import sys\nfrom cli import main\n"
+    script = ("from cli import main\nfrom common.process_exit import exit_frozen\n"
               f"for args in {[list(r) for r in runs]!r}:\n"
               "    code = main(['run', '--preset', 'tiny', *args])\n"
-              "    if code: sys.exit(code)\n")
+              "    if code: exit_frozen(code)\n"
+              "exit_frozen(0)\n")  # as `deepseek-tfx` ends: no seconds of graph teardown
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             cwd=ROOT, timeout=2400)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
