@@ -181,6 +181,8 @@ MIRRORED_SCRIPT = textwrap.dedent("""
         out[name] = {"losses": [h["loss"] for h in r.history], "strategy": r.strategy,
                      "replicas": r.num_replicas, "per_replica": r.per_replica_batch_size}
     print("RESULT " + json.dumps(out))
+    from common.process_exit import exit_frozen
+    exit_frozen(0)  # as the real worker ends: without collecting the traced graphs
 """)
 
 
@@ -263,6 +265,8 @@ PREEMPTION_SCRIPT = textwrap.dedent("""
     print("RESULT " + json.dumps({"preempted": preempted,
                                   "resumed_from": resumed.resumed_from_step,
                                   "files": sorted(os.listdir(work + "/ckpt"))}))
+    from common.process_exit import exit_frozen
+    exit_frozen(0)  # as the real worker ends: without collecting the traced graphs
 """)
 
 

@@ -155,6 +155,8 @@ MIRRORED_SFT_SCRIPT = textwrap.dedent("""
                      "gradients": {trainable.weight_path(v): (b - v.numpy()).tolist()
                                    for v, b in zip(variables, before)}}
     print("RESULT " + json.dumps(out))
+    from common.process_exit import exit_frozen
+    exit_frozen(0)  # as the real worker ends: without collecting the traced graphs
 """)
 
 
