@@ -54,15 +54,16 @@ def _export(out, family: str):
 
 @pytest.fixture(scope="module", params=["v3", "v4"])
 def served(request, tmp_path_factory):
-    """(base URL, ModelServer) of a tiny chat model behind the OpenAI router."""
+    """(base URL, ModelServer, its warm-up's figures) of a tiny chat model behind the
+    OpenAI router."""
     from config import ServeConfig
     from serving.server import ModelServer
 
     path = _export(tmp_path_factory.mktemp(request.param) / "saved", request.param)
     server = ModelServer(str(path), NAME, ServeConfig(decode_slots=25), warm=False)
-    server.warmed = server.warm_up(signatures=False)  # the requests here use the engine
+    warmed = server.warm_up(signatures=False)  # the requests here use the engine
     with openai_app(server, NAME) as url:
-        yield url, server
+        yield url, server, warmed
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +79,9 @@ USER = [{"role": "user", "content": "北京的天气怎么样？"}]
 def test_an_engine_only_warm_up_is_available_and_a_signature_works_on_first_use(served):
     import numpy as np
 
-    server = served[1]
+    server, warmed = served[1], served[2]
     assert server.ready and server.status()["model_version_status"][0]["state"] == "AVAILABLE"
-    assert (server.warmed["requests"], server.warmed["failed"]) == (2, 0)  # the engine's two
+    assert (warmed["requests"], warmed["failed"]) == (2, 0)  # the engine's two
     ids = server.run("tokenize", {"text": np.array([USER[0]["content"].encode()], object)}, 1)
     text = server.run("detokenize", {"input_ids": ids["input_ids"]}, 1)["text"]
     assert text[0] == USER[0]["content"].encode()  # byte for byte, Chinese
