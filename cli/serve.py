@@ -10,9 +10,9 @@ from cli import quiet_commands
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serves until Ctrl-C (`serving/http_app.py` on uvicorn); then prints the batching
-    statistics. The port opens at once; the models warm up in the background and
-    `ready` is printed when GET /v1/models/<name> says AVAILABLE (predict answers 503
-    until then)."""
+    statistics. The port opens at once; the models warm up in the background
+    (`warm_up_models`, `--warm-up`) and `ready` is printed when GET /v1/models/<name> says
+    AVAILABLE (predict answers 503 until then)."""
     from config import ServeConfig
     from serving.model_split import parse_models, parse_split
 
@@ -25,7 +25,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if split is not None and args.model_name in dirs:
         raise SystemExit(f"error: serve: --split needs a route name of its own: "
                          f"--model-name {args.model_name!r} is a served model's name")
-    import gc
     import threading
 
     import uvicorn
@@ -50,19 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _print_banner(servers, split, args.model_name, f"{host}:{port}", serve)
 
     def warm() -> None:
-        requests = failed = 0
-        seconds = 0.0
-        for server in servers.values():
-            done = server.warm_up()
-            requests, failed = requests + done["requests"], failed + done["failed"]
-            seconds += done["seconds"]
-        # The loaded SavedModels are ~10^5-10^6 Python objects that live as long as the
-        # server; out of the collector's sight, full collections stop pausing requests.
-        gc.collect()
-        gc.freeze()
-        note = f", {failed} failed" if failed else ""
-        print(f"ready: warmed up with {requests} requests in {seconds:.1f} s{note}; "
-              "state AVAILABLE", flush=True)
+        print(warm_up_models(servers, args.warm_up), flush=True)
 
     threading.Thread(target=warm, name="warm-up", daemon=True).start()
     try:
@@ -80,6 +67,41 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   f"run again request by request; {stats['refused']} refused with 503)",
                   flush=True)
     return 0
+
+
+def warm_up_models(servers: dict, mode: str = "all") -> str:
+    """Warms each `ModelServer` of `servers` ({name: server}) in turn, then returns the
+    `ready` line.
+
+    Args:
+      servers: the served models, each still LOADING (`ModelServer(..., warm=False)`).
+      mode: "all" runs the warm-up file and every signature at 1, 2, 4, ...
+        max_batch_size rows, then the engine (`ModelServer.warm_up`); "engine" warms only
+        the engine's two functions (the OpenAI routes' generation), leaving each
+        signature to its first request. A model without an engine (`--decode-slots 0`,
+        or no tokenizer) warms its signatures either way: they are its only way to serve.
+
+    Raises:
+      ValueError: `mode` is neither "all" nor "engine".
+    """
+    import gc
+
+    if mode not in WARM_UP_MODES:
+        raise ValueError(f"--warm-up {mode!r}: expected one of {', '.join(WARM_UP_MODES)}")
+    requests = failed = 0
+    seconds = 0.0
+    for server in servers.values():
+        done = server.warm_up(signatures=mode == "all" or server.engine is None)
+        requests, failed = requests + done["requests"], failed + done["failed"]
+        seconds += done["seconds"]
+    # The loaded SavedModels are ~10^5-10^6 Python objects that live as long as the
+    # server; out of the collector's sight, full collections stop pausing requests.
+    gc.collect()
+    gc.freeze()
+    note = f", {failed} failed" if failed else ""
+    what = "" if mode == "all" else " (the engine; signatures warm on first use)"
+    return (f"ready: warmed up with {requests} requests in {seconds:.1f} s{note}{what}; "
+            "state AVAILABLE")
 
 
 def _print_banner(servers: dict, split, route: str, address: str, serve) -> None:
@@ -109,6 +131,7 @@ def _print_banner(servers: dict, split, route: str, address: str, serve) -> None
           f"timeout_request_body {serve.timeout_request_body} s", flush=True)
 
 
+WARM_UP_MODES = ("all", "engine")  # `serve --warm-up`: see `warm_up_models`
 # ServeConfig fields with a `serve` flag each (--max-batch-size, ...): (metavar, help).
 _SERVE_FIELDS = {
     "max_batch_size": ("ROWS", "most prompts (rows) in one model call, and in one request"),
@@ -155,5 +178,10 @@ def add_parsers(sub) -> None:
         default = getattr(defaults, field)
         srv.add_argument("--" + field.replace("_", "-"), type=int, default=default,
                          metavar=metavar, help=f"{what} (default {default})")
+    srv.add_argument("--warm-up", choices=WARM_UP_MODES, default="all", metavar="MODE",
+                     help="all: the warm-up file and every signature at 1, 2, 4, ... max "
+                     "batch size rows, then the engine (default); engine: the engine only, "
+                     "for OpenAI-route traffic (ready sooner; each signature warms on its "
+                     "first request)")
     quiet_commands.add_arguments(srv, "serve")
     srv.set_defaults(fn=cmd_serve)

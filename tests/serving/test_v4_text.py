@@ -95,7 +95,9 @@ def test_openai_chat_completion_replies_as_transformers(imported):
     from serving.server import ModelServer
 
     server = ModelServer(str(imported), "v4", ServeConfig(max_batch_size=2,
-                                                          batch_timeout_micros=1000))
+                                                          batch_timeout_micros=1000),
+                         warm=False)
+    server.warm_up(signatures=False)  # the chat route generates with the engine
     try:
         app = fastapi.FastAPI()
         app.include_router(make_openai_router(StaticModels({"v4": server})))

@@ -1,0 +1,55 @@
+"""`deepseek-tfx serve --warm-up`: which part of each model is warmed before `ready`.
+
+`ModelServer.warm_up(signatures=False)` itself (the engine only, AVAILABLE, a signature
+working on first use) is tested on real V3 and V4 models in test_deepseek_api.py; here,
+the flag and the choice `warm_up_models` makes per model, on stand-ins that record it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import cli
+from cli.serve import warm_up_models
+
+
+class _Recorder:
+    """A served model as `warm_up_models` sees it: `engine`, and `warm_up(signatures)`."""
+
+    def __init__(self, engine: bool, requests: int, failed: int = 0):
+        self.engine = object() if engine else None
+        self.requests, self.failed = requests, failed
+        self.calls: list[bool] = []
+
+    def warm_up(self, signatures: bool = True) -> dict:
+        self.calls.append(signatures)
+        return {"requests": self.requests, "failed": self.failed, "seconds": 1.25}
+
+
+def test_the_flag_defaults_to_all_and_takes_engine_only():
+    parser = cli.build_parser()
+    assert parser.parse_args(["serve", "--model", "m"]).warm_up == "all"
+    assert parser.parse_args(["serve", "--model", "m", "--warm-up", "engine"]).warm_up == "engine"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--model", "m", "--warm-up", "none"])
+
+
+def test_all_warms_every_signature_of_every_model():
+    servers = {"A": _Recorder(engine=True, requests=9), "B": _Recorder(engine=False, requests=7)}
+    line = warm_up_models(servers, "all")
+    assert [s.calls for s in servers.values()] == [[True], [True]]
+    assert line == "ready: warmed up with 16 requests in 2.5 s; state AVAILABLE"
+
+
+def test_engine_warms_the_engine_only_and_signatures_where_there_is_no_engine():
+    servers = {"A": _Recorder(engine=True, requests=2, failed=1),
+               "B": _Recorder(engine=False, requests=7)}  # e.g. --decode-slots 0
+    line = warm_up_models(servers, "engine")
+    assert servers["A"].calls == [False] and servers["B"].calls == [True]
+    assert line == ("ready: warmed up with 9 requests in 2.5 s, 1 failed (the engine; "
+                    "signatures warm on first use); state AVAILABLE")
+
+
+def test_an_unknown_mode_is_refused_by_name():
+    with pytest.raises(ValueError, match="--warm-up 'lazy': expected one of all, engine"):
+        warm_up_models({"A": _Recorder(engine=True, requests=2)}, "lazy")
