@@ -78,8 +78,8 @@ def warm_up_models(servers: dict, mode: str = "all") -> str:
       mode: "all" runs the warm-up file and every signature at 1, 2, 4, ...
         max_batch_size rows, then the engine (`ModelServer.warm_up`); "engine" warms only
         the engine's two functions (the OpenAI routes' generation), leaving each
-        signature to its first request. A model without an engine (`--decode-slots 0`,
-        or no tokenizer) warms its signatures either way: they are its only way to serve.
+        signature to its first request (`ModelServer.warm_up(signatures=False)`, which
+        warms a model without an engine's signatures either way).
 
     Raises:
       ValueError: `mode` is neither "all" nor "engine".
@@ -91,7 +91,7 @@ def warm_up_models(servers: dict, mode: str = "all") -> str:
     requests = failed = 0
     seconds = 0.0
     for server in servers.values():
-        done = server.warm_up(signatures=mode == "all" or server.engine is None)
+        done = server.warm_up(signatures=mode == "all")
         requests, failed = requests + done["requests"], failed + done["failed"]
         seconds += done["seconds"]
     # The loaded SavedModels are ~10^5-10^6 Python objects that live as long as the

@@ -241,16 +241,18 @@ class ModelServer(RequestChecks):
 
         Args:
           signatures: False warms the engine only (the OpenAI routes' generation); the
-            signatures (the TF Serving routes, and the OpenAI routes when there is no
-            engine) are then made ready by their first request. Their first calls are
-            most of a warm-up: 27 of a tiny V4 chat model's ~40 s here (2-core Xeon;
-            the engine's, 6 s).
+            signatures (the TF Serving routes) are then made ready by their first
+            request. Their first calls are most of a warm-up: 27 of a tiny V4 chat
+            model's ~40 s here (2-core Xeon; the engine's, 6 s). A server without an
+            engine (`decode_slots` 0, no tokenizer, or a SavedModel without the engine's
+            functions) warms its signatures either way: they are its only way to serve.
 
         Returns:
           {"requests": calls made, "failed": of which failed, "seconds": wall time}.
         """
         start, calls, failed = time.perf_counter(), 0, 0
-        for name, inputs, rows in self._warmup_requests() if signatures else ():
+        warm_signatures = signatures or self.engine is None
+        for name, inputs, rows in self._warmup_requests() if warm_signatures else ():
             calls += 1
             try:
                 self._validate(name, inputs, rows)

@@ -1,8 +1,9 @@
 """`deepseek-tfx serve --warm-up`: which part of each model is warmed before `ready`.
 
 `ModelServer.warm_up(signatures=False)` itself (the engine only, AVAILABLE, a signature
-working on first use) is tested on real V3 and V4 models in test_deepseek_api.py; here,
-the flag and the choice `warm_up_models` makes per model, on stand-ins that record it.
+working on first use) is tested on real V3 and V4 models in test_deepseek_api.py, and
+on a model without an engine (its signatures warmed anyway) in test_server_batching.py;
+here, the flag and what `warm_up_models` asks of each model, on stand-ins that record it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from cli.serve import warm_up_models
 
 
 class _Recorder:
-    """A served model as `warm_up_models` sees it: `engine`, and `warm_up(signatures)`."""
+    """A served model as `warm_up_models` sees it: `warm_up(signatures)`."""
 
-    def __init__(self, engine: bool, requests: int, failed: int = 0):
-        self.engine = object() if engine else None
+    def __init__(self, requests: int, failed: int = 0):
         self.requests, self.failed = requests, failed
         self.calls: list[bool] = []
 
@@ -35,21 +35,21 @@ def test_the_flag_defaults_to_all_and_takes_engine_only():
 
 
 def test_all_warms_every_signature_of_every_model():
-    servers = {"A": _Recorder(engine=True, requests=9), "B": _Recorder(engine=False, requests=7)}
+    servers = {"A": _Recorder(requests=9), "B": _Recorder(requests=7)}
     line = warm_up_models(servers, "all")
     assert [s.calls for s in servers.values()] == [[True], [True]]
     assert line == "ready: warmed up with 16 requests in 2.5 s; state AVAILABLE"
 
 
-def test_engine_warms_the_engine_only_and_signatures_where_there_is_no_engine():
-    servers = {"A": _Recorder(engine=True, requests=2, failed=1),
-               "B": _Recorder(engine=False, requests=7)}  # e.g. --decode-slots 0
+def test_engine_asks_every_model_for_its_engine_only():
+    servers = {"A": _Recorder(requests=2, failed=1),
+               "B": _Recorder(requests=7)}  # e.g. --decode-slots 0: its signatures, 7
     line = warm_up_models(servers, "engine")
-    assert servers["A"].calls == [False] and servers["B"].calls == [True]
+    assert servers["A"].calls == [False] and servers["B"].calls == [False]
     assert line == ("ready: warmed up with 9 requests in 2.5 s, 1 failed (the engine; "
                     "signatures warm on first use); state AVAILABLE")
 
 
 def test_an_unknown_mode_is_refused_by_name():
     with pytest.raises(ValueError, match="--warm-up 'lazy': expected one of all, engine"):
-        warm_up_models({"A": _Recorder(engine=True, requests=2)}, "lazy")
+        warm_up_models({"A": _Recorder(requests=2)}, "lazy")

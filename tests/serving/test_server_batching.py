@@ -404,3 +404,19 @@ def test_loading_until_warmed_up_then_available(per_row_model):
             assert server.stats()["requests"] == 1
     finally:
         server.close()
+
+
+def test_an_engine_only_warm_up_of_a_model_without_an_engine_warms_its_signatures(
+        per_row_model):
+    """`warm_up(signatures=False)` (`serve --warm-up engine`) on a SavedModel without the
+    engine's functions: its signatures are its only way to serve, so they are warmed."""
+    server = ModelServer(str(per_row_model), serve=ServeConfig(batch_timeout_micros=0,
+                                                               max_batch_size=4), warm=False)
+    try:
+        assert server.engine is None
+        done = server.warm_up(signatures=False)
+        # generate and generate_raw at 1, 2, 4 rows; tokenize at 1, 2, 4
+        assert done["requests"] == 9 and done["failed"] == 0
+        assert server.ready and server.batcher.stats()["rows"] == 3 * (1 + 2 + 4)
+    finally:
+        server.close()
