@@ -90,16 +90,20 @@ def warm_up_models(servers: dict, mode: str = "all") -> str:
         raise ValueError(f"--warm-up {mode!r}: expected one of {', '.join(WARM_UP_MODES)}")
     requests = failed = 0
     seconds = 0.0
-    for server in servers.values():
+    cold = []  # the models whose signatures are left to their first requests
+    for name, server in servers.items():
         done = server.warm_up(signatures=mode == "all")
         requests, failed = requests + done["requests"], failed + done["failed"]
         seconds += done["seconds"]
+        if not done["signatures"]:
+            cold.append(repr(name))
     # The loaded SavedModels are ~10^5-10^6 Python objects that live as long as the
     # server; out of the collector's sight, full collections stop pausing requests.
     gc.collect()
     gc.freeze()
     note = f", {failed} failed" if failed else ""
-    what = "" if mode == "all" else " (the engine; signatures warm on first use)"
+    what = (f" (engine only: the signatures of {', '.join(cold)} warm on first use)"
+            if cold else "")
     return (f"ready: warmed up with {requests} requests in {seconds:.1f} s{note}{what}; "
             "state AVAILABLE")
 

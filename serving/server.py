@@ -248,7 +248,8 @@ class ModelServer(RequestChecks):
             functions) warms its signatures either way: they are its only way to serve.
 
         Returns:
-          {"requests": calls made, "failed": of which failed, "seconds": wall time}.
+          {"requests": calls made, "failed": of which failed, "seconds": wall time,
+          "signatures": whether the signatures were warmed}.
         """
         start, calls, failed = time.perf_counter(), 0, 0
         warm_signatures = signatures or self.engine is None
@@ -271,7 +272,8 @@ class ModelServer(RequestChecks):
         self.state = "AVAILABLE"
         self._ready.set()
         return {"requests": calls, "failed": failed,
-                "seconds": round(time.perf_counter() - start, 2)}
+                "seconds": round(time.perf_counter() - start, 2),
+                "signatures": warm_signatures}
 
     def _warmup_requests(self):
         """(signature, inputs, rows): the model's warm-up file, then synthesized ones."""

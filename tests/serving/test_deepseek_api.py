@@ -81,7 +81,8 @@ def test_an_engine_only_warm_up_is_available_and_a_signature_works_on_first_use(
 
     server, warmed = served[1], served[2]
     assert server.ready and server.status()["model_version_status"][0]["state"] == "AVAILABLE"
-    assert (warmed["requests"], warmed["failed"]) == (2, 0)  # the engine's two
+    # the engine's two functions, and no signature
+    assert (warmed["requests"], warmed["failed"], warmed["signatures"]) == (2, 0, False)
     ids = server.run("tokenize", {"text": np.array([USER[0]["content"].encode()], object)}, 1)
     text = server.run("detokenize", {"input_ids": ids["input_ids"]}, 1)["text"]
     assert text[0] == USER[0]["content"].encode()  # byte for byte, Chinese

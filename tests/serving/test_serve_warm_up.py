@@ -15,15 +15,17 @@ from cli.serve import warm_up_models
 
 
 class _Recorder:
-    """A served model as `warm_up_models` sees it: `warm_up(signatures)`."""
+    """A served model as `warm_up_models` sees it: `warm_up(signatures)`, which warms the
+    signatures when asked, or always without an engine (as `ModelServer.warm_up`)."""
 
-    def __init__(self, requests: int, failed: int = 0):
-        self.requests, self.failed = requests, failed
+    def __init__(self, requests: int, failed: int = 0, engine: bool = True):
+        self.requests, self.failed, self.engine = requests, failed, engine
         self.calls: list[bool] = []
 
     def warm_up(self, signatures: bool = True) -> dict:
         self.calls.append(signatures)
-        return {"requests": self.requests, "failed": self.failed, "seconds": 1.25}
+        return {"requests": self.requests, "failed": self.failed, "seconds": 1.25,
+                "signatures": signatures or not self.engine}
 
 
 def test_the_flag_defaults_to_all_and_takes_engine_only():
@@ -41,13 +43,18 @@ def test_all_warms_every_signature_of_every_model():
     assert line == "ready: warmed up with 16 requests in 2.5 s; state AVAILABLE"
 
 
-def test_engine_asks_every_model_for_its_engine_only():
-    servers = {"A": _Recorder(requests=2, failed=1),
-               "B": _Recorder(requests=7)}  # e.g. --decode-slots 0: its signatures, 7
+def test_engine_asks_every_model_for_its_engine_only_and_names_those_left_cold():
+    servers = {"A": _Recorder(requests=2, failed=1), "C": _Recorder(requests=2),
+               "B": _Recorder(requests=7, engine=False)}  # e.g. --decode-slots 0
     line = warm_up_models(servers, "engine")
-    assert servers["A"].calls == [False] and servers["B"].calls == [False]
-    assert line == ("ready: warmed up with 9 requests in 2.5 s, 1 failed (the engine; "
-                    "signatures warm on first use); state AVAILABLE")
+    assert [s.calls for s in servers.values()] == [[False], [False], [False]]
+    assert line == ("ready: warmed up with 11 requests in 3.8 s, 1 failed (engine only: the "
+                    "signatures of 'A', 'C' warm on first use); state AVAILABLE")
+
+
+def test_engine_without_any_engine_says_nothing_is_left_cold():
+    line = warm_up_models({"B": _Recorder(requests=7, engine=False)}, "engine")
+    assert line == "ready: warmed up with 7 requests in 1.2 s; state AVAILABLE"
 
 
 def test_an_unknown_mode_is_refused_by_name():

@@ -416,7 +416,7 @@ def test_an_engine_only_warm_up_of_a_model_without_an_engine_warms_its_signature
         assert server.engine is None
         done = server.warm_up(signatures=False)
         # generate and generate_raw at 1, 2, 4 rows; tokenize at 1, 2, 4
-        assert done["requests"] == 9 and done["failed"] == 0
+        assert done["requests"] == 9 and done["failed"] == 0 and done["signatures"]
         assert server.ready and server.batcher.stats()["rows"] == 3 * (1 + 2 + 4)
     finally:
         server.close()
